@@ -1,0 +1,1 @@
+"""In-loop evaluation for language-model training."""

@@ -1,0 +1,55 @@
+"""Where task data lives: a local root in OLMo's `save_to_disk` layout, else the Hugging Face hub.
+
+Layout: `<root>/<dataset path>/<dataset name or "none">/<split>`, each a directory written by
+`datasets.Dataset.save_to_disk`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from inloop_eval.errors import TaskDataError
+
+DEFAULT_ROOT = Path(os.environ.get("INLOOP_EVAL_HOME", "~/.cache/inloop_eval")).expanduser()
+
+
+def default_data_root() -> Path:
+    """`$INLOOP_EVAL_DATA`, else `<INLOOP_EVAL_HOME or ~/.cache/inloop_eval>/data`."""
+    env = os.environ.get("INLOOP_EVAL_DATA")
+    return Path(env).expanduser() if env else DEFAULT_ROOT / "data"
+
+
+def split_dir(root: str | Path, path: str, name: str | None, split: str) -> Path:
+    return Path(root) / path / (name or "none") / split
+
+
+def load_split(
+    path: str,
+    name: str | None,
+    split: str,
+    *,
+    data_root: str | Path | None = None,
+    task: str = "",
+    allow_hub: bool = False,
+):  # -> datasets.Dataset (imported lazily: `datasets` is slow to import)
+    """Load one split from the local root; from the hub only when `allow_hub` (never during training)."""
+    import datasets
+
+    root = Path(data_root) if data_root is not None else default_data_root()
+    local = split_dir(root, path, name, split)
+    if local.is_dir():
+        return datasets.load_from_disk(str(local))
+    if allow_hub:
+        try:
+            return datasets.load_dataset(path, name, split=split)
+        except Exception as exc:  # the hub raises many types; all mean "not available"
+            raise TaskDataError(
+                f"task {task!r}: data not found at {local} and the hub gave {type(exc).__name__}: {exc}; "
+                "run `inloop-eval data fetch --root DIR` on a machine with network access"
+            ) from None
+    raise TaskDataError(
+        f"task {task!r}: expected the split {path}/{name or 'none'}/{split} under the data root {root}, "
+        f"found no directory {local}; run `inloop-eval data fetch --root {root}` first "
+        "(or set INLOOP_EVAL_DATA / `data_root` to where the data is)"
+    )

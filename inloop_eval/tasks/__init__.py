@@ -1,0 +1,6 @@
+"""Task definitions and the registry. Importing this package registers every built-in task."""
+
+from inloop_eval.tasks.base import ALL_METRICS, Doc, MultipleChoiceTask, load_docs
+from inloop_eval.tasks.registry import get_task, register, task_names
+
+__all__ = ["ALL_METRICS", "Doc", "MultipleChoiceTask", "get_task", "load_docs", "register", "task_names"]

@@ -1,0 +1,168 @@
+"""What a multiple-choice task is: documents of contexts, continuations and gold answers.
+
+A task turns raw dataset rows into `Doc`s. Every request of a document is one (context, continuation)
+pair; the continuation string scored is `target_delimiter + continuation`, and length normalisation uses
+the continuation without the delimiter (as lm-evaluation-harness does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from inloop_eval.errors import TaskDataError
+
+# Every figure a multiple-choice task can report (see README "Metric definitions").
+ALL_METRICS: tuple[str, ...] = (
+    "acc",
+    "acc_norm",
+    "acc_bytes",
+    "acc_per_token",
+    "acc_pmi",
+    "ce_gold",
+    "bpb_gold",
+    "brier",
+    "prob_gold",
+)
+# Normalisations that only matter when choices differ in length.
+LENGTH_NORM_METRICS: tuple[str, ...] = ("acc_norm", "acc_bytes", "acc_per_token")
+RC_METRICS: tuple[str, ...] = ALL_METRICS
+# Letter keys (" A".." D"): every choice has the same length, so length normalisation is a no-op.
+MC_METRICS: tuple[str, ...] = ("acc", "acc_pmi", "ce_gold", "bpb_gold", "brier", "prob_gold")
+# One shared continuation after per-choice contexts: both length norms and PMI are no-ops.
+PARTIAL_METRICS: tuple[str, ...] = ("acc", "ce_gold", "bpb_gold", "brier", "prob_gold")
+
+
+@dataclass(frozen=True)
+class Doc:
+    """One question, expanded to one (context, continuation) pair per choice.
+
+    index: position of the document in the task's (concatenated) split.
+    contexts: one context string per choice (the same string repeated when the context is shared).
+    continuations: one continuation per choice, without the target delimiter.
+    gold: indices of the correct choices (usually one).
+    """
+
+    index: int
+    contexts: tuple[str, ...]
+    continuations: tuple[str, ...]
+    gold: tuple[int, ...]
+
+    @property
+    def n_choices(self) -> int:
+        return len(self.continuations)
+
+
+def get_field(task: str, index: int, raw: Mapping[str, Any], name: str) -> Any:
+    """`raw[name]`, or a TaskDataError naming the task, document and field."""
+    try:
+        return raw[name]
+    except (KeyError, TypeError):
+        found = ", ".join(sorted(raw)) if isinstance(raw, Mapping) else type(raw).__name__
+        raise TaskDataError(
+            f"task {task!r} doc {index}: missing field {name!r} (found fields: {found})"
+        ) from None
+
+
+class MultipleChoiceTask:
+    """A zero-shot multiple-choice task scored by loglikelihood.
+
+    Subclasses set the class attributes and implement `doc_to_context`, `doc_to_continuations` and
+    `doc_to_gold`; `make_doc` checks the result.
+    """
+
+    name: str = ""
+    dataset_path: str = ""
+    # One subset name, several (documents are concatenated in this order), or None.
+    dataset_name: str | tuple[str, ...] | None = None
+    split: str = "validation"
+    # "rc" (answer text as continuation), "mc" (letter keys), or "partial" (option in the context).
+    prompt_format: str = "rc"
+    target_delimiter: str = " "
+    # Context of the unconditional request for PMI; "" means the tokenizer's BOS (or EOS) token alone.
+    uncond_context: str = ""
+    metrics: ClassVar[tuple[str, ...]] = RC_METRICS
+    # Which published format the prompt follows; shown by `inloop-eval tasks`.
+    format_source: str = ""
+
+    def doc_to_context(self, raw: Mapping[str, Any], index: int) -> str | Sequence[str]:
+        """The prompt, or one prompt per choice (partial scoring)."""
+        raise NotImplementedError
+
+    def doc_to_continuations(self, raw: Mapping[str, Any], index: int) -> Sequence[str]:
+        """Candidate continuations without the target delimiter (one, if shared by per-choice contexts)."""
+        raise NotImplementedError
+
+    def doc_to_gold(self, raw: Mapping[str, Any], index: int) -> int | str | Sequence[int]:
+        """Index of the gold choice, several indices, or the gold continuation string."""
+        raise NotImplementedError
+
+    def field(self, raw: Mapping[str, Any], index: int, name: str) -> Any:
+        return get_field(self.name, index, raw, name)
+
+    def error(self, index: int, message: str) -> TaskDataError:
+        return TaskDataError(f"task {self.name!r} doc {index}: {message}")
+
+    @property
+    def length_norm_is_noop(self) -> bool:
+        return self.prompt_format in ("mc", "partial")
+
+    def make_doc(self, raw: Mapping[str, Any], index: int) -> Doc:
+        """Render and check one raw row; raises TaskDataError naming the task, document and field."""
+        context = self.doc_to_context(raw, index)
+        continuations = [str(c) for c in self.doc_to_continuations(raw, index)]
+        contexts = [context] if isinstance(context, str) else [str(c) for c in context]
+        if not continuations:
+            raise self.error(index, "field 'choices': expected at least 1 choice, found none")
+        if len(contexts) > 1 and len(continuations) == 1:
+            continuations = continuations * len(contexts)
+        if len(contexts) == 1:
+            contexts = contexts * len(continuations)
+        if len(contexts) != len(continuations):
+            raise self.error(
+                index,
+                f"expected one context per choice, found {len(contexts)} contexts "
+                f"for {len(continuations)} choices",
+            )
+        for i, cont in enumerate(continuations):
+            if not cont.strip():
+                raise self.error(index, f"field 'choices': choice {i} is empty ({cont!r})")
+        gold = self._gold_indices(self.doc_to_gold(raw, index), continuations, index)
+        return Doc(index, tuple(contexts), tuple(continuations), gold)
+
+    def _gold_indices(self, gold: Any, continuations: list[str], index: int) -> tuple[int, ...]:
+        if isinstance(gold, str):
+            if gold not in continuations:
+                raise self.error(
+                    index, f"field 'gold': gold string {gold!r} is not among the choices {continuations!r}"
+                )
+            return (continuations.index(gold),)
+        golds = list(gold) if isinstance(gold, (list, tuple)) else [gold]
+        if not golds:
+            raise self.error(index, "field 'gold': expected at least one gold answer, found none")
+        out = []
+        for g in golds:
+            if isinstance(g, bool) or not isinstance(g, int):
+                raise self.error(index, f"field 'gold': expected an integer index, found {g!r}")
+            if not 0 <= g < len(continuations):
+                raise self.error(
+                    index, f"field 'gold': label {g} out of range for {len(continuations)} choices"
+                )
+            out.append(g)
+        return tuple(sorted(set(out)))
+
+
+def load_docs(task: MultipleChoiceTask, data_root: str | None = None, limit: int | None = None) -> list[Doc]:
+    """Every document of the task's split (the first `limit` when given), checked by `make_doc`."""
+    from inloop_eval.data import load_split
+
+    names = task.dataset_name if isinstance(task.dataset_name, tuple) else (task.dataset_name,)
+    docs: list[Doc] = []
+    for name in names:
+        rows = load_split(task.dataset_path, name, task.split, data_root=data_root, task=task.name)
+        for raw in rows:
+            if limit is not None and len(docs) >= limit:
+                return docs
+            docs.append(task.make_doc(raw, len(docs)))
+    return docs

@@ -1,0 +1,21 @@
+"""Shared fixtures: the real task data and the real GPT-NeoX tokenizer, fetched once and cached."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from inloop_eval.data import default_data_root
+
+
+@pytest.fixture(scope="session")
+def data_root() -> Path:
+    """The standard tasks in OLMo's layout: `$INLOOP_EVAL_DATA` if set, else fetched once into the cache."""
+    env = os.environ.get("INLOOP_EVAL_DATA")
+    if env and Path(env).is_dir():
+        return Path(env)
+    from inloop_eval.fetch import fetch
+
+    return fetch(default_data_root())
