@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from inloop_eval.errors import TaskDataError
 
-DEFAULT_ROOT = Path(os.environ.get("INLOOP_EVAL_HOME", "~/.cache/inloop_eval")).expanduser()
+if TYPE_CHECKING:
+    import datasets
+
+
+def home() -> Path:
+    """`$INLOOP_EVAL_HOME`, else `~/.cache/inloop_eval`: data, caches and downloads live under it."""
+    return Path(os.environ.get("INLOOP_EVAL_HOME", "~/.cache/inloop_eval")).expanduser()
 
 
 def default_data_root() -> Path:
-    """`$INLOOP_EVAL_DATA`, else `<INLOOP_EVAL_HOME or ~/.cache/inloop_eval>/data`."""
+    """`$INLOOP_EVAL_DATA`, else `<home>/data`."""
     env = os.environ.get("INLOOP_EVAL_DATA")
-    return Path(env).expanduser() if env else DEFAULT_ROOT / "data"
+    return Path(env).expanduser() if env else home() / "data"
 
 
 def split_dir(root: str | Path, path: str, name: str | None, split: str) -> Path:
@@ -32,7 +39,7 @@ def load_split(
     data_root: str | Path | None = None,
     task: str = "",
     allow_hub: bool = False,
-):  # -> datasets.Dataset (imported lazily: `datasets` is slow to import)
+) -> datasets.Dataset:
     """Load one split from the local root; from the hub only when `allow_hub` (never during training)."""
     import datasets
 

@@ -128,7 +128,7 @@ def _detect_bos(backend: Any, config: dict[str, Any]) -> int | None:
     """BOS is the token the post-processor puts first, or one the config asks to add."""
     with_special = backend.encode("a", add_special_tokens=True).ids
     without = backend.encode("a", add_special_tokens=False).ids
-    if len(with_special) > len(without) and with_special[1:] == without[: len(with_special) - 1]:
+    if len(with_special) > len(without) and with_special[1 : 1 + len(without)] == without:
         return int(with_special[0])
     if config.get("add_bos_token") and config.get("bos_token"):
         token_id = backend.token_to_id(config["bos_token"])

@@ -19,3 +19,12 @@ def data_root() -> Path:
     from inloop_eval.fetch import fetch
 
     return fetch(default_data_root())
+
+
+@pytest.fixture(scope="session")
+def neox_tokenizer(data_root: Path):
+    """The real GPT-NeoX-20B BPE tokenizer (no BOS; EOS `<|endoftext|>` = 0)."""
+    from inloop_eval.fetch import neox_tokenizer_path
+    from inloop_eval.tokenizer import load_tokenizer
+
+    return load_tokenizer(neox_tokenizer_path(data_root))

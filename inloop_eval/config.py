@@ -1,0 +1,128 @@
+"""Evaluator configuration: keyword-only dataclasses, loaded from YAML files in `configs/`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inloop_eval.errors import ConfigError
+
+EVALUATOR_TYPES = ("downstream",)
+
+
+@dataclass(kw_only=True)
+class TaskEvalConfig:
+    """One evaluator of the list: a downstream task and how to batch it."""
+
+    task: str
+    """Task id from the registry (`inloop-eval tasks` lists them)."""
+    label: str = ""
+    """Name in metric keys (`eval/downstream/<label>/<metric>`); defaults to the task id."""
+    type: str = "downstream"
+    """Evaluator type: `downstream` (multiple-choice by loglikelihood)."""
+    batch_tokens: int = 8192
+    """Token budget of one forward pass (rows x longest row, padding included)."""
+    limit: int | None = None
+    """Evaluate only the first `limit` documents of the split."""
+    metrics: list[str] | None = None
+    """Figures to report instead of the task's defaults (a subset of `inloop_eval.tasks.ALL_METRICS`)."""
+
+    def __post_init__(self) -> None:
+        if not self.task:
+            raise ConfigError("evaluator: `task` is required, e.g. `task: piqa`")
+        self.label = self.label or self.task
+        if self.label != self.label.lower() or " " in self.label:
+            raise ConfigError(
+                f"evaluator {self.task!r}: label {self.label!r} must be lower-case without spaces"
+            )
+        if self.type not in EVALUATOR_TYPES:
+            raise ConfigError(
+                f"evaluator {self.label!r}: type must be one of {EVALUATOR_TYPES}, found {self.type!r}"
+            )
+        if self.batch_tokens < 1:
+            raise ConfigError(
+                f"evaluator {self.label!r}: batch_tokens must be >= 1, found {self.batch_tokens}"
+            )
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"evaluator {self.label!r}: limit must be >= 1 or null, found {self.limit}")
+        if self.metrics is not None:
+            from inloop_eval.tasks import ALL_METRICS
+
+            unknown = sorted(set(self.metrics) - set(ALL_METRICS))
+            if unknown:
+                raise ConfigError(
+                    f"evaluator {self.label!r}: unknown metrics {unknown}; choose from {list(ALL_METRICS)}"
+                )
+
+
+@dataclass(kw_only=True)
+class EvaluatorConfig:
+    """Everything `InLoopEvaluator` needs; logged whole with each run."""
+
+    evaluators: list[TaskEvalConfig] = field(default_factory=list)
+    """The tasks to run at each evaluation, in order."""
+    eval_interval: int = 1000
+    """`should_run(step)` is true when `step % eval_interval == 0`."""
+    tokenizer: str | None = None
+    """Path of a `tokenizers` JSON file or a Hugging Face tokenizer directory (unless one is passed in)."""
+    data_root: str | None = None
+    """Local task data in OLMo's layout; default `$INLOOP_EVAL_DATA` or `~/.cache/inloop_eval/data`."""
+    max_length: int | None = None
+    """Longest input in tokens; default: the model's own (position embeddings), else 2048."""
+    strict: bool = False
+    """Re-raise a task's failure instead of reporting `eval/downstream/<task>/failed = 1`."""
+
+    def __post_init__(self) -> None:
+        self.evaluators = [
+            e if isinstance(e, TaskEvalConfig) else _build(TaskEvalConfig, e, "evaluators[]")
+            for e in self.evaluators
+        ]
+        if self.eval_interval < 1:
+            raise ConfigError(f"eval_interval must be >= 1, found {self.eval_interval}")
+        if self.max_length is not None and self.max_length < 2:
+            raise ConfigError(f"max_length must be >= 2 or null, found {self.max_length}")
+        labels = [e.label for e in self.evaluators]
+        duplicated = sorted({x for x in labels if labels.count(x) > 1})
+        if duplicated:
+            raise ConfigError(
+                f"evaluator labels must be unique; repeated: {duplicated} (set `label:` to tell them apart)"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvaluatorConfig:
+        return _build(cls, data, "config")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> EvaluatorConfig:
+        import yaml
+
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: not valid YAML ({exc})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"config file {path}: expected a mapping at the top, found {type(data).__name__}"
+            )
+        return _build(cls, data.get("evaluation", data), str(path))
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, found {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown} for {cls.__name__}; known keys: {sorted(names)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None

@@ -1,0 +1,212 @@
+"""Multiple-choice metrics from per-request loglikelihoods: pure tensor functions and a thin Metric.
+
+Legend: R requests (rows, possibly duplicated by sampler padding), U unconditional results,
+D documents, K the most choices of any document.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
+
+# Accuracy variants: name -> how a request's score is derived (see `choice_scores`).
+ACCURACY_METRICS: tuple[str, ...] = ("acc", "acc_norm", "acc_bytes", "acc_per_token", "acc_pmi")
+GOLD_METRICS: tuple[str, ...] = ("ce_gold", "bpb_gold", "brier", "prob_gold")
+REQUEST_FIELDS: tuple[str, ...] = (
+    "doc_id",
+    "cont_id",
+    "n_choices",
+    "is_gold",
+    "ll",
+    "uncond_id",
+    "n_tokens",
+    "n_chars",
+    "n_bytes",
+)
+
+
+def dedup_requests(doc_id_R: Tensor, cont_id_R: Tensor) -> Tensor:
+    """Row indices keeping the first occurrence of each (doc_id, cont_id), sorted by that key."""
+    if doc_id_R.numel() == 0:
+        return torch.zeros(0, dtype=torch.long)
+    width = int(cont_id_R.max()) + 1
+    key_R = doc_id_R * width + cont_id_R
+    order = torch.argsort(key_R, stable=True)
+    key_sorted = key_R[order]
+    first = torch.ones_like(key_sorted, dtype=torch.bool)
+    first[1:] = key_sorted[1:] != key_sorted[:-1]
+    return order[first]
+
+
+def uncond_lookup(uncond_id_R: Tensor, uid_U: Tensor, ll_U: Tensor) -> Tensor:
+    """ll of each request's unconditional pair (NaN where none was scored or it is missing)."""
+    out_R = torch.full(uncond_id_R.shape, math.nan, dtype=torch.float64)
+    if uid_U.numel() == 0 or uncond_id_R.numel() == 0:
+        return out_R
+    size = int(max(int(uid_U.max()), int(uncond_id_R.max()))) + 1
+    table = torch.full((size,), math.nan, dtype=torch.float64)
+    table[uid_U] = ll_U.to(torch.float64)
+    has = uncond_id_R >= 0
+    out_R[has] = table[uncond_id_R[has]]
+    return out_R
+
+
+def mean_and_stderr(x_D: Tensor) -> tuple[float, float]:
+    """Mean and its standard error with the n-1 sample deviation (lm-evaluation-harness's `mean_stderr`);
+    the error is 0.0 for fewer than two documents."""
+    n = x_D.numel()
+    if n == 0:
+        return math.nan, math.nan
+    mean = float(x_D.mean())
+    if n < 2:
+        return mean, 0.0
+    return mean, float(x_D.std(unbiased=True) / math.sqrt(n))
+
+
+def icl_compute(
+    requests: dict[str, Tensor],
+    uncond_id_U: Tensor,
+    uncond_ll_U: Tensor,
+    metrics: Sequence[str],
+) -> dict[str, float]:
+    """Every requested metric, each accuracy with `<name>_stderr`, plus `n_docs`, `n_skipped_docs`
+    (documents missing a request or with a non-finite score) and `n_nonfinite_docs`.
+
+    requests: the REQUEST_FIELDS, each a [R] tensor; rows repeated by sampler padding count once.
+    uncond_id_U, uncond_ll_U: scored unconditional pairs, joined to requests by `uncond_id`.
+    """
+    keep = dedup_requests(requests["doc_id"], requests["cont_id"])
+    r = {k: requests[k][keep] for k in REQUEST_FIELDS}
+    ll_R = r["ll"].to(torch.float64)
+    ll_uncond_R = uncond_lookup(r["uncond_id"], uncond_id_U, uncond_ll_U)
+    docs_D, doc_of_R = torch.unique(r["doc_id"], return_inverse=True)
+    n_docs_seen = docs_D.numel()
+
+    # A document is complete when it has all of its choices and all of them are finite.
+    count_D = torch.zeros(n_docs_seen, dtype=torch.long).index_add_(0, doc_of_R, torch.ones_like(doc_of_R))
+    expected_D = torch.zeros(n_docs_seen, dtype=torch.long).scatter_reduce_(
+        0, doc_of_R, r["n_choices"], reduce="amax", include_self=False
+    )
+    finite_R = torch.isfinite(ll_R)
+    if "acc_pmi" in metrics:
+        finite_R &= torch.isfinite(ll_uncond_R)
+    bad_D = torch.zeros(n_docs_seen, dtype=torch.long).index_add_(0, doc_of_R, (~finite_R).long()) > 0
+    complete_D = (count_D == expected_D) & ~bad_D
+    use_R = complete_D[doc_of_R]
+
+    out: dict[str, float] = {
+        "n_docs": float(complete_D.sum()),
+        "n_skipped_docs": float(n_docs_seen - int(complete_D.sum())),
+        "n_nonfinite_docs": float((bad_D & (count_D == expected_D)).sum()),
+    }
+    # Dense [D, K] layout of the complete documents.
+    new_doc_D = torch.cumsum(complete_D.long(), 0) - 1
+    row_R = new_doc_D[doc_of_R[use_R]]
+    col_R = r["cont_id"][use_R]
+    n_docs = int(complete_D.sum())
+    k = int(col_R.max()) + 1 if col_R.numel() else 1
+
+    def dense(values_R: Tensor, fill: float) -> Tensor:
+        out_DK = torch.full((n_docs, k), fill, dtype=torch.float64)
+        out_DK[row_R, col_R] = values_R[use_R].to(torch.float64)
+        return out_DK
+
+    present_DK = dense(torch.ones_like(ll_R), 0.0) > 0
+    ll_DK = dense(ll_R, -math.inf)
+    gold_DK = dense(r["is_gold"].to(torch.float64), 0.0) > 0
+    scores = {
+        "acc": ll_DK,
+        "acc_norm": ll_DK / dense(r["n_chars"], 1.0),
+        "acc_bytes": ll_DK / dense(r["n_bytes"], 1.0),
+        "acc_per_token": ll_DK / dense(r["n_tokens"], 1.0),
+        "acc_pmi": ll_DK - dense(ll_uncond_R, 0.0),
+    }
+    for name in ACCURACY_METRICS:
+        if name not in metrics:
+            continue
+        score_DK = scores[name].masked_fill(~present_DK, -math.inf)
+        pred_D = torch.argmax(score_DK, dim=1)  # ties go to the lowest index
+        correct_D = gold_DK.gather(1, pred_D[:, None])[:, 0].to(torch.float64)
+        out[name], out[f"{name}_stderr"] = mean_and_stderr(correct_D)
+
+    if any(m in metrics for m in GOLD_METRICS):
+        out.update(_gold_figures(ll_DK, gold_DK, present_DK, dense, r, metrics))
+    return out
+
+
+def _gold_figures(ll_DK, gold_DK, present_DK, dense, r, metrics) -> dict[str, float]:  # noqa: ANN001
+    """CE / bits-per-byte of the first gold choice, and Brier / probability of the gold set."""
+    out: dict[str, float] = {}
+    first_gold_D = torch.argmax(gold_DK.to(torch.int8), dim=1)[:, None]
+    ll_gold_D = ll_DK.gather(1, first_gold_D)[:, 0]
+    tokens_gold_D = dense(r["n_tokens"], 1.0).gather(1, first_gold_D)[:, 0]
+    bytes_gold_D = dense(r["n_bytes"], 1.0).gather(1, first_gold_D)[:, 0]
+    prob_DK = torch.softmax(ll_DK.masked_fill(~present_DK, -math.inf), dim=1)
+    prob_gold_D = (prob_DK * gold_DK).sum(1)
+    brier_D = (1.0 - prob_gold_D) ** 2 + (prob_DK**2 * (~gold_DK)).sum(1)
+    figures = {
+        "ce_gold": -ll_gold_D / tokens_gold_D,
+        "bpb_gold": -ll_gold_D / bytes_gold_D / math.log(2),
+        "brier": brier_D,
+        "prob_gold": prob_gold_D,
+    }
+    for name, x_D in figures.items():
+        if name in metrics:
+            out[name] = float(x_D.mean()) if x_D.numel() else math.nan
+    return out
+
+
+class ICLMetric(Metric):
+    """Per-request loglikelihoods of one task, synced across ranks by concatenation.
+
+    `update` takes flat [N] tensors named as REQUEST_FIELDS; `update_uncond` the scored unconditional
+    pairs. `compute` gives the dict of `icl_compute`. Under torch.distributed every rank must call both
+    updates (with empty tensors if it has nothing) so that all ranks gather states of one dtype.
+    """
+
+    full_state_update = False
+
+    def __init__(self, metrics: Sequence[str], **kwargs) -> None:  # noqa: ANN003
+        super().__init__(**kwargs)
+        self.metric_names = tuple(metrics)
+        for name in REQUEST_FIELDS:
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+        self.add_state("uncond_uid", default=[], dist_reduce_fx="cat")
+        self.add_state("uncond_ll", default=[], dist_reduce_fx="cat")
+
+    def update(self, **fields: Tensor) -> None:  # type: ignore[override]
+        missing = set(REQUEST_FIELDS) - set(fields)
+        if missing:
+            raise ValueError(f"ICLMetric.update: missing fields {sorted(missing)}")
+        n = fields["doc_id"].numel()
+        for name in REQUEST_FIELDS:
+            value = fields[name].detach().reshape(-1).to(self.device)
+            if value.numel() != n:
+                raise ValueError(f"ICLMetric.update: field {name!r} has {value.numel()} values, expected {n}")
+            # is_gold travels as int64: not every backend gathers bool tensors.
+            getattr(self, name).append(value.to(torch.float64 if name == "ll" else torch.long))
+
+    def update_uncond(self, uncond_id: Tensor, ll: Tensor) -> None:
+        self.uncond_uid.append(uncond_id.detach().reshape(-1).to(self.device, torch.long))
+        self.uncond_ll.append(ll.detach().reshape(-1).to(self.device, torch.float64))
+
+    def _cat(self, name: str, dtype: torch.dtype) -> Tensor:
+        value = getattr(self, name)
+        if not isinstance(value, Tensor):  # after a sync, states are already one tensor
+            value = dim_zero_cat(value) if value else torch.zeros(0)
+        return value.cpu().to(dtype)
+
+    def compute(self) -> dict[str, float]:
+        dtypes = {"ll": torch.float64, "is_gold": torch.bool}
+        requests = {name: self._cat(name, dtypes.get(name, torch.long)) for name in REQUEST_FIELDS}
+        return icl_compute(
+            requests,
+            self._cat("uncond_uid", torch.long),
+            self._cat("uncond_ll", torch.float64),
+            self.metric_names,
+        )

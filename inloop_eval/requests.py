@@ -1,0 +1,285 @@
+"""Tokenizing (context, continuation) pairs into flat arrays, as lm-evaluation-harness splits them.
+
+Legend: R requests of a task, C unique contexts, P pairs to score (requests or unconditional requests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from inloop_eval.errors import RequestError, TokenizerError
+from inloop_eval.tasks.base import Doc, MultipleChoiceTask
+from inloop_eval.tokenizer import TokenizerLike
+
+
+def move_trailing_whitespace(context: str, continuation: str) -> tuple[str, str]:
+    """Trailing whitespace of the context goes to the front of the continuation."""
+    stripped = context.rstrip()
+    return stripped, context[len(stripped) :] + continuation
+
+
+def split_at_common_prefix(context_ids: Sequence[int], whole_ids: Sequence[int]) -> int:
+    """Where the continuation starts in `whole_ids`: the longest common prefix with the context.
+
+    Without a merge across the join this is `len(context_ids)` (lm-evaluation-harness's split); with one,
+    the boundary moves left so the continuation is never empty and covers all of its text.
+    """
+    n = min(len(context_ids), len(whole_ids))
+    i = 0
+    while i < n and context_ids[i] == whole_ids[i]:
+        i += 1
+    return i
+
+
+def _prefix_ids(tokenizer: TokenizerLike) -> tuple[list[int], int | None]:
+    """(tokens put before every context, token for an empty context)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return ([bos] if bos is not None else []), (bos if bos is not None else eos)
+
+
+def _finish_context(tokenizer: TokenizerLike, ctx_ids: list[int], where: str) -> list[int]:
+    prefix, empty = _prefix_ids(tokenizer)
+    ctx_ids = prefix + ctx_ids
+    if not ctx_ids:
+        if empty is None:
+            raise TokenizerError(
+                f"{where}: the context is empty and the tokenizer has neither BOS nor EOS to start from; "
+                "pass a tokenizer with an EOS token"
+            )
+        ctx_ids = [empty]
+    return ctx_ids
+
+
+def truncation_start(n_context: int, n_continuation: int, max_length: int, where: str) -> int:
+    """First context token kept so that context + continuation[:-1] fits `max_length`."""
+    if n_continuation > max_length:
+        raise RequestError(
+            f"{where}: the continuation has {n_continuation} tokens but the model's context length is "
+            f"{max_length}; a continuation is never truncated: raise max_length or drop the document"
+        )
+    keep = max_length - n_continuation + 1
+    return max(0, n_context - keep)
+
+
+def tokenize_pair(
+    tokenizer: TokenizerLike, context: str, continuation: str, where: str = "request"
+) -> tuple[list[int], int, list[int]]:
+    """Tokenize one pair whose context has no trailing whitespace (see `move_trailing_whitespace`).
+
+    Returns (full context ids, how many of them precede the continuation, continuation ids). The context
+    ids are `encode(context)` with BOS in front, so pairs with one context share them.
+    """
+    ctx_ids = list(tokenizer.encode(context)) if context else []
+    whole = list(tokenizer.encode(context + continuation))
+    split = split_at_common_prefix(ctx_ids, whole)
+    cont_ids = whole[split:]
+    if not cont_ids:
+        raise RequestError(f"{where}: continuation {continuation!r} encodes to no tokens")
+    full_ctx = _finish_context(tokenizer, ctx_ids, where)
+    n_before = split + len(full_ctx) - len(ctx_ids)
+    if n_before == 0:  # the whole context merged into the continuation: start from BOS/EOS
+        full_ctx = _finish_context(tokenizer, [], where)
+        n_before = len(full_ctx)
+    return full_ctx, n_before, cont_ids
+
+
+def encode_pair(
+    tokenizer: TokenizerLike, context: str, continuation: str, max_length: int, where: str = "request"
+) -> tuple[list[int], list[int]]:
+    """Tokenize one pair: (context ids after truncation, continuation ids). See DESIGN.md."""
+    context, continuation = move_trailing_whitespace(context, continuation)
+    full_ctx, n_before, cont_ids = tokenize_pair(tokenizer, context, continuation, where)
+    start = truncation_start(n_before, len(cont_ids), max_length, where)
+    return full_ctx[start:n_before], cont_ids
+
+
+@dataclass
+class PairSet:
+    """Pairs to score, with contexts stored once: pair p reads context `ctx_id[p]` tokens
+    `[ctx_start[p], ctx_end[p])` followed by its continuation tokens."""
+
+    ctx_tokens: np.ndarray  # [sum of context lengths] int64
+    ctx_offsets: np.ndarray  # [C+1] int64
+    ctx_id: np.ndarray  # [P] int64
+    ctx_start: np.ndarray  # [P] int64
+    ctx_end: np.ndarray  # [P] int64
+    cont_tokens: np.ndarray  # [sum of continuation lengths] int64
+    cont_offsets: np.ndarray  # [P+1] int64
+
+    def __len__(self) -> int:
+        return len(self.ctx_id)
+
+    def context(self, p: int) -> np.ndarray:
+        base = self.ctx_offsets[self.ctx_id[p]]
+        return self.ctx_tokens[base + self.ctx_start[p] : base + self.ctx_end[p]]
+
+    def continuation(self, p: int) -> np.ndarray:
+        return self.cont_tokens[self.cont_offsets[p] : self.cont_offsets[p + 1]]
+
+    @property
+    def ctx_len(self) -> np.ndarray:
+        return self.ctx_end - self.ctx_start
+
+    @property
+    def cont_len(self) -> np.ndarray:
+        return np.diff(self.cont_offsets)
+
+    def concat(self, other: PairSet) -> PairSet:
+        """This set's pairs followed by `other`'s (indices of `other` shift by len(self))."""
+        return PairSet(
+            ctx_tokens=np.concatenate([self.ctx_tokens, other.ctx_tokens]),
+            ctx_offsets=np.concatenate([self.ctx_offsets[:-1], other.ctx_offsets + len(self.ctx_tokens)]),
+            ctx_id=np.concatenate([self.ctx_id, other.ctx_id + len(self.ctx_offsets) - 1]),
+            ctx_start=np.concatenate([self.ctx_start, other.ctx_start]),
+            ctx_end=np.concatenate([self.ctx_end, other.ctx_end]),
+            cont_tokens=np.concatenate([self.cont_tokens, other.cont_tokens]),
+            cont_offsets=np.concatenate([self.cont_offsets[:-1], other.cont_offsets + len(self.cont_tokens)]),
+        )
+
+    def max_token_id(self) -> int:
+        highs = [a.max() for a in (self.ctx_tokens, self.cont_tokens) if a.size]
+        return int(max(highs)) if highs else -1
+
+
+class _PairBuilder:
+    """Accumulates pairs, storing each distinct context token sequence once."""
+
+    def __init__(self) -> None:
+        self.contexts: dict[tuple[int, ...], int] = {}
+        self.ctx_id: list[int] = []
+        self.ctx_start: list[int] = []
+        self.ctx_end: list[int] = []
+        self.conts: list[list[int]] = []
+
+    def add(self, ctx_ids: list[int], split: int, cont_ids: list[int], max_length: int, where: str) -> int:
+        key = tuple(ctx_ids)
+        cid = self.contexts.setdefault(key, len(self.contexts))
+        self.ctx_id.append(cid)
+        self.ctx_start.append(truncation_start(split, len(cont_ids), max_length, where))
+        self.ctx_end.append(split)
+        self.conts.append(cont_ids)
+        return len(self.conts) - 1
+
+    def build(self) -> PairSet:
+        ctx_list = list(self.contexts)
+        return PairSet(
+            ctx_tokens=_flat(ctx_list),
+            ctx_offsets=_offsets(ctx_list),
+            ctx_id=np.asarray(self.ctx_id, dtype=np.int64),
+            ctx_start=np.asarray(self.ctx_start, dtype=np.int64),
+            ctx_end=np.asarray(self.ctx_end, dtype=np.int64),
+            cont_tokens=_flat(self.conts),
+            cont_offsets=_offsets(self.conts),
+        )
+
+
+def _flat(seqs: Sequence[Sequence[int]]) -> np.ndarray:
+    if not seqs:
+        return np.zeros(0, dtype=np.int64)
+    return np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=sum(len(s) for s in seqs))
+
+
+def _offsets(seqs: Sequence[Sequence[int]]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum([len(s) for s in seqs], dtype=np.int64)]).astype(np.int64)
+
+
+@dataclass
+class RequestTable:
+    """Every request of a task, tokenized: one row per (doc_id, cont_id), plus the deduplicated
+    unconditional requests that PMI needs (`uncond_id[r]` indexes `uncond`, -1 when not scored)."""
+
+    task: str
+    pairs: PairSet
+    doc_id: np.ndarray  # [R] int64, the document's index in the task
+    cont_id: np.ndarray  # [R] int64
+    n_choices: np.ndarray  # [R] int64
+    is_gold: np.ndarray  # [R] bool
+    n_chars: np.ndarray  # [R] int64, continuation length without the target delimiter
+    n_bytes: np.ndarray  # [R] int64, UTF-8 bytes of the same
+    uncond_id: np.ndarray  # [R] int64
+    uncond: PairSet
+    # The strings exactly as scored (after moving whitespace), for samples files.
+    context_text: list[str] = field(repr=False, default_factory=list)
+    continuation_text: list[str] = field(repr=False, default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.doc_id)
+
+    def rows_of_docs(self, doc_ids: np.ndarray) -> np.ndarray:
+        """Request rows belonging to the given documents, in table order."""
+        return np.flatnonzero(np.isin(self.doc_id, doc_ids))
+
+
+def build_requests(
+    task: MultipleChoiceTask,
+    docs: Sequence[Doc],
+    tokenizer: TokenizerLike,
+    max_length: int,
+    *,
+    with_uncond: bool | None = None,
+) -> RequestTable:
+    """Tokenize every (doc, choice) of `docs`. `with_uncond` defaults to whether the task reports PMI."""
+    if with_uncond is None:
+        with_uncond = "acc_pmi" in task.metrics
+    main, uncond = _PairBuilder(), _PairBuilder()
+    uncond_index: dict[tuple[int, ...], int] = {}
+    cols: dict[str, list[int]] = {k: [] for k in ("doc_id", "cont_id", "n_choices", "n_chars", "n_bytes")}
+    is_gold: list[bool] = []
+    uncond_ids: list[int] = []
+    ctx_texts: list[str] = []
+    cont_texts: list[str] = []
+    uncond_ctx, uncond_cont_prefix = _uncond_context(task, tokenizer)
+    for doc in docs:
+        for i, (context, choice) in enumerate(zip(doc.contexts, doc.continuations, strict=True)):
+            where = f"task {task.name!r} doc {doc.index} choice {i}"
+            ctx_text, cont_text = move_trailing_whitespace(context, task.target_delimiter + choice)
+            full_ctx, n_before, cont_ids = tokenize_pair(tokenizer, ctx_text, cont_text, where)
+            main.add(full_ctx, n_before, cont_ids, max_length, where)
+            if with_uncond:
+                u_cont = _uncond_continuation(tokenizer, uncond_ctx, uncond_cont_prefix, cont_text, where)
+                key = tuple(u_cont)
+                if key not in uncond_index:
+                    uncond_index[key] = uncond.add(uncond_ctx, len(uncond_ctx), u_cont, max_length, where)
+                uncond_ids.append(uncond_index[key])
+            else:
+                uncond_ids.append(-1)
+            cols["doc_id"].append(doc.index)
+            cols["cont_id"].append(i)
+            cols["n_choices"].append(doc.n_choices)
+            cols["n_chars"].append(len(choice))
+            cols["n_bytes"].append(len(choice.encode("utf-8")))
+            is_gold.append(i in doc.gold)
+            ctx_texts.append(ctx_text)
+            cont_texts.append(cont_text)
+    arrays = {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}
+    return RequestTable(
+        task=task.name,
+        pairs=main.build(),
+        is_gold=np.asarray(is_gold, dtype=bool),
+        uncond_id=np.asarray(uncond_ids, dtype=np.int64),
+        uncond=uncond.build(),
+        context_text=ctx_texts,
+        continuation_text=cont_texts,
+        **arrays,
+    )
+
+
+def _uncond_context(task: MultipleChoiceTask, tokenizer: TokenizerLike) -> tuple[list[int], str]:
+    """Tokens of the unconditional context, and the text a continuation is joined to."""
+    text, _ = move_trailing_whitespace(task.uncond_context, "")
+    ids = list(tokenizer.encode(text)) if text else []
+    return _finish_context(tokenizer, ids, f"task {task.name!r} unconditional context"), text
+
+
+def _uncond_continuation(
+    tokenizer: TokenizerLike, ctx_ids: list[int], ctx_text: str, cont_text: str, where: str
+) -> list[int]:
+    if not ctx_text:
+        return list(tokenizer.encode(cont_text))
+    raw_ctx = list(tokenizer.encode(ctx_text))
+    whole = list(tokenizer.encode(ctx_text + cont_text))
+    return whole[split_at_common_prefix(raw_ctx, whole) :]
