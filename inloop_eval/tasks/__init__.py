@@ -4,3 +4,18 @@ from inloop_eval.tasks.base import ALL_METRICS, Doc, MultipleChoiceTask, load_do
 from inloop_eval.tasks.registry import get_task, register, task_names
 
 __all__ = ["ALL_METRICS", "Doc", "MultipleChoiceTask", "get_task", "load_docs", "register", "task_names"]
+
+# Built-in task families; importing each registers its task ids.
+from inloop_eval.tasks import (  # noqa: E402, F401
+    arc,
+    boolq,
+    commonsense_qa,
+    copa,
+    hellaswag,
+    mmlu,
+    openbookqa,
+    piqa,
+    sciq,
+    social_iqa,
+    winogrande,
+)

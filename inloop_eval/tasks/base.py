@@ -7,6 +7,7 @@ the continuation without the delimiter (as lm-evaluation-harness does).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -52,6 +53,12 @@ class Doc:
     @property
     def n_choices(self) -> int:
         return len(self.continuations)
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """A value for an error message, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def get_field(task: str, index: int, raw: Mapping[str, Any], name: str) -> Any:
@@ -104,6 +111,56 @@ class MultipleChoiceTask:
     def error(self, index: int, message: str) -> TaskDataError:
         return TaskDataError(f"task {self.name!r} doc {index}: {message}")
 
+    def text(self, raw: Mapping[str, Any], index: int, name: str, *, nonempty: bool = False) -> str:
+        """`raw[name]`, which must be a string (with more than whitespace when `nonempty`, as for a choice)."""
+        value = self.field(raw, index, name)
+        if not isinstance(value, str):
+            raise self.error(
+                index, f"field {name!r}: expected a string, found {type(value).__name__} {shown(value)}"
+            )
+        if nonempty and not value.strip():
+            raise self.error(index, f"field {name!r}: expected a non-empty choice, found {value!r}")
+        return value
+
+    def texts(self, raw: Mapping[str, Any], index: int, name: str, *, nonempty: bool = False) -> list[str]:
+        """`raw[name]`, which must be a list of strings (each with more than whitespace when `nonempty`)."""
+        value = self.field(raw, index, name)
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise self.error(index, f"field {name!r}: expected a list of strings, found {shown(value)}")
+        if nonempty:
+            for i, text in enumerate(value):
+                if not text.strip():
+                    raise self.error(
+                        index, f"field {name!r}: expected non-empty choices, found choice {i} {text!r}"
+                    )
+        return list(value)
+
+    def label(
+        self,
+        raw: Mapping[str, Any],
+        index: int,
+        name: str,
+        n_choices: int,
+        *,
+        first: int = 0,
+    ) -> int:
+        """The 0-based choice index in `raw[name]`: an integer, or a numeral string, counting from `first`."""
+        value = self.field(raw, index, name)
+        expected = f"an integer label from {first} to {first + n_choices - 1}"
+        number: int | None = None
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            number = int(value)
+        elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            number = int(value.strip())
+        if number is None:
+            raise self.error(index, f"field {name!r}: expected {expected}, found {shown(value)}")
+        if not first <= number < first + n_choices:
+            raise self.error(
+                index,
+                f"field {name!r}: label out of range for {n_choices} choices: expected {expected}, found {shown(value)}",
+            )
+        return number - first
+
     @property
     def length_norm_is_noop(self) -> bool:
         return self.prompt_format in ("mc", "partial")
@@ -143,13 +200,13 @@ class MultipleChoiceTask:
             raise self.error(index, "field 'gold': expected at least one gold answer, found none")
         out = []
         for g in golds:
-            if isinstance(g, bool) or not isinstance(g, int):
+            if isinstance(g, bool) or not isinstance(g, numbers.Integral):
                 raise self.error(index, f"field 'gold': expected an integer index, found {g!r}")
             if not 0 <= g < len(continuations):
                 raise self.error(
                     index, f"field 'gold': label {g} out of range for {len(continuations)} choices"
                 )
-            out.append(g)
+            out.append(int(g))
         return tuple(sorted(set(out)))
 
 

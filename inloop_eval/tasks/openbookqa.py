@@ -1,0 +1,22 @@
+"""OpenBookQA (elementary science with an open book of facts, 4 choices)."""
+
+from __future__ import annotations
+
+from inloop_eval.tasks.arc import LabelledChoicesTask
+from inloop_eval.tasks.registry import register
+
+
+class OpenBookQA(LabelledChoicesTask):
+    """OpenBookQA, OLMES `openbookqa` rc: 'Question: {question_stem}\\nAnswer:', continuations the choice texts,
+    gold `answerKey` among `choices.label`.
+
+    lm-evaluation-harness `openbookqa` gives the bare question stem; OLMES adds the 'Question:'/'Answer:' frame.
+    """
+
+    dataset_path = "openbookqa"
+    dataset_name = "main"
+    question_field = "question_stem"
+    format_source = "OLMES openbookqa rc: 'Question: {question_stem}\\nAnswer:'"
+
+
+register("openbookqa", OpenBookQA)

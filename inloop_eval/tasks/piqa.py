@@ -1,0 +1,33 @@
+"""PIQA (physical commonsense, 2 solutions)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from inloop_eval.tasks.base import MultipleChoiceTask
+from inloop_eval.tasks.registry import register
+
+
+class PIQA(MultipleChoiceTask):
+    """PIQA, lm-evaluation-harness `piqa`: 'Question: {goal}\\nAnswer:', continuations sol1 and sol2.
+
+    OLMo's in-loop PIQA uses the same prompt; OLMES uses 'Goal:' instead of 'Question:'.
+    """
+
+    dataset_path = "piqa"
+    dataset_name = "plain_text"
+    uncond_context = "Answer:"  # OLMo's domain conditional for PMI
+    format_source = "lm-evaluation-harness piqa: 'Question: {goal}\\nAnswer:'"
+
+    def doc_to_context(self, raw: Mapping[str, Any], index: int) -> str:
+        return "Question: " + self.text(raw, index, "goal") + "\nAnswer:"
+
+    def doc_to_continuations(self, raw: Mapping[str, Any], index: int) -> list[str]:
+        return [self.text(raw, index, name, nonempty=True) for name in ("sol1", "sol2")]
+
+    def doc_to_gold(self, raw: Mapping[str, Any], index: int) -> int:
+        return self.label(raw, index, "label", 2)
+
+
+register("piqa", PIQA)
