@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--strict", action="store_true", help="stop at the first failing task")
     ev.set_defaults(func=cmd_evaluate)
 
+    demo = sub.add_parser(
+        "demo", help="train the reference GPT with in-loop evaluation (see configs/demo.yaml)"
+    )
+    demo.add_argument("demo_args", nargs=argparse.REMAINDER, help="arguments of scripts/train_demo.py")
+    demo.set_defaults(func=lambda args: __import__("inloop_eval.demo").demo.main(args.demo_args))
+
     data = sub.add_parser("data", help="task data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     fetch = data_sub.add_parser("fetch", help="materialise the standard tasks and tokenizers into a root")
@@ -110,8 +116,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     model = load_hf_model(args.model, device)
     evaluator = InLoopEvaluator(config)
     bar = progress_bar(evaluator, enabled=rank == 0)
-    metrics = evaluator.run(model, progress=bar.update if bar else None)
-    if bar:
+    metrics = evaluator.run(model, progress=bar.update if bar is not None else None)
+    if bar is not None:
         bar.close()
     samples = gather_samples(evaluator) if args.samples else None
     if rank == 0:

@@ -76,7 +76,7 @@ class EvaluatorConfig:
 
     def __post_init__(self) -> None:
         self.evaluators = [
-            e if isinstance(e, TaskEvalConfig) else _build(TaskEvalConfig, e, "evaluators[]")
+            e if isinstance(e, TaskEvalConfig) else build_dataclass(TaskEvalConfig, e, "evaluators[]")
             for e in self.evaluators
         ]
         if self.eval_interval < 1:
@@ -95,7 +95,7 @@ class EvaluatorConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EvaluatorConfig:
-        return _build(cls, data, "config")
+        return build_dataclass(cls, data, "config")
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> EvaluatorConfig:
@@ -112,10 +112,11 @@ class EvaluatorConfig:
             raise ConfigError(
                 f"config file {path}: expected a mapping at the top, found {type(data).__name__}"
             )
-        return _build(cls, data.get("evaluation", data), str(path))
+        return build_dataclass(cls, data.get("evaluation", data), str(path))
 
 
-def _build(cls: type, data: Any, where: str) -> Any:
+def build_dataclass(cls: type, data: Any, where: str) -> Any:
+    """`cls(**data)` for a keyword-only config dataclass, with errors that name `where` and the keys."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping, found {type(data).__name__}")
     names = {f.name for f in dataclasses.fields(cls)}

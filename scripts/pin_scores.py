@@ -1,0 +1,49 @@
+"""Regenerate tests/pinned/icl_scores.json: a seeded reference GPT on the first 200 documents of a few
+real tasks. Run only when a change is meant to move the numbers, and say why in the commit.
+
+    python scripts/pin_scores.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from inloop_eval.config import EvaluatorConfig
+from inloop_eval.data import default_data_root
+from inloop_eval.evaluator import InLoopEvaluator
+from inloop_eval.fetch import fetch, neox_tokenizer_path
+from inloop_eval.models.gpt import GPT, GPTConfig
+
+PINNED_TASKS = ("hellaswag", "piqa", "arc_easy", "mmlu_rc", "mmlu_mc")
+N_DOCS = 200
+OUT = Path(__file__).resolve().parent.parent / "tests" / "pinned" / "icl_scores.json"
+
+
+def pinned_model() -> GPT:
+    torch.manual_seed(1234)
+    return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=1024))
+
+
+def pinned_evaluator(data_root: Path, batch_tokens: int = 4096) -> InLoopEvaluator:
+    config = EvaluatorConfig(
+        evaluators=[{"task": t, "limit": N_DOCS, "batch_tokens": batch_tokens} for t in PINNED_TASKS],
+        tokenizer=str(neox_tokenizer_path(data_root)),
+        data_root=str(data_root),
+        strict=True,
+    )
+    return InLoopEvaluator(config)
+
+
+def main() -> None:
+    root = fetch(default_data_root())
+    scores = pinned_evaluator(root).run(pinned_model())
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(scores, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(scores)} figures to {OUT}")
+
+
+if __name__ == "__main__":
+    main()
