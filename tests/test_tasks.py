@@ -520,3 +520,17 @@ def test_malformed_field(name: str, field: str, mutate):
     raw = copy.deepcopy(VALID_ROWS[name])
     mutate(raw)
     _raises(name, raw, f"field {field!r}", "expected")
+
+
+@pytest.mark.parametrize(
+    ("name", "mutate"),
+    [
+        ("mmlu_anatomy_rc", lambda r: r.update(choices=[])),
+        ("arc_easy", lambda r: r.update(choices={"text": [], "label": []})),
+        ("hellaswag", lambda r: r.update(endings=[])),
+    ],
+)
+def test_no_choices(name: str, mutate):
+    raw = copy.deepcopy(VALID_ROWS[name])
+    mutate(raw)
+    _raises(name, raw, "choice")
