@@ -12,6 +12,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from inloop_eval.errors import TaskDataError
@@ -33,6 +34,17 @@ FAMILY_IDS = (
     "social_iqa",
     "copa",
 )
+# Families with listed options: each also as `<family>_rc` (the plain id) and `<family>_mc` (letter keys).
+TWIN_FAMILIES = (
+    "arc_easy",
+    "arc_challenge",
+    "openbookqa",
+    "commonsense_qa",
+    "sciq",
+    "social_iqa",
+    "piqa",
+    "hellaswag",
+)
 
 
 @functools.cache
@@ -52,7 +64,9 @@ def all_docs(data_root: Path):
 def test_registered_ids():
     names = task_names()
     mmlu_ids = 2 * (len(SUBJECTS) + len(CATEGORIES) + 1)
-    assert len(names) == len(FAMILY_IDS) + mmlu_ids == 135
+    twin_ids = {f"{family}_{fmt}" for family in TWIN_FAMILIES for fmt in ("rc", "mc")}
+    assert set(FAMILY_IDS) | twin_ids <= set(names)
+    assert len(set(FAMILY_IDS) | twin_ids) + mmlu_ids == 151
     for name in FAMILY_IDS:
         assert name in names
     for fmt in ("rc", "mc"):
@@ -534,3 +548,48 @@ def test_no_choices(name: str, mutate):
     raw = copy.deepcopy(VALID_ROWS[name])
     mutate(raw)
     _raises(name, raw, "choice")
+
+
+# ---------------------------------------------------------------- letter-key twins
+
+
+@pytest.mark.parametrize("family", TWIN_FAMILIES)
+def test_letter_key_twin_lists_the_rc_choices(family: str, data_root: Path):
+    rc, mc = get_task(f"{family}_rc"), get_task(f"{family}_mc")
+    assert (rc.prompt_format, rc.metrics, mc.prompt_format, mc.metrics) == (
+        "rc",
+        RC_METRICS,
+        "mc",
+        MC_METRICS,
+    )
+    assert load_docs(rc, data_root, limit=30) == load_docs(get_task(family), data_root, limit=30)
+    for r, m in zip(load_docs(rc, data_root, limit=30), load_docs(mc, data_root, limit=30), strict=True):
+        letters = tuple("ABCDE"[: r.n_choices])
+        assert m.continuations == letters and m.n_choices == r.n_choices
+        listed = m.contexts[0].split("\n A. ", 1)[1].removesuffix("\nAnswer:")
+        options = [line.split(". ", 1)[1] for line in ("A. " + listed).split("\n ")]
+        assert sorted(options) == sorted(r.continuations)
+        assert options[m.gold[0]] == r.continuations[r.gold[0]]
+        if family != "sciq":
+            assert options == list(r.continuations) and m.gold == r.gold
+        stem = m.contexts[0].split("\n A. ", 1)[0]
+        if family == "hellaswag":
+            assert stem == r.contexts[0] + "\nChoose the best continuation:"
+        else:
+            assert stem + "\nAnswer:" == r.contexts[0]
+
+
+def test_sciq_mc_gold_is_not_always_the_last_letter(all_docs):
+    golds = [d.gold[0] for d in all_docs("sciq_mc")]
+    assert {d.gold[0] for d in all_docs("sciq")} == {3}
+    counts = np.bincount(golds, minlength=4)
+    assert counts.min() > 200, counts
+
+
+def test_letter_key_twin_first_document():
+    raw = copy.deepcopy(ARC_ROW)
+    raw["choices"]["label"] = ["1", "2", "3", "4"]
+    raw["answerKey"] = "2"
+    doc = get_task("arc_easy_mc").make_doc(raw, DOC_INDEX)
+    assert doc.contexts[0] == "Question: Which is a metal?\n A. iron\n B. wood\n C. glass\n D. cloth\nAnswer:"
+    assert (doc.continuations, doc.gold) == (("A", "B", "C", "D"), (1,))

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inloop_eval.tasks.base import MultipleChoiceTask
+from inloop_eval.tasks.letter_keys import LetterKeys
 from inloop_eval.tasks.registry import register
 
 
@@ -72,5 +73,22 @@ class ARCChallenge(ARCEasy):
     format_source = "lm-evaluation-harness arc_challenge: 'Question: {question}\\nAnswer:'"
 
 
+class ARCEasyMC(LetterKeys, ARCEasy):
+    """ARC-Easy mc, OLMES `arc_easy:mc`: 'Question: {question}\\n A. {choice}\\n ...\\nAnswer:' -> ' A'.. (always
+    letters, also where the dataset labels choices '1'..'5')."""
+
+    format_source = "OLMES arc_easy mc: 'Question: {question}\\n A. {choice}\\n ...\\nAnswer:' -> A.."
+
+
+class ARCChallengeMC(LetterKeys, ARCChallenge):
+    """ARC-Challenge mc, OLMES `arc_challenge:mc`: the ARC-Easy mc format on the Challenge set."""
+
+    format_source = "OLMES arc_challenge mc: 'Question: {question}\\n A. {choice}\\n ...\\nAnswer:' -> A.."
+
+
 register("arc_easy", ARCEasy)
+register("arc_easy_rc", ARCEasy)
+register("arc_easy_mc", ARCEasyMC)
 register("arc_challenge", ARCChallenge)
+register("arc_challenge_rc", ARCChallenge)
+register("arc_challenge_mc", ARCChallengeMC)

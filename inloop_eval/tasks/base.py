@@ -10,6 +10,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from inloop_eval.errors import TaskDataError
@@ -25,14 +26,38 @@ ALL_METRICS: tuple[str, ...] = (
     "bpb_gold",
     "brier",
     "prob_gold",
+    "ece",
+    "f1",
+    "acc_greedy",
+    "ppl_gold",
+    # lm-evaluation-harness's names for acc_pmi and brier, reported under these names when asked for.
+    "acc_mutual_info",
+    "brier_score",
 )
 # Normalisations that only matter when choices differ in length.
 LENGTH_NORM_METRICS: tuple[str, ...] = ("acc_norm", "acc_bytes", "acc_per_token")
-RC_METRICS: tuple[str, ...] = ALL_METRICS
+# Answer text as continuation: every figure except those for other task kinds (and `ece`, on request).
+RC_METRICS: tuple[str, ...] = (
+    "acc",
+    "acc_norm",
+    "acc_bytes",
+    "acc_per_token",
+    "acc_pmi",
+    "ce_gold",
+    "bpb_gold",
+    "brier",
+    "prob_gold",
+)
 # Letter keys (" A".." D"): every choice has the same length, so length normalisation is a no-op.
 MC_METRICS: tuple[str, ...] = ("acc", "acc_pmi", "ce_gold", "bpb_gold", "brier", "prob_gold")
 # One shared continuation after per-choice contexts: both length norms and PMI are no-ops.
 PARTIAL_METRICS: tuple[str, ...] = ("acc", "ce_gold", "bpb_gold", "brier", "prob_gold")
+# Classification over a fixed label set (RTE, CB, MRPC, SST-2): F1 beside accuracy.
+CLASSIFICATION_METRICS: tuple[str, ...] = ("acc", "f1")
+# One continuation, the answer, scored for its likelihood only.
+GOLD_ONLY_METRICS: tuple[str, ...] = ("ce_gold", "bpb_gold")
+# Last-word prediction (LAMBADA): greedy exact match and the word's perplexity.
+GREEDY_METRICS: tuple[str, ...] = ("acc_greedy", "ppl_gold", "ce_gold", "bpb_gold")
 
 
 @dataclass(frozen=True)
@@ -73,7 +98,7 @@ def get_field(task: str, index: int, raw: Mapping[str, Any], name: str) -> Any:
 
 
 class MultipleChoiceTask:
-    """A zero-shot multiple-choice task scored by loglikelihood.
+    """A multiple-choice task scored by loglikelihood (zero-shot unless `num_fewshot` is set).
 
     Subclasses set the class attributes and implement `doc_to_context`, `doc_to_continuations` and
     `doc_to_gold`; `make_doc` checks the result.
@@ -92,6 +117,18 @@ class MultipleChoiceTask:
     metrics: ClassVar[tuple[str, ...]] = RC_METRICS
     # Which published format the prompt follows; shown by `inloop-eval tasks`.
     format_source: str = ""
+    # Few-shot examples put before every prompt (see `inloop_eval.tasks.fewshot`); an id suffix
+    # `_<k>shot` sets `num_fewshot` (`arc_easy_rc_5shot`).
+    num_fewshot: int = 0
+    supports_fewshot: bool = True
+    # Split the examples come from; None: the evaluated split itself, the document excluded.
+    fewshot_split: str | None = None
+    # "first_n": the split's first k documents (as MMLU's dev split is used); "random": k drawn per
+    # document from a generator seeded by (fewshot_seed, subset, document index).
+    fewshot_sampler: str = "random"
+    fewshot_seed: int = 1234
+    # Between examples, and between the last example and the prompt.
+    fewshot_delimiter: str = "\n\n"
 
     def doc_to_context(self, raw: Mapping[str, Any], index: int) -> str | Sequence[str]:
         """The prompt, or one prompt per choice (partial scoring)."""
@@ -161,9 +198,44 @@ class MultipleChoiceTask:
             )
         return number - first
 
+    def description_for(self, raw: Mapping[str, Any], subset: str | None) -> str:
+        """Text put before the examples and the prompt (a task's instruction); none by default."""
+        return ""
+
+    def subsets(self) -> tuple[str | None, ...]:
+        """The dataset subsets whose splits are concatenated, in order."""
+        return self.dataset_name if isinstance(self.dataset_name, tuple) else (self.dataset_name,)
+
     @property
     def length_norm_is_noop(self) -> bool:
         return self.prompt_format in ("mc", "partial")
+
+    def load_documents(self, data_root: str | Path | None = None, limit: int | None = None) -> list[Doc]:
+        """Every document of the task's split (the first `limit` when given), checked by `make_doc`, with
+        the description and few-shot examples put before each prompt."""
+        from inloop_eval.data import load_split
+        from inloop_eval.tasks.fewshot import add_fewshot
+
+        docs: list[Doc] = []
+        for subset in self.subsets():
+            if limit is not None and len(docs) >= limit:
+                break
+            rows = load_split(self.dataset_path, subset, self.split, data_root=data_root, task=self.name)
+            part: list[Doc] = []
+            raws: list[Mapping[str, Any]] = []
+            for raw in rows:
+                if limit is not None and len(docs) + len(part) >= limit:
+                    break
+                part.append(self.make_doc(raw, len(docs) + len(part)))
+                raws.append(raw)
+            pool = rows
+            if self.num_fewshot > 0 and self.fewshot_split not in (None, self.split):
+                pool = load_split(
+                    self.dataset_path, subset, self.fewshot_split, data_root=data_root, task=self.name
+                )
+            part = add_fewshot(self, part, raws, range(len(part)), pool, subset, same_split=pool is rows)
+            docs.extend(part)
+        return docs
 
     def make_doc(self, raw: Mapping[str, Any], index: int) -> Doc:
         """Render and check one raw row; raises TaskDataError naming the task, document and field."""
@@ -210,16 +282,8 @@ class MultipleChoiceTask:
         return tuple(sorted(set(out)))
 
 
-def load_docs(task: MultipleChoiceTask, data_root: str | None = None, limit: int | None = None) -> list[Doc]:
-    """Every document of the task's split (the first `limit` when given), checked by `make_doc`."""
-    from inloop_eval.data import load_split
-
-    names = task.dataset_name if isinstance(task.dataset_name, tuple) else (task.dataset_name,)
-    docs: list[Doc] = []
-    for name in names:
-        rows = load_split(task.dataset_path, name, task.split, data_root=data_root, task=task.name)
-        for raw in rows:
-            if limit is not None and len(docs) >= limit:
-                return docs
-            docs.append(task.make_doc(raw, len(docs)))
-    return docs
+def load_docs(
+    task: MultipleChoiceTask, data_root: str | Path | None = None, limit: int | None = None
+) -> list[Doc]:
+    """Every document of the task's split (the first `limit` when given), as the task renders them."""
+    return task.load_documents(data_root, limit)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from inloop_eval.tasks.arc import LabelledChoicesTask
+from inloop_eval.tasks.letter_keys import LetterKeys
 from inloop_eval.tasks.registry import register
 
 
@@ -18,4 +19,12 @@ class CommonsenseQA(LabelledChoicesTask):
     format_source = "OLMES csqa rc: 'Question: {question}\\nAnswer:'"
 
 
+class CommonsenseQAMC(LetterKeys, CommonsenseQA):
+    """CommonsenseQA mc, OLMES `csqa:mc`: 'Question: {question}\\n A. {choice}\\n ...\\nAnswer:' -> ' A'.. ' E'."""
+
+    format_source = "OLMES csqa mc: 'Question: {question}\\n A. {choice}\\n ...\\nAnswer:' -> A..E"
+
+
 register("commonsense_qa", CommonsenseQA)
+register("commonsense_qa_rc", CommonsenseQA)
+register("commonsense_qa_mc", CommonsenseQAMC)

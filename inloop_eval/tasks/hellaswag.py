@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inloop_eval.tasks.base import MultipleChoiceTask
+from inloop_eval.tasks.letter_keys import LetterKeys
 from inloop_eval.tasks.registry import register
 
 _BRACKETED = re.compile(r"\[.*?\]")
@@ -44,4 +45,18 @@ class HellaSwag(MultipleChoiceTask):
         return self.label(raw, index, "label", len(self.texts(raw, index, "endings")))
 
 
+class HellaSwagMC(LetterKeys, HellaSwag):
+    """HellaSwag mc, OLMES `hellaswag:mc`: '{context}\\nChoose the best continuation:\\n A. {ending}\\n ...\\nAnswer:'
+    -> ' A'..' D', with the rc twin's preprocessed context and endings."""
+
+    format_source = (
+        "OLMES hellaswag mc: '{ctx}\\nChoose the best continuation:\\n A. {ending}\\n ...\\nAnswer:' -> A..D"
+    )
+
+    def mc_stem(self, raw: Mapping[str, Any], index: int) -> str:
+        return HellaSwag.doc_to_context(self, raw, index) + "\nChoose the best continuation:"
+
+
 register("hellaswag", HellaSwag)
+register("hellaswag_rc", HellaSwag)
+register("hellaswag_mc", HellaSwagMC)

@@ -83,14 +83,26 @@ class MMLURC(MultipleChoiceTask):
     'Question: {question.strip()}\\nAnswer:', continuations the choice texts, gold `answer`.
 
     subjects: one subject, or several whose validation splits are concatenated in the given order.
+    Few-shot (`mmlu_stem_mc_5shot`): 'The following are multiple choice questions (with answers) about
+    {subject}.\\n\\n', then the first k documents of the subject's dev split, solved, each followed by '\\n\\n'.
     """
 
     dataset_path = "hails/mmlu_no_train"
     uncond_context = "Answer:"  # OLMo's domain conditional for PMI
     format_source = "OLMES mmlu rc: 'Question: {question}\\nAnswer:'"
+    # Few-shot examples: the first k of each subject's dev split, after the MMLU paper's instruction.
+    fewshot_split = "dev"
+    fewshot_sampler = "first_n"
 
     def __init__(self, subjects: tuple[str, ...]) -> None:
         self.dataset_name = subjects[0] if len(subjects) == 1 else subjects
+
+    def description_for(self, raw: Mapping[str, Any], subset: str | None) -> str:
+        """With few-shot examples only (zero-shot ids render as before): the MMLU paper's instruction."""
+        if self.num_fewshot == 0 or not subset:
+            return ""
+        subject = subset.replace("_", " ")
+        return f"The following are multiple choice questions (with answers) about {subject}.\n\n"
 
     def question(self, raw: Mapping[str, Any], index: int) -> str:
         return self.text(raw, index, "question").strip()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from inloop_eval.tasks.arc import LabelledChoicesTask
+from inloop_eval.tasks.letter_keys import LetterKeys
 from inloop_eval.tasks.registry import register
 
 
@@ -19,4 +20,12 @@ class OpenBookQA(LabelledChoicesTask):
     format_source = "OLMES openbookqa rc: 'Question: {question_stem}\\nAnswer:'"
 
 
+class OpenBookQAMC(LetterKeys, OpenBookQA):
+    """OpenBookQA mc, OLMES `openbookqa:mc`: 'Question: {question_stem}\\n A. {choice}\\n ...\\nAnswer:' -> ' A'.."""
+
+    format_source = "OLMES openbookqa mc: 'Question: {question_stem}\\n A. {choice}\\n ...\\nAnswer:' -> A.."
+
+
 register("openbookqa", OpenBookQA)
+register("openbookqa_rc", OpenBookQA)
+register("openbookqa_mc", OpenBookQAMC)

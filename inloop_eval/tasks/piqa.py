@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inloop_eval.tasks.base import MultipleChoiceTask
+from inloop_eval.tasks.letter_keys import LetterKeys
 from inloop_eval.tasks.registry import register
 
 
@@ -30,4 +31,15 @@ class PIQA(MultipleChoiceTask):
         return self.label(raw, index, "label", 2)
 
 
+class PIQAMC(LetterKeys, PIQA):
+    """PIQA mc: 'Question: {goal}\\n A. {sol1}\\n B. {sol2}\\nAnswer:' -> ' A' / ' B'.
+
+    OLMES `piqa:mc` lists the same options after 'Goal: {goal}'; this keeps the rc twin's 'Question:'.
+    """
+
+    format_source = "piqa mc: 'Question: {goal}\\n A. {sol1}\\n B. {sol2}\\nAnswer:' -> A/B"
+
+
 register("piqa", PIQA)
+register("piqa_rc", PIQA)
+register("piqa_mc", PIQAMC)

@@ -1,37 +1,60 @@
-"""The task registry: task id -> factory. Families register themselves on import of `inloop_eval.tasks`."""
+"""The task registry: task id -> factory. Families register themselves on import of `inloop_eval.tasks`.
+
+Besides the registered ids, `get_task` understands
+- `<id>_<k>shot`: the registered task with k few-shot examples (`arc_easy_rc_5shot`, `mmlu_stem_mc_5shot`);
+- `<prefix>:<rest>` for a registered resolver (`oe_eval:arc_easy:rc_5shot`, `harness:path/to/task.yaml`).
+"""
 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable
 
 from inloop_eval.errors import UnknownTaskError
 from inloop_eval.tasks.base import MultipleChoiceTask
 
 _FACTORIES: dict[str, Callable[[], MultipleChoiceTask]] = {}
+_RESOLVERS: dict[str, Callable[[str], MultipleChoiceTask]] = {}
+_SHOTS = re.compile(r"^(?P<base>.+)_(?P<k>\d+)shot$")
 
 
-def register(name: str, factory: Callable[[], MultipleChoiceTask]) -> None:
-    """Add a task id; ids are lower-case without spaces and unique."""
-    if name != name.lower() or " " in name:
-        raise ValueError(f"task id {name!r}: expected lower-case without spaces")
-    if name in _FACTORIES:
+def register(name: str, factory: Callable[[], MultipleChoiceTask], *, replace: bool = False) -> None:
+    """Add a task id; ids are lower-case without spaces and unique (unless `replace`)."""
+    if name != name.lower() or " " in name or ":" in name:
+        raise ValueError(f"task id {name!r}: expected lower-case without spaces or ':'")
+    if name in _FACTORIES and not replace:
         raise ValueError(f"task id {name!r} is registered twice")
     _FACTORIES[name] = factory
 
 
+def register_resolver(prefix: str, resolve: Callable[[str], MultipleChoiceTask]) -> None:
+    """Ids `<prefix>:<rest>` are built by `resolve(rest)` (tasks defined by files rather than code)."""
+    if prefix in _RESOLVERS:
+        raise ValueError(f"task id prefix {prefix!r} is registered twice")
+    _RESOLVERS[prefix] = resolve
+
+
 def get_task(name: str) -> MultipleChoiceTask:
     """A fresh task instance; UnknownTaskError lists the closest ids."""
-    try:
-        factory = _FACTORIES[name]
-    except KeyError:
+    if name in _FACTORIES:
+        task = _FACTORIES[name]()
+    elif ":" in name and name.split(":", 1)[0] in _RESOLVERS:
+        prefix, rest = name.split(":", 1)
+        task = _RESOLVERS[prefix](rest)
+    elif (match := _SHOTS.match(name)) and match["base"] in _FACTORIES:
+        task = _FACTORIES[match["base"]]()
+        if not task.supports_fewshot:
+            raise UnknownTaskError(f"unknown task {name!r}: task {match['base']!r} takes no shot count")
+        task.num_fewshot = int(match["k"])
+    else:
         close = difflib.get_close_matches(name, _FACTORIES, n=5)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `inloop-eval tasks` lists them"
         raise UnknownTaskError(f"unknown task {name!r}{hint}") from None
-    task = factory()
     task.name = name
     return task
 
 
 def task_names() -> list[str]:
+    """The registered ids (each also takes a `_<k>shot` suffix)."""
     return sorted(_FACTORIES)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inloop_eval.tasks.base import MultipleChoiceTask
+from inloop_eval.tasks.letter_keys import LetterKeys
 from inloop_eval.tasks.registry import register
 
 _ANSWER_FIELDS = ("answerA", "answerB", "answerC")
@@ -34,4 +35,15 @@ class SocialIQA(MultipleChoiceTask):
         return self.label(raw, index, "label", len(_ANSWER_FIELDS), first=1)
 
 
+class SocialIQAMC(LetterKeys, SocialIQA):
+    """Social IQa mc, OLMES `socialiqa:mc`: 'Question: {context} {question}\\n A. {answerA}\\n ...\\nAnswer:'
+    -> ' A'..' C'."""
+
+    format_source = (
+        "OLMES socialiqa mc: 'Question: {context} {question}\\n A. {answerA}\\n ...\\nAnswer:' -> A..C"
+    )
+
+
 register("social_iqa", SocialIQA)
+register("social_iqa_rc", SocialIQA)
+register("social_iqa_mc", SocialIQAMC)
