@@ -13,6 +13,7 @@ from inloop_eval.tasks import (  # noqa: E402, F401
     copa,
     hellaswag,
     mmlu,
+    oe_eval,
     openbookqa,
     piqa,
     sciq,
