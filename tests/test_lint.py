@@ -1,0 +1,148 @@
+"""`inloop-eval lint` flags each problem on constructed tasks and passes a clean one; `tasks --describe` shows a
+rendered request."""
+
+from __future__ import annotations
+
+import pytest
+
+from inloop_eval.cli import main
+from inloop_eval.tasks import Doc, get_task, registry
+from inloop_eval.tasks.base import MC_METRICS, RC_METRICS, MultipleChoiceTask
+from inloop_eval.tasks.lint import ERROR, WARNING, lint_docs, lint_task
+
+CTX = "Question: Which is a metal?\nAnswer:"
+
+
+class ListTask(MultipleChoiceTask):
+    """A task over given documents (lint reads `load_documents`)."""
+
+    def __init__(self, name: str, docs: list[Doc], **attrs) -> None:  # noqa: ANN003
+        self.name = name
+        self.docs = docs
+        for key, value in attrs.items():
+            setattr(self, key, value)
+
+    def load_documents(self, data_root=None, limit=None):  # noqa: ANN001
+        return self.docs[:limit]
+
+
+def doc(index: int, choices: tuple[str, ...], gold: tuple[int, ...] = (0,), context: str = CTX) -> Doc:
+    return Doc(index, (context,) * len(choices), choices, gold)
+
+
+CLEAN = [doc(0, ("iron", "wood", "glass")), doc(1, ("copper", "paper", "cotton"), (0,))]
+
+
+def issues(task: MultipleChoiceTask) -> dict[str, set[str]]:
+    """code -> severities found."""
+    out: dict[str, set[str]] = {}
+    for issue in lint_task(task).issues:
+        out.setdefault(issue.code, set()).add(issue.severity)
+    return out
+
+
+def test_clean_task_passes():
+    report = lint_task(ListTask("clean", CLEAN))
+    assert report.issues == [] and report.n_docs == 2
+    assert "clean: 2 docs, 0 errors, 0 warnings" in report.summary()
+
+
+@pytest.mark.parametrize(
+    ("docs", "attrs", "code", "severity"),
+    [
+        ([doc(0, ("iron", "wood"), (2,))], {}, "gold-out-of-range", ERROR),
+        ([doc(0, ("iron", "wood"), ())], {}, "gold-out-of-range", ERROR),
+        ([doc(0, ("iron", " ", "wood"))], {}, "empty-choice", ERROR),
+        ([doc(0, ("iron", "wood", "iron"), (2,))], {}, "duplicate-choice", ERROR),
+        ([doc(0, ("iron", "wood", "wood"))], {}, "duplicate-choice", WARNING),
+        (
+            [doc(0, ("A", "B", "C"))],
+            {"prompt_format": "mc", "metrics": RC_METRICS},
+            "length-norm-on-letter-keys",
+            ERROR,
+        ),
+        (
+            [doc(0, ("A", "B")), doc(1, ("A", "B"))],
+            {"metrics": ("acc", "acc_norm")},
+            "length-norm-on-letter-keys",
+            ERROR,
+        ),
+        ([doc(0, ("iron ", "wood"))], {}, "choice-trailing-whitespace", WARNING),
+        ([doc(0, ("iron", "wood\n"))], {}, "choice-trailing-whitespace", WARNING),
+        ([doc(0, (" iron", "wood"))], {}, "choice-leading-whitespace", WARNING),
+        ([doc(0, (" iron", " wood"))], {}, "choice-leading-whitespace", WARNING),
+        (
+            [doc(0, (" iron", " wood")), *CLEAN],
+            {"target_delimiter": ""},
+            "leading-whitespace-across-docs",
+            WARNING,
+        ),
+        ([doc(0, ("iron", "wood"), context=CTX + " ")], {}, "context-trailing-whitespace", WARNING),
+        ([doc(0, ("iron", "wood"), context=CTX + "\n")], {}, "context-trailing-whitespace", WARNING),
+    ],
+)
+def test_each_problem_is_flagged(docs, attrs, code, severity):
+    found = issues(ListTask("bad", docs, **attrs))
+    assert found.get(code) == {severity}, found
+    report = lint_task(ListTask("bad", docs, **attrs))
+    assert any(i.doc in (0, None) and i.code == code for i in report.issues)
+    assert code in report.summary()
+
+
+def test_only_the_problem_is_flagged():
+    """Each constructed problem flags its own code and nothing else (the checks do not overlap)."""
+    assert issues(ListTask("t", [doc(0, ("iron ", "wood"))])) == {"choice-trailing-whitespace": {WARNING}}
+    assert issues(ListTask("t", [doc(0, ("A", "B"))], prompt_format="mc", metrics=MC_METRICS)) == {}
+    # Without whitespace in the delimiter, leading spaces on every choice are how the task spells them.
+    assert issues(ListTask("t", [doc(0, (" iron", " wood"))], target_delimiter="")) == {}
+
+
+def test_load_failure_is_an_error_naming_the_document(data_root):
+    class BadGold(ListTask):
+        def load_documents(self, data_root=None, limit=None):  # noqa: ANN001
+            return [get_task("piqa").make_doc({"goal": "g", "sol1": "a", "sol2": "b", "label": 5}, 17)]
+
+    report = lint_task(BadGold("piqa_bad", []))
+    assert [i.code for i in report.errors] == ["load-failed"]
+    assert "doc 17" in report.errors[0].message and "'label'" in report.errors[0].message
+
+
+def test_length_spread_summary():
+    docs = [doc(i, ("a" * (i + 1), "bbbbbbbbbbbbbbbbbbbb", "c"), (1,)) for i in range(4)]
+    report = lint_docs(ListTask("long", docs), docs)
+    assert report.stats["gold_longest"] == 1.0 and report.stats["gold_shortest"] == 0.0
+    assert report.stats["ratio_max"] == 20.0 and report.stats["bytes_max"] == 20.0
+    assert "gold is the longest choice in 100.0% of docs" in report.summary()
+
+
+def test_cli_exit_codes(monkeypatch, capsys):
+    tasks = {
+        "lint_clean": ListTask("lint_clean", CLEAN),
+        "lint_warn": ListTask("lint_warn", [doc(0, ("iron ", "wood"))]),
+        "lint_error": ListTask("lint_error", [doc(0, ("iron", "iron"), (1,))]),
+    }
+    for name, task in tasks.items():
+        monkeypatch.setitem(registry._FACTORIES, name, lambda task=task: task)
+    assert main(["lint", "lint_clean"]) == 0
+    assert main(["lint", "lint_clean", "lint_warn"]) == 0
+    assert main(["lint", "lint_clean", "lint_warn", "--strict"]) == 1
+    assert main(["lint", "lint_error", "lint_clean"]) == 1
+    out = capsys.readouterr().out
+    assert "lint_error: 1 docs, 1 errors, 0 warnings" in out and "lint_clean: 2 docs, 0 errors" in out
+
+
+def test_builtin_letter_key_tasks_lint_clean(data_root):
+    for name in ("mmlu_anatomy_mc", "arc_easy_mc_5shot"):
+        report = lint_task(get_task(name), data_root, limit=40)
+        assert report.issues == [], report.summary()
+
+
+def test_describe_shows_a_rendered_request(data_root, capsys):
+    assert main(["tasks", "--describe", "arc_easy_mc_1shot", "--data-root", str(data_root)]) == 0
+    out = capsys.readouterr().out
+    assert "task: arc_easy_mc_1shot" in out and "few-shot: 1 examples, random" in out
+    assert "Question: Which technology was developed most recently?\n A. cellular telephone\n" in out
+    assert "* choice 0: ' A'  (gold)" in out and "  choice 3: ' D'" in out
+    assert main(["tasks", "--describe", "winogrande", "--doc", "2", "--data-root", str(data_root)]) == 0
+    out = capsys.readouterr().out
+    assert "document 2: 2 choices" in out and "--- context of choice 1 ---" in out
