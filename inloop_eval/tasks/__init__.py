@@ -11,6 +11,7 @@ from inloop_eval.tasks import (  # noqa: E402, F401
     boolq,
     commonsense_qa,
     copa,
+    harness_yaml,
     hellaswag,
     mmlu,
     oe_eval,
