@@ -1,0 +1,98 @@
+"""The report's flags on constructed histories, and the page it writes from a run directory."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from inloop_eval.report import ReportError, RunHistory, divergence, load_run, task_views, write_report
+
+STEPS = [0, 100, 200, 300, 400, 500]
+
+
+def series(values):
+    return list(zip(STEPS[-len(values) :], values, strict=True))
+
+
+def history(**tasks):
+    """`task=(acc values, acc_norm values or None)` -> a RunHistory."""
+    out = {}
+    for label, (acc, acc_norm) in tasks.items():
+        out[f"eval/downstream/{label}/acc"] = series(acc)
+        if acc_norm is not None:
+            out[f"eval/downstream/{label}/acc_norm"] = series(acc_norm)
+    return RunHistory(out)
+
+
+def flags(view_list, label):
+    return next(v for v in view_list if v.label == label).flags
+
+
+def test_divergence_fires_when_acc_and_acc_norm_part_ways():
+    acc = series([0.25, 0.27, 0.30, 0.33, 0.36, 0.40])
+    acc_norm = series([0.25, 0.28, 0.31, 0.30, 0.27, 0.24])  # rises, then falls over the last 4
+    sentence = divergence(acc, acc_norm, window=4, min_change=0.02)
+    assert sentence and "opposite directions" in sentence and "steps 200-500" in sentence
+    views = task_views(history(hellaswag=([v for _, v in acc], [v for _, v in acc_norm])), 4, 0.02)
+    assert any(f.startswith("diverging") for f in flags(views, "hellaswag"))
+
+
+@pytest.mark.parametrize(
+    "acc_norm",
+    [
+        [0.26, 0.28, 0.30, 0.33, 0.35, 0.38],  # both rise
+        [0.25, 0.28, 0.31, 0.31, 0.31, 0.30],  # acc_norm flat within noise: below min_change
+    ],
+)
+def test_divergence_is_quiet_on_consistent_curves(acc_norm):
+    acc = [0.25, 0.27, 0.30, 0.33, 0.36, 0.40]
+    assert divergence(series(acc), series(acc_norm), window=4, min_change=0.02) is None
+    assert not any(
+        f.startswith("diverging") for f in flags(task_views(history(piqa=(acc, acc_norm))), "piqa")
+    )
+
+
+def test_divergence_needs_two_evaluations():
+    assert divergence(series([0.3]), series([0.2])) is None
+
+
+def test_letter_key_tasks_are_explained_and_identical_curves_flagged():
+    views = task_views(
+        history(
+            mmlu_mc=([0.25, 0.26], None),  # letter keys: no acc_norm by design
+            arc_easy=([0.3, 0.32], [0.3, 0.32]),  # reports acc_norm equal to acc throughout
+        )
+    )
+    assert any("not reported" in n for n in next(v for v in views if v.label == "mmlu_mc").notes)
+    assert any(f.startswith("identical") for f in flags(views, "arc_easy"))
+
+
+def test_report_from_a_jsonl_run_references_every_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = []
+    for i, step in enumerate(STEPS):
+        row = {"step": step, "eval/seconds": 2.0, "eval/tokens_forwarded": 1000.0}
+        row["eval/downstream/piqa/acc"] = 0.5 + i / 100
+        row["eval/downstream/piqa/acc_norm"] = 0.5 - i / 100
+        row["eval/downstream/piqa/acc_pmi"] = 0.5
+        row["eval/downstream/winogrande/acc"] = 0.5
+        row["eval/lm/books/ppl"] = 100.0 - i
+        row["eval/lm/books/bpb"] = 2.0 - i / 100
+        rows.append(row)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.json").write_text(json.dumps({"evaluators": [{"task": "piqa"}, {"task": "winogrande"}]}))
+    page = write_report(run).read_text()
+    images = re.findall(r"<img src='([^']+)'", page)
+    assert images == ["task_piqa.png", "task_winogrande.png", "lm_books.png"]
+    assert all((run / "report" / name).stat().st_size > 1000 for name in images)
+    assert "diverging" in page and "not reported" in page  # piqa flagged; winogrande's note
+    assert load_run(run).tasks()["piqa"]["acc"][-1] == (500, pytest.approx(0.55))
+
+
+def test_report_of_a_directory_without_a_run(tmp_path):
+    with pytest.raises(ReportError, match="neither metrics.jsonl"):
+        load_run(tmp_path)
