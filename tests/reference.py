@@ -12,8 +12,25 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 ACCURACIES = ("acc", "acc_norm", "acc_bytes", "acc_per_token", "acc_pmi")
-GOLD_FIGURES = ("ce_gold", "bpb_gold", "brier", "prob_gold")
-FIELDS = ("doc_id", "cont_id", "n_choices", "is_gold", "ll", "uncond_id", "n_tokens", "n_chars", "n_bytes")
+# Means of 0/1 values per document, each reported with `_stderr`: the argmax accuracies and greedy match.
+ZERO_ONE = (*ACCURACIES, "acc_greedy")
+GOLD_FIGURES = ("ce_gold", "bpb_gold", "brier", "prob_gold", "ppl_gold")
+PREDICTION_FIGURES = ("f1", "ece")
+# lm-evaluation-harness's names: reported under their own names, equal to the figure they alias.
+ALIASES = {"acc_mutual_info": "acc_pmi", "brier_score": "brier"}
+FIELDS = (
+    "doc_id",
+    "cont_id",
+    "n_choices",
+    "is_gold",
+    "ll",
+    "uncond_id",
+    "n_tokens",
+    "n_chars",
+    "n_bytes",
+    "is_greedy",
+)
+N_BINS = 10
 
 
 def mean_stderr(xs: Sequence[float]) -> float:
@@ -41,6 +58,31 @@ def softmax(xs: Sequence[float]) -> list[float]:
     return [v / z for v in e]
 
 
+def f1_score(labels: Sequence[int], preds: Sequence[int], n_classes: int) -> float:
+    """Two classes: F1 of class 1 (scikit-learn's default). More: the mean of every class's F1 (macro)."""
+    f1s = []
+    for c in range(n_classes):
+        tp = sum(1 for y, p in zip(labels, preds, strict=True) if y == c and p == c)
+        fp = sum(1 for y, p in zip(labels, preds, strict=True) if y != c and p == c)
+        fn = sum(1 for y, p in zip(labels, preds, strict=True) if y == c and p != c)
+        f1s.append(2 * tp / (2 * tp + fp + fn) if 2 * tp + fp + fn else 0.0)
+    return f1s[1] if n_classes == 2 else sum(f1s) / n_classes
+
+
+def expected_calibration_error(confidences: Sequence[float], correct: Sequence[float]) -> float:
+    """Bins (b/10, (b+1)/10]: sum over bins of (n_bin / n) |accuracy - mean confidence| of the bin."""
+    n = len(confidences)
+    total = 0.0
+    for b in range(N_BINS):
+        lo, hi = b / N_BINS, (b + 1) / N_BINS
+        members = [i for i, c in enumerate(confidences) if lo < c <= hi]
+        if members:
+            acc = sum(correct[i] for i in members) / len(members)
+            conf = sum(confidences[i] for i in members) / len(members)
+            total += len(members) / n * abs(acc - conf)
+    return total
+
+
 def reference_icl(
     rows: Mapping[str, np.ndarray],
     uncond_ids: np.ndarray,
@@ -62,9 +104,13 @@ def reference_icl(
         doc = docs.setdefault(int(row["doc_id"]), {})
         doc.setdefault(int(row["cont_id"]), row)
 
-    need_uncond = "acc_pmi" in metrics
-    correct: dict[str, list[float]] = {m: [] for m in ACCURACIES}
+    need_uncond = "acc_pmi" in metrics or "acc_mutual_info" in metrics
+    correct: dict[str, list[float]] = {m: [] for m in ZERO_ONE}
     gold_vals: dict[str, list[float]] = {m: [] for m in GOLD_FIGURES}
+    labels: list[int] = []
+    preds: list[int] = []
+    confidences: list[float] = []
+    n_classes = 0
     n_scored = n_skipped = n_nonfinite = 0
     for doc in docs.values():
         k = int(next(iter(doc.values()))["n_choices"])
@@ -95,6 +141,7 @@ def reference_icl(
         }
         for name in ACCURACIES:
             correct[name].append(1.0 if first_argmax(scores[name]) in golds else 0.0)
+        correct["acc_greedy"].append(1.0 if any(bool(choices[i]["is_greedy"]) for i in golds) else 0.0)
         g = min(golds)
         p = softmax(ll)
         prob_gold = sum(p[i] for i in golds)
@@ -102,15 +149,29 @@ def reference_icl(
         gold_vals["bpb_gold"].append(-ll[g] / choices[g]["n_bytes"] / math.log(2))
         gold_vals["prob_gold"].append(prob_gold)
         gold_vals["brier"].append((1.0 - prob_gold) ** 2 + sum(p[i] ** 2 for i in range(k) if i not in golds))
+        gold_vals["ppl_gold"].append(-ll[g])  # exponentiated after the mean
+        labels.append(g)
+        preds.append(first_argmax(ll))
+        confidences.append(max(p))
+        n_classes = max(n_classes, k)
 
     out: dict[str, float] = {
         "n_docs": float(n_scored),
         "n_skipped_docs": float(n_skipped),
         "n_nonfinite_docs": float(n_nonfinite),
     }
-    for name in metrics:
-        values = correct[name] if name in ACCURACIES else gold_vals[name]
-        out[name] = sum(values) / len(values) if values else math.nan
-        if name in ACCURACIES:
-            out[f"{name}_stderr"] = mean_stderr(values)
+    for requested in metrics:
+        name = ALIASES.get(requested, requested)
+        if name == "f1":
+            out[requested] = f1_score(labels, preds, n_classes) if labels else math.nan
+            continue
+        if name == "ece":
+            out[requested] = expected_calibration_error(confidences, correct["acc"]) if labels else math.nan
+            continue
+        values = correct[name] if name in ZERO_ONE else gold_vals[name]
+        out[requested] = sum(values) / len(values) if values else math.nan
+        if name == "ppl_gold" and values:
+            out[requested] = math.exp(out[requested])
+        if name in ZERO_ONE:
+            out[f"{requested}_stderr"] = mean_stderr(values)
     return out

@@ -12,11 +12,22 @@ import math
 import numpy as np
 import pytest
 import torch
-from reference import ACCURACIES, FIELDS, GOLD_FIGURES, mean_stderr, reference_icl
+from reference import (
+    ACCURACIES,
+    ALIASES,
+    FIELDS,
+    GOLD_FIGURES,
+    PREDICTION_FIGURES,
+    ZERO_ONE,
+    expected_calibration_error,
+    f1_score,
+    mean_stderr,
+    reference_icl,
+)
 
-from inloop_eval.metrics.icl import REQUEST_FIELDS, ICLMetric, icl_compute
+from inloop_eval.metrics.icl import REQUEST_FIELDS, ICLMetric, icl_compute, needs_uncond
 
-ALL_METRICS = ACCURACIES + GOLD_FIGURES
+ALL_METRICS = ZERO_ONE + GOLD_FIGURES + PREDICTION_FIGURES + tuple(ALIASES)
 COUNTS = ("n_docs", "n_skipped_docs", "n_nonfinite_docs")
 # 1-, 2-, 3- and 4-byte UTF-8 characters, so that n_chars and n_bytes disagree.
 ALPHABET = list("abcxyz Q") + list("éüßñ") + list("中文字") + ["😀", "🎉"]
@@ -28,7 +39,7 @@ def to_tensors(rows: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     for name in FIELDS:
         if name == "ll":
             out[name] = torch.as_tensor(rows[name], dtype=torch.float64)
-        elif name == "is_gold":
+        elif name in ("is_gold", "is_greedy"):
             out[name] = torch.as_tensor(rows[name], dtype=torch.bool)
         else:
             out[name] = torch.as_tensor(rows[name], dtype=torch.int64)
@@ -71,7 +82,7 @@ def rows_from_docs(docs: list[list[dict]]) -> dict[str, np.ndarray]:
 # Random cases
 
 
-def random_case(seed: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+def random_case(seed: int, max_choices: int = 5) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """Rows (shuffled, padded, with gaps and non-finite values) and unconditional pairs for one seed."""
     rng = np.random.default_rng(seed)
     n_docs = int(rng.integers(1, 25))
@@ -83,7 +94,7 @@ def random_case(seed: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarra
     next_uid = 100
     rows: list[dict] = []
     for doc_id in doc_ids.tolist():
-        k = int(rng.integers(2, 6))
+        k = int(rng.integers(2, max_choices + 1))
         gold = {int(rng.integers(0, k))}
         if rng.random() < 0.25:
             gold |= set(rng.choice(k, size=int(rng.integers(1, k + 1)), replace=True).tolist())
@@ -122,6 +133,7 @@ def random_case(seed: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarra
                     n_tokens=n_tokens,
                     n_chars=len(text),
                     n_bytes=len(text.encode("utf-8")),
+                    is_greedy=bool(rng.random() < 0.4),
                 )
             )
         # Corruptions.
@@ -151,6 +163,7 @@ def random_case(seed: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarra
     flat = {name: np.array([row[name] for row in rows]) for name in FIELDS}
     flat["ll"] = flat["ll"].astype(np.float64)
     flat["is_gold"] = flat["is_gold"].astype(bool)
+    flat["is_greedy"] = flat["is_greedy"].astype(bool)
     # Unconditional pairs, some repeated (identical values) and shuffled.
     uids = list(uncond)
     uids += [uids[i] for i in rng.integers(0, len(uids), size=int(rng.integers(0, 4))).tolist()]
@@ -163,8 +176,8 @@ def random_metrics(seed: int) -> tuple[str, ...]:
     kind = seed % 4
     if kind == 0:
         return ALL_METRICS
-    if kind == 1:  # without acc_pmi: non-finite unconditional scores must not skip documents
-        return tuple(m for m in ALL_METRICS if m != "acc_pmi")
+    if kind == 1:  # without PMI: non-finite unconditional scores must not skip documents
+        return tuple(m for m in ALL_METRICS if not needs_uncond([m]))
     chosen = [m for m in ALL_METRICS if rng.random() < 0.5] or ["acc"]
     return tuple(rng.permutation(chosen).tolist())
 
@@ -320,7 +333,9 @@ def test_metric_float32_ll_input() -> None:
 # Hand-worked cases (check the reference as well as the implementation)
 
 
-def row(doc_id, cont_id, n_choices, is_gold, ll, uncond_id, n_tokens, n_chars, n_bytes) -> dict:  # noqa: ANN001
+def row(
+    doc_id, cont_id, n_choices, is_gold, ll, uncond_id, n_tokens, n_chars, n_bytes, is_greedy=False
+) -> dict:  # noqa: ANN001
     return dict(
         doc_id=doc_id,
         cont_id=cont_id,
@@ -331,6 +346,7 @@ def row(doc_id, cont_id, n_choices, is_gold, ll, uncond_id, n_tokens, n_chars, n
         n_tokens=n_tokens,
         n_chars=n_chars,
         n_bytes=n_bytes,
+        is_greedy=is_greedy,
     )
 
 
@@ -350,11 +366,16 @@ def two_doc_example() -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     #   p = [1, 1, e^-3] / (2 + e^-3); prob_gold = (1 + e^-3)/(2 + e^-3); brier = (1 - prob_gold)^2 + p_1^2
     #        = 2 / (2 + e^-3)^2
     # Unconditional ids 12 (value 0) is shared by doc 3's choices 0 and 2.
+    # Prediction figures (labels = first golds [1, 0], predictions argmax ll [0, 0], 3 classes: macro):
+    #   f1: class 0 tp 1 fp 1 fn 0 -> 2/3; class 1 tp 0 fn 1 -> 0; class 2 -> 0; mean 2/9
+    #   ece: confidences e/(1+e) = 0.73 (bin (0.7, 0.8], wrong), 1/(2+e^-3) = 0.49 (bin (0.4, 0.5], right):
+    #        (|0 - e/(1+e)| + |1 - 1/(2+e^-3)|) / 2
+    #   acc_greedy: doc 7's gold is greedy, doc 3's golds are not -> 0.5; ppl_gold = exp((3 + 1) / 2)
     docs = [
-        [row(7, 0, 2, False, -2, 10, 1, 1, 4), row(7, 1, 2, True, -3, 11, 2, 6, 6)],
+        [row(7, 0, 2, False, -2, 10, 1, 1, 4), row(7, 1, 2, True, -3, 11, 2, 6, 6, is_greedy=True)],
         [
             row(3, 0, 3, True, -1, 12, 1, 1, 1),
-            row(3, 1, 3, False, -1, 13, 1, 1, 1),
+            row(3, 1, 3, False, -1, 13, 1, 1, 1, is_greedy=True),
             row(3, 2, 3, True, -4, 12, 1, 1, 1),
         ],
     ]
@@ -385,6 +406,14 @@ def two_doc_expected() -> dict[str, float]:
         "bpb_gold": (0.5 + 1.0) / 2 / LN2,
         "prob_gold": (1 / (1 + e) + (1 + e3) / (2 + e3)) / 2,
         "brier": (2 * (e / (1 + e)) ** 2 + 2 / (2 + e3) ** 2) / 2,
+        "ppl_gold": math.exp(2.0),
+        "f1": 2 / 9,
+        "ece": (e / (1 + e) + 1 - 1 / (2 + e3)) / 2,
+        "acc_greedy": 0.5,
+        "acc_greedy_stderr": half_se,
+        "acc_mutual_info": 0.5,
+        "acc_mutual_info_stderr": half_se,
+        "brier_score": (2 * (e / (1 + e)) ** 2 + 2 / (2 + e3) ** 2) / 2,
     }
 
 
@@ -529,3 +558,79 @@ def test_large_sparse_ids() -> None:
     expected = reference_icl(rows, uids, ulls, ALL_METRICS)
     assert expected["n_docs"] == 3.0
     assert_matches(run_icl(rows, uids, ulls, ALL_METRICS), expected)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# F1, calibration, greedy exact match, harness names
+
+
+@pytest.mark.parametrize("seeds", seed_chunks(range(100)), ids=str)
+def test_two_choice_tasks_match_reference(seeds: range) -> None:
+    """Binary F1 (of choice 1) on two-choice documents only, as RTE, MRPC, SST-2."""
+
+    def check(seed: int) -> bool:
+        rows, uids, ulls = random_case(seed, max_choices=2)
+        metrics = ("acc", "f1", "ece", "acc_greedy", "ppl_gold")
+        expected = reference_icl(rows, uids, ulls, metrics)
+        if expected["n_docs"] == 0:
+            return False
+        assert_matches(run_icl(rows, uids, ulls, metrics), expected)
+        return True
+
+    check_seeds(seeds, check)
+
+
+def test_f1_by_hand() -> None:
+    # Binary: labels [1, 1, 0, 0, 1], preds [1, 0, 0, 1, 1]: class 1 tp 2 fp 1 fn 1 -> 4 / 6.
+    assert f1_score([1, 1, 0, 0, 1], [1, 0, 0, 1, 1], 2) == pytest.approx(2 / 3)
+    # Three classes, labels [0, 1, 2, 2], preds [0, 2, 2, 1]: F1 1, 0, 2/4 -> macro 1/2.
+    assert f1_score([0, 1, 2, 2], [0, 2, 2, 1], 3) == pytest.approx(0.5)
+    ll = {1: [-1.0, -2.0], 2: [-2.0, -1.0], 3: [-1.0, -3.0], 4: [-3.0, -1.0], 5: [-5.0, -1.0]}
+    labels = {1: 1, 2: 1, 3: 0, 4: 0, 5: 1}  # predictions [0, 1, 0, 1, 1]: class 1 tp 2 fp 1 fn 1
+    docs = [[row(d, c, 2, c == labels[d], ll[d][c], -1, 1, 1, 1) for c in range(2)] for d in ll]
+    rows = rows_from_docs(docs)
+    found = run_icl(rows, np.zeros(0, dtype=np.int64), np.zeros(0), ("f1",))
+    assert found["f1"] == pytest.approx(2 / 3)
+    assert_matches(found, reference_icl(rows, np.zeros(0), np.zeros(0), ("f1",)))
+
+
+def test_ece_by_hand() -> None:
+    # Confidences 0.5 (tie of two, bin (0.4, 0.5]), 0.5, 0.9; correct 1, 0, 1:
+    # bin (0.4, 0.5]: 2/3 |0.5 - 0.5| = 0; bin (0.8, 0.9]: 1/3 |1 - 0.9| = 1/30.
+    assert expected_calibration_error([0.5, 0.5, 0.9], [1.0, 0.0, 1.0]) == pytest.approx(1 / 30)
+    nine = math.log(9.0)  # softmax([ln 9, 0]) = [0.9, 0.1]
+    docs = [
+        [row(0, 0, 2, True, -1.0, -1, 1, 1, 1), row(0, 1, 2, False, -1.0, -1, 1, 1, 1)],
+        [row(1, 0, 2, False, -1.0, -1, 1, 1, 1), row(1, 1, 2, True, -1.0, -1, 1, 1, 1)],
+        [row(2, 0, 2, True, nine, -1, 1, 1, 1), row(2, 1, 2, False, 0.0, -1, 1, 1, 1)],
+    ]
+    rows = rows_from_docs(docs)
+    found = run_icl(rows, np.zeros(0, dtype=np.int64), np.zeros(0), ("ece", "acc"))
+    assert found["ece"] == pytest.approx(1 / 30) and found["acc"] == pytest.approx(2 / 3)
+    assert_matches(found, reference_icl(rows, np.zeros(0), np.zeros(0), ("ece", "acc")))
+
+
+def test_greedy_exact_match_and_word_perplexity() -> None:
+    """LAMBADA: one continuation per document; acc_greedy is its greedy flag, ppl_gold exp(mean -ll)."""
+    lls, greedy = [-1.0, -2.0, -6.0], [True, True, False]
+    docs = [[row(d, 0, 1, True, lls[d], -1, 2, 5, 5, is_greedy=greedy[d])] for d in range(3)]
+    rows = rows_from_docs(docs)
+    metrics = ("acc_greedy", "ppl_gold", "ce_gold", "bpb_gold")
+    found = run_icl(rows, np.zeros(0, dtype=np.int64), np.zeros(0), metrics)
+    assert found["acc_greedy"] == pytest.approx(2 / 3)
+    assert found["ppl_gold"] == pytest.approx(math.exp(3.0))
+    assert found["ce_gold"] == pytest.approx(9.0 / 3 / 2)
+    assert_matches(found, reference_icl(rows, np.zeros(0), np.zeros(0), metrics))
+
+
+def test_harness_names_are_the_same_figures() -> None:
+    rows, uids, ulls = two_doc_example()
+    found = run_icl(rows, uids, ulls, ("acc_mutual_info", "brier_score"))
+    ours = run_icl(rows, uids, ulls, ("acc_pmi", "brier"))
+    assert found["acc_mutual_info"] == ours["acc_pmi"] and found["brier_score"] == ours["brier"]
+    assert "acc_pmi" not in found and "brier" not in found
+    assert (
+        needs_uncond(["acc_mutual_info"]) and needs_uncond(["acc_pmi"]) and not needs_uncond(["acc", "brier"])
+    )
+    with pytest.raises(ValueError, match="unknown metrics \\['mcc'\\]"):
+        run_icl(rows, uids, ulls, ("acc", "mcc"))
