@@ -1,9 +1,41 @@
-"""The few collectives the evaluator makes; every rank calls each of them, in the same order."""
+"""The few collectives the evaluator makes; every rank calls each of them, in the same order.
+
+Failure agreement. A task's evaluation passes through fixed *points* in the same order on every rank:
+after preparing the requests, after planning the forward passes, between consecutive forward passes,
+after scoring (before the metric sync) and after computing the metric. Each point is one all-reduce (MAX)
+of `[value, failure flag]`. A rank whose own evaluation raises joins the next point it has not passed with
+the flag set, and joins nothing more for that task; every rank that meets the flag at that point raises
+`TaskFailedOnAnotherRank`. So all ranks leave the task at the same point, report the same failure, and
+make the same collectives for the next task.
+
+What this guarantees, for a failure on some ranks only:
+- anything raised while loading, tokenizing, reading the request cache or planning (data errors, a bad
+  token id): agreed before any forward pass, whatever the model;
+- anything raised between two forward passes, outside the model (scoring a batch, a progress callback):
+  agreed at the next point; the other ranks have made exactly the forward calls the failing rank made, so
+  a sharded model's own collectives stay matched;
+- an exception raised inside the model's forward on one rank: agreed at the next point when the forward
+  makes no collectives (a replicated model). When it does (FSDP, tensor parallelism), the other ranks are
+  blocked inside a collective of that forward that the failing rank will never reach; no in-process
+  protocol can release them, and only the process group's timeout (`init_process_group(timeout=...)`,
+  NCCL's watchdog) ends the job.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from typing import TypeVar, overload
+
 import torch
 import torch.distributed as dist
+
+from inloop_eval.errors import InLoopEvalError
+
+_T = TypeVar("_T")
+
+
+class TaskFailedOnAnotherRank(InLoopEvalError):
+    """Another rank's evaluation of this task raised; this rank stopped at the same point."""
 
 
 def world() -> tuple[int, int]:
@@ -19,10 +51,82 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
+def all_reduce_max_many(values: Sequence[int]) -> list[int]:
+    """The element-wise largest of `values` over ranks (one collective; every rank passes as many)."""
+    if world()[0] == 1:
+        return [int(v) for v in values]
+    t = torch.tensor(list(values), dtype=torch.int64, device=_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
+
+
 def all_reduce_max(value: int) -> int:
     """The largest `value` over ranks."""
-    if world()[0] == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.int64, device=_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return all_reduce_max_many([value])[0]
+
+
+class TaskAgreement:
+    """The failure-agreement points of one task's evaluation on this rank (see the module docstring).
+
+    Every rank must create one per task and call `agree` the same number of times; a rank whose own code
+    raised calls `report_failure` once instead of its remaining `agree` calls.
+    """
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.points_passed = 0
+        self.closed = False
+
+    def agree(self, value: int = 0, *, last: bool = False) -> int:
+        """Join the next point; returns the largest `value` over ranks.
+
+        last: this is the task's final point (after it, a local failure is no longer reported).
+        Raises TaskFailedOnAnotherRank when another rank reported a failure at this point.
+        """
+        if self.closed:
+            raise RuntimeError(f"task {self.label!r}: agreement point after the last one")
+        value_max, failed = all_reduce_max_many([value, 0])
+        self.points_passed += 1
+        self.closed = last or bool(failed)
+        if failed:
+            raise TaskFailedOnAnotherRank(
+                f"task {self.label!r}: evaluation failed on rank {failed - 1} (its log has the reason); "
+                f"this rank stopped at agreement point {self.points_passed} with it"
+            )
+        return value_max
+
+    def report_failure(self) -> None:
+        """On a rank whose own evaluation raised: join the next point with the failure flag, so that the
+        other ranks stop there too. A no-op after the last point or when a failure was already agreed."""
+        if self.closed:
+            return
+        self.closed = True
+        _, rank = world()
+        all_reduce_max_many([0, rank + 1])
+
+
+class AgreedSequence(Sequence[_T]):
+    """`items` (a plan of forward passes), where iterating joins `agreement`'s next point before every item
+    but the first. A rank that fails while handling one item (scoring a batch) thus stops the other ranks
+    before their next forward pass rather than leaving them inside that forward's collectives.
+    `len` and indexing join nothing; every rank must iterate the same number of times."""
+
+    def __init__(self, items: Sequence[_T], agreement: TaskAgreement) -> None:
+        self._items = list(items)
+        self.agreement = agreement
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, i: int) -> _T: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[_T]: ...
+    def __getitem__(self, i: int | slice) -> _T | list[_T]:
+        return self._items[i]
+
+    def __iter__(self) -> Iterator[_T]:
+        for i, item in enumerate(self._items):
+            if i:
+                self.agreement.agree()
+            yield item

@@ -1,37 +1,92 @@
-"""Leaving training as it was: modes, gradients and random number streams are restored after eval."""
+"""Leaving training as it was (DESIGN.md invariant 4): after an evaluation every module's mode, every
+parameter's `requires_grad` and `.grad`, the RNG streams and the autocast settings are as before.
+
+Evaluation runs under `torch.no_grad()`, not `torch.inference_mode()`: tensors a model creates lazily during
+eval and keeps (FSDP2's unsharded parameter buffers, rotary-embedding caches) would otherwise be inference
+tensors, and the next training step fails on them ("Inplace update to inference tensor outside
+InferenceMode"). Parameters are never written by the evaluator; the tests check them bit for bit.
+"""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+@dataclass
+class _RNGStates:
+    python: Any
+    numpy: Any
+    torch: torch.Tensor
+    cuda: list[torch.Tensor] | None
+
+    @classmethod
+    def capture(cls) -> _RNGStates:
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        return cls(random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
+
+    def restore(self) -> None:
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+        torch.set_rng_state(self.torch)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
+@dataclass
+class _AutocastState:
+    enabled: dict[str, bool]
+    dtype: dict[str, torch.dtype]
+    cache_enabled: bool
+
+    @classmethod
+    def capture(cls) -> _AutocastState:
+        return cls(
+            {d: torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES},
+            {d: torch.get_autocast_dtype(d) for d in _AUTOCAST_DEVICES},
+            torch.is_autocast_cache_enabled(),
+        )
+
+    def restore(self) -> None:
+        for d in _AUTOCAST_DEVICES:
+            torch.set_autocast_enabled(d, self.enabled[d])
+            torch.set_autocast_dtype(d, self.dtype[d])
+        torch.set_autocast_cache_enabled(self.cache_enabled)
+
 
 @contextmanager
 def training_untouched(model: Any) -> Iterator[None]:
-    """Run the body in eval mode under `torch.inference_mode()`, then restore every module's `training`
-    flag and the Python, NumPy, torch (and CUDA) RNG states."""
+    """Run the body in eval mode under `torch.no_grad()`, then restore every module's `training` flag,
+    every parameter's `requires_grad` and `.grad` (the same tensor objects), the Python, NumPy, torch and
+    CUDA RNG states, and the autocast settings, whether the body returns or raises."""
     modules = list(model.modules()) if isinstance(model, nn.Module) else []
+    params = list(model.parameters()) if isinstance(model, nn.Module) else []
     modes = [m.training for m in modules]
-    py_state = random.getstate()
-    np_state = np.random.get_state()
-    torch_state = torch.get_rng_state()
-    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    requires_grad = [p.requires_grad for p in params]
+    grads = [p.grad for p in params]
+    rng = _RNGStates.capture()
+    autocast = _AutocastState.capture()
     try:
         if isinstance(model, nn.Module):
             model.eval()
-        with torch.inference_mode():
+        with torch.no_grad():
             yield
     finally:
         for module, mode in zip(modules, modes, strict=True):
             module.training = mode
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.set_rng_state(torch_state)
-        if cuda_states is not None:
-            torch.cuda.set_rng_state_all(cuda_states)
+        for p, flag, grad in zip(params, requires_grad, grads, strict=True):
+            if p.requires_grad != flag:
+                p.requires_grad_(flag)
+            if p.grad is not grad:
+                p.grad = grad
+        rng.restore()
+        autocast.restore()
