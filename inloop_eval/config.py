@@ -28,6 +28,11 @@ class TaskEvalConfig:
     """Evaluate only the first `limit` documents of the split."""
     metrics: list[str] | None = None
     """Figures to report instead of the task's defaults (a subset of `inloop_eval.tasks.ALL_METRICS`)."""
+    subset_num_batches: int | None = None
+    """Evaluate only the leading documents that fit in this many batches of `batch_tokens` (whole
+    documents, in order, at least one), for cheap frequent evals. The budget is for the whole task, not
+    per rank, so every world size scores the same documents; the documents left out are counted in
+    `n_skipped_docs`. null: every document (up to `limit`)."""
 
     def __post_init__(self) -> None:
         if not self.task:
@@ -47,6 +52,15 @@ class TaskEvalConfig:
             )
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"evaluator {self.label!r}: limit must be >= 1 or null, found {self.limit}")
+        if self.subset_num_batches is not None and (
+            isinstance(self.subset_num_batches, bool)
+            or not isinstance(self.subset_num_batches, int)
+            or self.subset_num_batches < 1
+        ):
+            raise ConfigError(
+                f"evaluator {self.label!r}: subset_num_batches must be an integer >= 1 or null, "
+                f"found {self.subset_num_batches!r}"
+            )
         if self.metrics is not None:
             from inloop_eval.tasks import ALL_METRICS
 
@@ -73,6 +87,10 @@ class EvaluatorConfig:
     """Longest input in tokens; default: the model's own (position embeddings), else 2048."""
     strict: bool = False
     """Re-raise a task's failure instead of reporting `eval/downstream/<task>/failed = 1`."""
+    compiler_reset: bool = False
+    """Call `torch.compiler.reset()` after each evaluation, dropping every graph torch.compile holds
+    (training's too: its next step recompiles). Evaluation itself runs the uncompiled module
+    (`torch.compile`'s `_orig_mod`); use this when submodules compiled in place saw the eval shapes."""
 
     def __post_init__(self) -> None:
         self.evaluators = [
@@ -83,6 +101,8 @@ class EvaluatorConfig:
             raise ConfigError(f"eval_interval must be >= 1, found {self.eval_interval}")
         if self.max_length is not None and self.max_length < 2:
             raise ConfigError(f"max_length must be >= 2 or null, found {self.max_length}")
+        if not isinstance(self.compiler_reset, bool):
+            raise ConfigError(f"compiler_reset must be true or false, found {self.compiler_reset!r}")
         labels = [e.label for e in self.evaluators]
         duplicated = sorted({x for x in labels if labels.count(x) > 1})
         if duplicated:

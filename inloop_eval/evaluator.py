@@ -9,18 +9,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from inloop_eval.adapters import ModelAdapter, make_adapter
+from inloop_eval.adapters import LogitsAdapter, ModelAdapter, make_adapter, unwrap
 from inloop_eval.batching import Batch, dummy_batch, plan_batches
 from inloop_eval.config import EvaluatorConfig, TaskEvalConfig
-from inloop_eval.dataset import ICLMultiChoiceTaskDataset, rank_rows, shard_documents
-from inloop_eval.distributed import all_reduce_max, world
+from inloop_eval.dataset import ICLMultiChoiceTaskDataset, rank_rows, shard_documents, subset_size
+from inloop_eval.distributed import AgreedSequence, TaskAgreement, TaskFailedOnAnotherRank, world
 from inloop_eval.errors import ConfigError, ModelOutputError
-from inloop_eval.metrics.icl import ICLMetric
+from inloop_eval.metrics.icl import ICLMetric, needs_uncond
+from inloop_eval.request_cache import RequestCacheError, cache_path, load_table, save_table
 from inloop_eval.requests import PairSet, RequestTable, build_requests
 from inloop_eval.safety import training_untouched
 from inloop_eval.scoring import PairScores, run_batches
@@ -67,6 +69,8 @@ class InLoopEvaluator:
         self.tokenizer = tokenizer
         self._prepared: dict[tuple[str, int], PreparedTask] = {}
         self.last_results: dict[str, TaskResult] = {}
+        # The failure-agreement points of the task being evaluated (see `inloop_eval.distributed`).
+        self._agreement: TaskAgreement | None = None
 
     @classmethod
     def from_yaml(cls, path: str, **kwargs: Any) -> InLoopEvaluator:
@@ -78,12 +82,20 @@ class InLoopEvaluator:
     def run(
         self, model: Any, step: int | None = None, progress: Callable[[int], None] | None = None
     ) -> dict[str, float]:
-        """Evaluate every configured task; returns `eval/downstream/<label>/<metric>` -> float."""
-        adapter = make_adapter(model, self.config.max_length)
+        """Evaluate every configured task; returns `eval/downstream/<label>/<metric>` -> float.
+
+        Under torch.distributed every rank calls this with its part of the model; training state is left
+        as it was (`training_untouched`), and `compiler_reset` drops torch.compile's graphs afterwards.
+        """
+        adapter = eval_adapter(model, self.config.max_length)
         out: dict[str, float] = {}
-        with training_untouched(adapter.model):
-            for ev in self.config.evaluators:
-                out.update(self.run_task(adapter, ev, progress))
+        try:
+            with training_untouched(adapter.model):
+                for ev in self.config.evaluators:
+                    out.update(self.run_task(adapter, ev, progress))
+        finally:
+            if self.config.compiler_reset:
+                torch.compiler.reset()
         if step is not None:
             log.info("step %d: %s", step, {k: round(v, 4) for k, v in out.items()})
         return out
@@ -91,31 +103,71 @@ class InLoopEvaluator:
     def run_task(
         self, adapter: ModelAdapter, ev: TaskEvalConfig, progress: Callable[[int], None] | None = None
     ) -> dict[str, float]:
-        """One task's metrics under its keys; failures are reported, not raised, unless strict."""
+        """One task's metrics under its keys. A failure on any rank is agreed by every rank (see
+        `inloop_eval.distributed`): all report `failed = 1`, or all raise when strict."""
         prefix = f"eval/downstream/{ev.label}"
+        agreement = self._agreement = TaskAgreement(ev.label)
         try:
-            prepared = self.prepare(ev, adapter.max_length or DEFAULT_MAX_LENGTH)
+            prepared = self.prepare(ev, adapter.max_length or DEFAULT_MAX_LENGTH, agreement)
             result = self.evaluate(adapter, prepared, progress)
+            agreement.agree(last=True)
+        except TaskFailedOnAnotherRank as exc:
+            if self.config.strict:
+                raise
+            log.error("in-loop eval of task %r failed: %s", ev.label, exc)
+            return {f"{prefix}/failed": 1.0}
         except Exception as exc:
+            agreement.report_failure()
             if self.config.strict:
                 raise
             log.error("in-loop eval of task %r failed: %s: %s", ev.label, type(exc).__name__, exc)
             return {f"{prefix}/failed": 1.0}
+        finally:
+            self._agreement = None
         self.last_results[ev.label] = result
-        return {f"{prefix}/{k}": v for k, v in result.metrics.items()}
+        metrics = dict(result.metrics)
+        if "n_skipped_docs" in metrics:
+            metrics["n_skipped_docs"] += prepared.dataset.n_left_out
+        return {f"{prefix}/{k}": v for k, v in metrics.items()}
 
-    def prepare(self, ev: TaskEvalConfig, max_length: int) -> PreparedTask:
-        """Load and tokenize a task once; later evaluations reuse it."""
+    def prepare(
+        self, ev: TaskEvalConfig, max_length: int, agreement: TaskAgreement | None = None
+    ) -> PreparedTask:
+        """Load and tokenize a task once per evaluator; later evaluations reuse it.
+
+        Rank 0 reads the request cache or tokenizes and writes it; the other ranks wait at the first
+        agreement point (which every rank joins, even with the task already in memory) and then read it.
+        A rank that cannot read the file tokenizes for itself (no shared file system).
+        """
+        agreement = agreement or TaskAgreement(ev.label)
         key = (ev.label, max_length)
-        if key not in self._prepared:
-            task = get_task(ev.task)
-            metrics = tuple(ev.metrics) if ev.metrics is not None else task.metrics
-            docs = load_docs(task, self.config.data_root, limit=ev.limit)
-            table = build_requests(task, docs, self.tokenizer, max_length, with_uncond="acc_pmi" in metrics)
-            pairs = table.pairs.concat(table.uncond)
-            self._prepared[key] = PreparedTask(
-                ev, task, metrics, table, pairs, ICLMultiChoiceTaskDataset(table)
-            )
+        if key in self._prepared:
+            agreement.agree()
+            return self._prepared[key]
+        _, rank = world()
+        task = get_task(ev.task)
+        metrics = tuple(ev.metrics) if ev.metrics is not None else task.metrics
+        docs = load_docs(task, self.config.data_root, limit=ev.limit)
+        with_uncond = needs_uncond(metrics)
+        path = cache_path(
+            task, docs, self.tokenizer, max_length=max_length, limit=ev.limit, with_uncond=with_uncond
+        )
+        table = None
+        if rank == 0:
+            table = read_request_cache(path)
+            if table is None:
+                table = build_requests(task, docs, self.tokenizer, max_length, with_uncond=with_uncond)
+                write_request_cache(table, path)
+        written = agreement.agree(int(rank == 0 and path is not None and path.is_file()))
+        if table is None:
+            table = read_request_cache(path) if written else None
+            if table is None:
+                table = build_requests(task, docs, self.tokenizer, max_length, with_uncond=with_uncond)
+        n_docs = subset_size(table, ev.subset_num_batches, ev.batch_tokens) if ev.subset_num_batches else None
+        dataset = ICLMultiChoiceTaskDataset(table, n_docs=n_docs)
+        self._prepared[key] = PreparedTask(
+            ev, task, metrics, table, table.pairs.concat(table.uncond), dataset
+        )
         return self._prepared[key]
 
     def evaluate(
@@ -138,19 +190,31 @@ class InLoopEvaluator:
         )
         metric = ICLMetric(prepared.metrics).to(adapter.device)
         update_metric(metric, prepared.table, rows, uncond_ids, scores)
+        self.agree_before_sync()
         return TaskResult(metric.compute(), rows, uncond_ids, scores)
 
     def assign_work(self, prepared: PreparedTask) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's request rows (its documents) and unconditional pairs (every world_size-th)."""
+        """This rank's request rows (its documents, by the DistributedSampler) and unconditional pairs
+        (every world_size-th of those the evaluated documents need)."""
         world_size, rank = world()
         rows = rank_rows(prepared.dataset, shard_documents(prepared.dataset, world_size, rank))
-        uncond_ids = np.arange(len(prepared.table.uncond), dtype=np.int64)[rank::world_size]
+        uncond_ids = prepared.dataset.uncond_ids()[rank::world_size]
         return rows, uncond_ids
 
-    def equalize_forward_calls(self, batches: list[Batch]) -> list[Batch]:
-        """Pad with dummy forwards so every rank makes the same number of model calls."""
-        n = all_reduce_max(len(batches))
-        return batches + [dummy_batch() for _ in range(n - len(batches))]
+    def equalize_forward_calls(self, batches: list[Batch]) -> AgreedSequence[Batch]:
+        """Pad with dummy forwards so every rank makes the same number of model calls.
+
+        The count is agreed at the task's planning point, where a failure on any rank so far stops every
+        rank before its first forward; iterating the result joins a point between forward passes.
+        """
+        agreement = self._agreement or TaskAgreement("?")
+        n = agreement.agree(len(batches))
+        return AgreedSequence(batches + [dummy_batch() for _ in range(n - len(batches))], agreement)
+
+    def agree_before_sync(self) -> None:
+        """The task's point after scoring, before the metric sync: a rank that failed since its last
+        forward pass stops every rank here instead of leaving them in the sync's collectives."""
+        (self._agreement or TaskAgreement("?")).agree()
 
     def check_vocabulary(self, adapter: ModelAdapter, prepared: PreparedTask, pair_ids: np.ndarray) -> None:
         """Token ids the model cannot embed are an error naming the first document that holds one."""
@@ -165,6 +229,43 @@ class InLoopEvaluator:
                     f"{describe_pair(prepared, p)}: token id {int(tokens.max())} is beyond the model's "
                     f"vocabulary of {vocab}; the tokenizer does not match the model"
                 )
+
+
+def eval_adapter(model: Any, max_length: int | None) -> ModelAdapter:
+    """`make_adapter`, except that FSDP2 modules are called through `__call__` (logits): their hooks
+    unshard the parameters and lazily initialise the root, which reaching past `forward` would skip."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # builds without torch.distributed
+        return make_adapter(model, max_length)
+    inner = unwrap(model) if not isinstance(model, ModelAdapter) else None
+    if not isinstance(inner, FSDPModule):
+        return make_adapter(model, max_length)
+    plain = make_adapter(inner, max_length)
+    adapter = LogitsAdapter(inner, plain.max_length)
+    adapter.vocab_size = plain.vocab_size
+    return adapter
+
+
+def read_request_cache(path: Path | None) -> RequestTable | None:
+    """The cached table at `path`, or None (no path, no file, or a file that does not read back)."""
+    if path is None:
+        return None
+    try:
+        return load_table(path)
+    except RequestCacheError as exc:
+        log.warning("%s; tokenizing again", exc)
+        return None
+
+
+def write_request_cache(table: RequestTable, path: Path | None) -> None:
+    """Cache `table` at `path`; a cache that cannot be written is logged, never fatal."""
+    if path is None:
+        return
+    try:
+        save_table(table, path)
+    except OSError as exc:
+        log.warning("request cache %s not written (%s); every rank tokenizes for itself", path, exc)
 
 
 def describe_pair(prepared: PreparedTask, p: int) -> str:
