@@ -34,6 +34,17 @@ FAMILY_IDS = (
     "social_iqa",
     "copa",
 )
+# Other task kinds: classification (acc, f1), gold-only answers (ce/bpb), LAMBADA (greedy exact match).
+KIND_IDS = (
+    "rte",
+    "commitment_bank",
+    "mrpc",
+    "sst2",
+    "arc_easy_bpb",
+    "trivia_qa_bpb",
+    "nq_open_bpb",
+    "lambada",
+)
 # Families with listed options: each also as `<family>_rc` (the plain id) and `<family>_mc` (letter keys).
 TWIN_FAMILIES = (
     "arc_easy",
@@ -65,8 +76,8 @@ def test_registered_ids():
     names = task_names()
     mmlu_ids = 2 * (len(SUBJECTS) + len(CATEGORIES) + 1)
     twin_ids = {f"{family}_{fmt}" for family in TWIN_FAMILIES for fmt in ("rc", "mc")}
-    assert set(FAMILY_IDS) | twin_ids <= set(names)
-    assert len(set(FAMILY_IDS) | twin_ids) + mmlu_ids == 151
+    assert set(FAMILY_IDS) | twin_ids | set(KIND_IDS) <= set(names)
+    assert len(names) == len(FAMILY_IDS) + len(twin_ids) + len(KIND_IDS) + mmlu_ids == 159
     for name in FAMILY_IDS:
         assert name in names
     for fmt in ("rc", "mc"):
@@ -82,11 +93,11 @@ def test_every_task_loads(name: str, data_root: Path):
     task = get_task(name)
     assert task.name == name
     assert task.format_source
-    assert task.split == "validation"
+    assert task.split == ("test" if name == "lambada" else "validation")
     docs = load_docs(task, data_root, limit=3)
     assert [d.index for d in docs] == [0, 1, 2]
     for doc in docs:
-        assert doc.n_choices >= 2
+        assert doc.n_choices >= (1 if task.prompt_format == "gold" else 2)
         assert len(doc.contexts) == doc.n_choices
         assert all(0 <= g < doc.n_choices for g in doc.gold)
         assert all(c.strip() for c in doc.contexts)
