@@ -2,6 +2,8 @@
 
 An adapter returns *features* at the selected positions and a *head* turning features into logits, so
 that models whose output projection we can reach are projected only where a log-probability is needed.
+Adapters with `supports_packing` take a boolean attention mask [B, 1, T, T] (True = may attend) and
+position ids [B, T], which lets the planner share one context among several continuations (batching.py).
 Legend: B batch, T time, N selected positions, D width, V vocabulary.
 """
 
@@ -24,11 +26,22 @@ _HF_PLAIN_HEAD_TYPES = frozenset(
     {"llama", "gpt_neox", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "olmo3", "gpt2", "phi3", "gemma"}
 )
 
+# Hugging Face model types checked (tests/test_scoring_paths.py, transformers 5.24) to take a 4D attention
+# mask and position ids and give, for each packed continuation, the numbers of its own unshared row.
+HF_PACKING_TYPES = frozenset(
+    {"llama", "gpt_neox", "qwen2", "qwen3", "olmo", "olmo2", "gpt2", "phi3", "gemma"}
+)
+# Attention implementations that apply a 4D mask as given: sdpa takes it boolean, eager additive.
+_HF_PACKING_ATTENTION = frozenset({"sdpa", "eager"})
+
 
 class ModelAdapter:
     """Base adapter. `supports_packing` says the model takes a 4D mask and position ids."""
 
     supports_packing: bool = False
+    # Round every batch's width up to a multiple of this: bucketed shapes, so that a torch.compile'd model
+    # recompiles for a few widths rather than for every one. 1 (off) by default.
+    pad_to_multiple: int = 1
     max_length: int | None = None
     # Rows of the input embedding, when known: token ids at or beyond it cannot be fed.
     vocab_size: int | None = None
@@ -124,7 +137,8 @@ class HFCausalLMAdapter(ModelAdapter):
         self.plain_head = getattr(config, "model_type", "") in _HF_PLAIN_HEAD_TYPES and not getattr(
             config, "final_logit_softcapping", None
         )
-        self.supports_packing = getattr(config, "model_type", "") in _HF_PLAIN_HEAD_TYPES
+        self.supports_packing = hf_supports_packing(config)
+        self.additive_mask = getattr(config, "_attn_implementation", None) == "eager"
         self.vocab_size = model.get_input_embeddings().num_embeddings
 
     def features(
@@ -137,6 +151,10 @@ class HFCausalLMAdapter(ModelAdapter):
     ) -> tuple[Tensor, Head]:
         kwargs: dict[str, Tensor] = {}
         if attention_mask is not None:
+            if self.additive_mask:  # eager attention adds the mask to the scores
+                dtype = self.model.dtype
+                zeros = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
+                attention_mask = zeros.masked_fill_(~attention_mask, torch.finfo(dtype).min)
             kwargs["attention_mask"] = attention_mask
         if position_ids is not None:
             kwargs["position_ids"] = position_ids
@@ -146,6 +164,17 @@ class HFCausalLMAdapter(ModelAdapter):
             return hidden_BTD[rows_N, cols_N], self.model.get_output_embeddings()
         logits_BTV = self.model(input_ids=input_ids_BT, use_cache=False, **kwargs).logits
         return logits_BTV[rows_N, cols_N], _identity
+
+
+def hf_supports_packing(config: Any) -> bool:
+    """Whether a Hugging Face model of this config may be fed packed rows: a verified model type, an
+    attention implementation that applies a 4D mask as given, and no sliding window (which a custom mask
+    would silently replace)."""
+    return (
+        getattr(config, "model_type", "") in HF_PACKING_TYPES
+        and getattr(config, "_attn_implementation", None) in _HF_PACKING_ATTENTION
+        and getattr(config, "sliding_window", None) is None
+    )
 
 
 def unwrap(model: Any) -> Any:

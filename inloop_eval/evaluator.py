@@ -178,7 +178,14 @@ class InLoopEvaluator:
         pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
         self.check_vocabulary(adapter, prepared, pair_ids)
         batches = self.equalize_forward_calls(
-            plan_batches(prepared.pairs, pair_ids, prepared.config.batch_tokens)
+            plan_batches(
+                prepared.pairs,
+                pair_ids,
+                prepared.config.batch_tokens,
+                packing=adapter.supports_packing,
+                max_length=adapter.max_length or DEFAULT_MAX_LENGTH,
+                pad_to_multiple=adapter.pad_to_multiple,
+            )
         )
         scores = run_batches(
             adapter,

@@ -128,6 +128,23 @@ class PairSet:
     def cont_len(self) -> np.ndarray:
         return np.diff(self.cont_offsets)
 
+    def context_groups(self, pair_ids: np.ndarray) -> np.ndarray:
+        """Group [len(pair_ids)] of each of the given pairs, numbered 0..G-1 in order of first appearance:
+        pairs reading the same context tokens (same ctx_id, ctx_start, ctx_end) share a group."""
+        if len(pair_ids) == 0:
+            return np.zeros(0, dtype=np.int64)
+        keys = (self.ctx_end[pair_ids], self.ctx_start[pair_ids], self.ctx_id[pair_ids])
+        order = np.lexsort(keys)
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = np.any([k[order][1:] != k[order][:-1] for k in keys], axis=0)
+        group = np.empty(len(order), dtype=np.int64)
+        group[order] = np.cumsum(new) - 1
+        # Renumber by first appearance, so the numbering does not depend on context ids.
+        _, first, inverse = np.unique(group, return_index=True, return_inverse=True)
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+        return rank[inverse]
+
     def concat(self, other: PairSet) -> PairSet:
         """This set's pairs followed by `other`'s (indices of `other` shift by len(self))."""
         return PairSet(

@@ -1,6 +1,9 @@
 """From a model's features to per-pair loglikelihoods, in float32, at continuation positions only.
 
-Legend: N continuation tokens in a batch, V vocabulary, P pairs scored.
+The vocabulary projection and the log-softmax run on the selected positions only, a bounded number of
+them at a time, so peak memory grows with neither the sequence length nor the batch times the vocabulary.
+Legend: N continuation tokens in a batch, X feature width (hidden size, or V for logits), V vocabulary,
+P pairs scored, B rows, T time.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ import torch
 from torch import Tensor
 
 from inloop_eval.adapters import ModelAdapter
-from inloop_eval.batching import Batch
+from inloop_eval.batching import Batch, attention_mask_B1TT
 from inloop_eval.errors import ModelOutputError
 
-# Positions projected to the vocabulary at once: bounds the float32 [chunk, V] buffer.
-_HEAD_CHUNK = 1024
+# Float32 logits materialised at once (positions x vocabulary): 16 Mi elements, 64 MiB.
+_HEAD_ELEMENTS = 1 << 24
 
 
 @dataclass
@@ -30,6 +33,14 @@ class PairScores:
     tokens_forwarded: int
 
 
+def _head_width(features_NX: Tensor, head: Callable[[Tensor], Tensor]) -> int:
+    """The vocabulary the head projects to, without running it when it says (nn.Linear does)."""
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, Tensor) and weight.dim() == 2:
+        return int(weight.shape[0])
+    return int(features_NX.shape[-1])
+
+
 def token_logprobs(
     features_NX: Tensor, head: Callable[[Tensor], Tensor], target_N: Tensor, min_vocab: int = 0
 ) -> tuple[Tensor, Tensor]:
@@ -37,10 +48,11 @@ def token_logprobs(
 
     min_vocab: the tokenizer's vocabulary size; narrower logits mean the model does not match it.
     """
+    chunk = max(1, _HEAD_ELEMENTS // max(_head_width(features_NX, head), 1))
     logp, greedy = [], []
-    for start in range(0, features_NX.shape[0], _HEAD_CHUNK):
-        logits_NV = head(features_NX[start : start + _HEAD_CHUNK]).float()
-        target = target_N[start : start + _HEAD_CHUNK]
+    for start in range(0, features_NX.shape[0], chunk):
+        logits_NV = head(features_NX[start : start + chunk]).float()
+        target = target_N[start : start + chunk]
         vocab = logits_NV.shape[-1]
         if vocab < min_vocab or (target.numel() and int(target.max()) >= vocab):
             raise ModelOutputError(
@@ -53,6 +65,21 @@ def token_logprobs(
     if not logp:
         return torch.zeros(0), torch.zeros(0, dtype=torch.bool)
     return torch.cat(logp), torch.cat(greedy)
+
+
+def _packing_inputs(
+    adapter: ModelAdapter, batch: Batch, device: torch.device
+) -> tuple[Tensor | None, Tensor | None]:
+    """(attention mask [B, 1, T, T], position ids [B, T]) of a packed batch; (None, None) otherwise."""
+    if batch.segment_BT is None or batch.position_ids_BT is None:
+        return None, None
+    if not adapter.supports_packing:
+        raise ValueError(
+            f"run_batches: a packed batch was planned for {type(adapter).__name__}, which does not take an "
+            "attention mask and position ids; plan with packing=adapter.supports_packing"
+        )
+    segment_BT = torch.from_numpy(batch.segment_BT).to(device)
+    return attention_mask_B1TT(segment_BT), torch.from_numpy(batch.position_ids_BT).to(device)
 
 
 def run_batches(
@@ -70,21 +97,22 @@ def run_batches(
     n_bad_P = torch.zeros(n_pairs, dtype=torch.int64)
     forwarded = 0
     for batch in batches:
-        input_ids = torch.from_numpy(batch.input_ids_BT).to(device)
-        rows = torch.from_numpy(batch.rows_N).to(device)
-        cols = torch.from_numpy(batch.cols_N).to(device)
-        target = torch.from_numpy(batch.target_N).to(device)
-        features, head = adapter.features(input_ids, rows, cols)
+        input_ids_BT = torch.from_numpy(batch.input_ids_BT).to(device)
+        rows_N = torch.from_numpy(batch.rows_N).to(device)
+        cols_N = torch.from_numpy(batch.cols_N).to(device)
+        target_N = torch.from_numpy(batch.target_N).to(device)
+        mask_B1TT, position_ids_BT = _packing_inputs(adapter, batch, device)
+        features_NX, head = adapter.features(input_ids_BT, rows_N, cols_N, mask_B1TT, position_ids_BT)
         forwarded += batch.n_tokens
         if batch.pair_N.size == 0:
             continue
         try:
-            logp_N, greedy_N = token_logprobs(features, head, target, min_vocab)
+            logp_N, greedy_N = token_logprobs(features_NX, head, target_N, min_vocab)
         except ModelOutputError as exc:
             raise ModelOutputError(f"{describe(int(batch.pair_N[0]))}: {exc}") from None
-        owners = torch.from_numpy(batch.pair_N)
-        ll_P.index_add_(0, owners, logp_N.cpu().double())
-        n_bad_P.index_add_(0, owners, (~greedy_N).long().cpu())
+        owners_N = torch.from_numpy(batch.pair_N)
+        ll_P.index_add_(0, owners_N, logp_N.cpu().double())
+        n_bad_P.index_add_(0, owners_N, (~greedy_N).long().cpu())
         if progress is not None:
             progress(len(np.unique(batch.pair_N)))
     return PairScores(ll_P.numpy(), (n_bad_P == 0).numpy(), forwarded)
