@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,27 @@ def neox_tokenizer(data_root: Path):
     from inloop_eval.tokenizer import load_tokenizer
 
     return load_tokenizer(neox_tokenizer_path(data_root))
+
+
+@pytest.fixture(scope="session")
+def hf_model_dir(tmp_path_factory, data_root: Path) -> Path:
+    """A random GPT-NeoX-shaped model saved with its tokenizer, as a user's checkpoint would be."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from inloop_eval.fetch import neox_tokenizer_path
+
+    torch.manual_seed(0)
+    config = transformers.GPTNeoXConfig(
+        vocab_size=50304,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
+    model = transformers.GPTNeoXForCausalLM(config)
+    out = tmp_path_factory.mktemp("hf") / "tiny-neox"
+    model.save_pretrained(out)
+    shutil.copy(neox_tokenizer_path(data_root), out / "tokenizer.json")
+    return out

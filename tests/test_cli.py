@@ -3,38 +3,16 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from inloop_eval.cli import main
-from inloop_eval.fetch import neox_tokenizer_path
 from inloop_eval.requests import encode_pair
 
 transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(scope="module")
-def hf_model_dir(tmp_path_factory, data_root) -> Path:
-    """A random GPT-NeoX-shaped model saved with its tokenizer, as a user's checkpoint would be."""
-    torch.manual_seed(0)
-    config = transformers.GPTNeoXConfig(
-        vocab_size=50304,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=512,
-    )
-    model = transformers.GPTNeoXForCausalLM(config)
-    out = tmp_path_factory.mktemp("hf") / "tiny-neox"
-    model.save_pretrained(out)
-    shutil.copy(neox_tokenizer_path(data_root), out / "tokenizer.json")
-    return out
 
 
 def test_evaluate_matches_an_unbatched_forward(hf_model_dir, data_root, tmp_path):
