@@ -71,12 +71,132 @@ class TaskEvalConfig:
                 )
 
 
+LM_FORMATS = ("memmap", "jsonl", "text")
+LM_DTYPES = ("uint16", "uint32")
+
+
+def check_lm_label(label: str, where: str) -> None:
+    """Domain labels go into keys `eval/lm/<label>/<figure>`: non-empty, lower-case, no spaces or '/'."""
+    if not label:
+        raise ConfigError(f"{where}: `label` is required, e.g. `label: code`")
+    if label != label.lower() or " " in label or "/" in label:
+        raise ConfigError(f"{where}: label {label!r} must be lower-case without spaces or '/'")
+
+
+@dataclass(kw_only=True)
+class LMDomainConfig:
+    """One domain of an `lm` evaluator: a label and the files holding its held-out text or tokens."""
+
+    label: str
+    """Name in metric keys (`eval/lm/<label>/<ce|ppl|bpb>`), e.g. `code`, `books`."""
+    paths: list[str]
+    """Files or glob patterns (`**` recurses, `~` expands), e.g. `[~/lm/code/*.npy]`; a single string is
+    taken as a one-element list."""
+    format: str = "memmap"
+    """`memmap`: raw token ids (OLMo's `.npy` files), read as sequences of `seq_len`; `jsonl`: one document
+    per line in the field `text_field` (`.gz` allowed); `text`: each file is one document."""
+    dtype: str = "uint16"
+    """Token type of raw `memmap` files (`uint16` or `uint32`); files written by `np.save` carry their own."""
+    text_field: str = "text"
+    """Field of each JSONL line holding the document (`format: jsonl`)."""
+    max_tokens: int | None = None
+    """Cap on the predicted tokens of this domain; overrides the evaluator's `max_tokens`."""
+
+    def __post_init__(self) -> None:
+        check_lm_label(self.label, "lm domain")
+        if isinstance(self.paths, str):
+            self.paths = [self.paths]
+        if not self.paths or not all(isinstance(p, str) and p for p in self.paths):
+            raise ConfigError(
+                f"lm domain {self.label!r}: `paths` must list files or globs, e.g. [data/code/*.npy], "
+                f"found {self.paths!r}"
+            )
+        if self.format not in LM_FORMATS:
+            raise ConfigError(
+                f"lm domain {self.label!r}: format must be one of {LM_FORMATS}, found {self.format!r}"
+            )
+        if self.dtype not in LM_DTYPES:
+            raise ConfigError(
+                f"lm domain {self.label!r}: dtype must be one of {LM_DTYPES}, found {self.dtype!r}"
+            )
+        if not self.text_field:
+            raise ConfigError(f"lm domain {self.label!r}: text_field must not be empty")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ConfigError(
+                f"lm domain {self.label!r}: max_tokens must be >= 1 or null, found {self.max_tokens}"
+            )
+
+
+@dataclass(kw_only=True)
+class LMEvalConfig:
+    """An evaluator of type `lm`: perplexity per domain label on held-out data (`eval/lm/<label>/...`)."""
+
+    type: str = "lm"
+    """Evaluator type; always `lm` for this class."""
+    domains: list[LMDomainConfig] = field(default_factory=list)
+    """The domain sets, each with its label; reported in this order."""
+    seq_len: int = 1024
+    """Tokens per sequence: memmap files are cut into sequences of this length; text documents into
+    windows of at most this length. A sequence of L tokens predicts L - 1 of them."""
+    batch_tokens: int = 8192
+    """Token budget of one forward pass (rows x longest row); at least `seq_len`."""
+    max_tokens: int | None = None
+    """Cap on the predicted tokens of each domain (whole sequences, a fixed seeded choice); null: all."""
+    cache_dir: str | None = None
+    """Where tokenized text domains are cached; default `<home>/lm_cache` (`$INLOOP_EVAL_HOME`)."""
+
+    def __post_init__(self) -> None:
+        if self.type != "lm":
+            raise ConfigError(f"lm evaluator: type must be 'lm', found {self.type!r}")
+        self.domains = [
+            d if isinstance(d, LMDomainConfig) else build_dataclass(LMDomainConfig, d, f"lm domains[{i}]")
+            for i, d in enumerate(self.domains)
+        ]
+        if not self.domains:
+            raise ConfigError(
+                "lm evaluator: `domains` must list at least one domain, e.g. "
+                "[{label: code, paths: [data/code/*.npy]}]"
+            )
+        labels = [d.label for d in self.domains]
+        duplicated = sorted({x for x in labels if labels.count(x) > 1})
+        if duplicated:
+            raise ConfigError(f"lm evaluator: domain labels must be unique; repeated: {duplicated}")
+        if self.seq_len < 2:
+            raise ConfigError(f"lm evaluator: seq_len must be >= 2, found {self.seq_len}")
+        if self.batch_tokens < self.seq_len:
+            raise ConfigError(
+                f"lm evaluator: batch_tokens ({self.batch_tokens}) must be >= seq_len ({self.seq_len}) so "
+                "that a whole sequence fits in one forward pass"
+            )
+        for d in self.domains:
+            cap = self.cap(d)
+            if cap is not None and cap < self.seq_len - 1:
+                raise ConfigError(
+                    f"lm domain {d.label!r}: max_tokens ({cap}) must be >= seq_len - 1 ({self.seq_len - 1}), "
+                    "the tokens one sequence predicts"
+                )
+
+    def cap(self, domain: LMDomainConfig) -> int | None:
+        """The token cap that applies to `domain`: its own, else the evaluator's."""
+        return domain.max_tokens if domain.max_tokens is not None else self.max_tokens
+
+
+def build_evaluator_config(data: Any, where: str) -> TaskEvalConfig | LMEvalConfig:
+    """One entry of `evaluators:`, by its `type` (`downstream` unless given)."""
+    if isinstance(data, (TaskEvalConfig, LMEvalConfig)):
+        return data
+    if isinstance(data, dict) and data.get("type") == "lm":
+        return build_dataclass(LMEvalConfig, data, where)
+    return build_dataclass(TaskEvalConfig, data, where)
+
+
 @dataclass(kw_only=True)
 class EvaluatorConfig:
     """Everything `InLoopEvaluator` needs; logged whole with each run."""
 
-    evaluators: list[TaskEvalConfig] = field(default_factory=list)
-    """The tasks to run at each evaluation, in order."""
+    evaluators: list[TaskEvalConfig | LMEvalConfig] = field(default_factory=list)
+    """The evaluators to run at each evaluation, in order: tasks (`type: downstream`, the default) and
+    domain perplexity (`type: lm`)."""
     eval_interval: int = 1000
     """`should_run(step)` is true when `step % eval_interval == 0`."""
     tokenizer: str | None = None
@@ -93,21 +213,24 @@ class EvaluatorConfig:
     (`torch.compile`'s `_orig_mod`); use this when submodules compiled in place saw the eval shapes."""
 
     def __post_init__(self) -> None:
-        self.evaluators = [
-            e if isinstance(e, TaskEvalConfig) else build_dataclass(TaskEvalConfig, e, "evaluators[]")
-            for e in self.evaluators
-        ]
+        self.evaluators = [build_evaluator_config(e, "evaluators[]") for e in self.evaluators]
         if self.eval_interval < 1:
             raise ConfigError(f"eval_interval must be >= 1, found {self.eval_interval}")
         if self.max_length is not None and self.max_length < 2:
             raise ConfigError(f"max_length must be >= 2 or null, found {self.max_length}")
         if not isinstance(self.compiler_reset, bool):
             raise ConfigError(f"compiler_reset must be true or false, found {self.compiler_reset!r}")
-        labels = [e.label for e in self.evaluators]
+        labels = [e.label for e in self.evaluators if isinstance(e, TaskEvalConfig)]
         duplicated = sorted({x for x in labels if labels.count(x) > 1})
         if duplicated:
             raise ConfigError(
                 f"evaluator labels must be unique; repeated: {duplicated} (set `label:` to tell them apart)"
+            )
+        lm_labels = [d.label for e in self.evaluators if isinstance(e, LMEvalConfig) for d in e.domains]
+        duplicated = sorted({x for x in lm_labels if lm_labels.count(x) > 1})
+        if duplicated:
+            raise ConfigError(
+                f"lm domain labels must be unique across `lm` evaluators; repeated: {duplicated}"
             )
 
     def to_dict(self) -> dict[str, Any]:

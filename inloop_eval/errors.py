@@ -30,3 +30,7 @@ class RequestError(InLoopEvalError, ValueError):
 
 class ModelOutputError(InLoopEvalError, ValueError):
     """The model returned logits of the wrong shape or vocabulary size."""
+
+
+class LMDataError(InLoopEvalError, ValueError):
+    """A domain set for perplexity evaluation is missing, empty or malformed (names the label and file)."""

@@ -1,0 +1,342 @@
+"""Perplexity per domain label, the evaluator of type `lm`: `eval/lm/<label>/<ce|ppl|bpb>`.
+
+One evaluation reads top to bottom: every label's sequences, this rank's share of them, token-budget batches
+(as many on every rank), per-token log-probabilities in float32 summed per sequence, one metric per label
+updated and synced in the config's order.
+Legend: S sequences, G sequences of all labels together, B rows in a batch, T longest row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from inloop_eval.adapters import ModelAdapter
+from inloop_eval.batching import Batch, dummy_batch
+from inloop_eval.config import LMEvalConfig
+from inloop_eval.data import home
+from inloop_eval.distributed import AgreedSequence, TaskAgreement, TaskFailedOnAnotherRank, world
+from inloop_eval.errors import ConfigError, LMDataError, ModelOutputError
+from inloop_eval.lm_data import DomainSet, load_memmap_domain, load_text_domain, token_byte_lengths
+from inloop_eval.metrics.perplexity import FIGURES, PerplexityMetric
+from inloop_eval.tokenizer import TokenizerLike
+
+log = logging.getLogger(__name__)
+
+# Positions projected to the vocabulary at once: bounds the float32 [chunk, V] logits buffer.
+HEAD_CHUNK = 1024
+
+
+@dataclass
+class PreparedLM:
+    """An `lm` entry's domain sets, loaded once; `failed` holds the labels that could not be (label ->
+    reason), in the config's order with the loaded ones."""
+
+    config: LMEvalConfig
+    domains: list[DomainSet]
+    failed: dict[str, str]
+
+
+@dataclass
+class Shard:
+    """This rank's sequences: label index and sequence index of each, in a fixed global order."""
+
+    domain_S: np.ndarray
+    seq_S: np.ndarray
+
+
+@dataclass
+class LMResult:
+    """One evaluation of an `lm` entry.
+
+    figures: label -> {ce, ppl, bpb} over all ranks (labels without tokens are absent).
+    totals: label -> (Σ nll, Σ tokens, Σ bytes) over all ranks.
+    domains: the domain sets evaluated; failed: label -> reason for those the model could not take.
+    shard, nll_S: this rank's sequences (indexing `domains`) and the summed NLL of each (nats, float64).
+    forward_calls: batches this rank forwarded, dummies included (the same on every rank).
+    """
+
+    figures: dict[str, dict[str, float]]
+    totals: dict[str, tuple[float, int, int]]
+    domains: list[DomainSet]
+    failed: dict[str, str]
+    shard: Shard
+    nll_S: np.ndarray
+    forward_calls: int
+
+
+class LMEvaluator:
+    """Runs `lm` entries; keeps each entry's loaded domain sets between evaluations."""
+
+    def __init__(self, tokenizer: TokenizerLike) -> None:
+        self.tokenizer = tokenizer
+        self._byte_table: np.ndarray | None = None
+        self._byte_table_done = False
+        self._prepared: dict[str, PreparedLM] = {}
+        self.last_results: dict[tuple[str, ...], LMResult] = {}
+
+    @property
+    def byte_table(self) -> np.ndarray | None:
+        """UTF-8 bytes of each token id of the tokenizer (None when it cannot tell)."""
+        if not self._byte_table_done:
+            self._byte_table = token_byte_lengths(self.tokenizer)
+            self._byte_table_done = True
+        return self._byte_table
+
+    def run(
+        self,
+        adapter: ModelAdapter,
+        ev: LMEvalConfig,
+        *,
+        strict: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, float]:
+        """`eval/lm/<label>/<figure>` for every label of `ev`; `eval/lm/<label>/failed = 1` for a label
+        that failed (every label when the evaluation itself failed), unless `strict`. A failure on one
+        rank is agreed by all (`inloop_eval.distributed.TaskAgreement`): every rank reports it or raises."""
+        labels = tuple(d.label for d in ev.domains)
+        agreement = TaskAgreement(f"lm {','.join(labels)}")
+        try:
+            prepared = self.prepare(ev, strict=strict)
+            agreement.agree()
+            result = self.evaluate(adapter, prepared, progress, agreement, strict=strict)
+            agreement.agree(last=True)
+        except Exception as exc:
+            if not isinstance(exc, TaskFailedOnAnotherRank):
+                agreement.report_failure()
+            if strict:
+                raise
+            log.error("in-loop lm eval of %s failed: %s: %s", list(labels), type(exc).__name__, exc)
+            return {f"eval/lm/{label}/failed": 1.0 for label in labels}
+        self.last_results[labels] = result
+        out: dict[str, float] = {}
+        for label in labels:
+            if label in prepared.failed or label in result.failed:
+                out[f"eval/lm/{label}/failed"] = 1.0
+            out.update({f"eval/lm/{label}/{k}": v for k, v in result.figures.get(label, {}).items()})
+        return out
+
+    def prepare(self, ev: LMEvalConfig, *, strict: bool = False) -> PreparedLM:
+        """Load (and for text, tokenize and cache) every domain once. A domain that cannot be loaded is
+        recorded as failed (the same on every rank: they read the same files) unless `strict`."""
+        key = json.dumps(dataclasses.asdict(ev), sort_keys=True)
+        if key not in self._prepared:
+            domains: list[DomainSet] = []
+            failed: dict[str, str] = {}
+            cache_dir = Path(ev.cache_dir).expanduser() if ev.cache_dir else home() / "lm_cache"
+            for d in ev.domains:
+                try:
+                    if d.format == "memmap":
+                        domains.append(load_memmap_domain(d, ev.seq_len, self.byte_table, ev.cap(d)))
+                    else:
+                        domains.append(
+                            load_text_domain(
+                                d, ev.seq_len, self.tokenizer, self.byte_table, ev.cap(d), cache_dir
+                            )
+                        )
+                except LMDataError as exc:
+                    if strict:
+                        raise
+                    log.error("in-loop lm eval: %s", exc)
+                    failed[d.label] = str(exc)
+            for domain in domains:
+                log.info("lm domain %r: %d sequences, %d tokens", domain.label, len(domain), domain.n_tokens)
+            self._prepared[key] = PreparedLM(ev, domains, failed)
+        return self._prepared[key]
+
+    def evaluate(
+        self,
+        adapter: ModelAdapter,
+        prepared: PreparedLM,
+        progress: Callable[[int], None] | None = None,
+        agreement: TaskAgreement | None = None,
+        *,
+        strict: bool = False,
+    ) -> LMResult:
+        """Score this rank's share of every domain the model can take and compute each label's figures over
+        all ranks."""
+        agreement = agreement or TaskAgreement("lm")
+        domains, failed = self.usable_domains(adapter, prepared, strict=strict)
+        shard = assign_work(domains)
+        planned = plan_sequence_batches(
+            domains,
+            shard,
+            prepared.config.batch_tokens,
+            adapter.pad_to_multiple,
+            prepared.config.seq_len,
+        )
+        batches = equalize_forward_calls(planned, agreement)
+        nll_S = sequence_nll(
+            adapter,
+            batches,
+            len(shard.seq_S),
+            describe=lambda p: domains[int(shard.domain_S[p])].describe(int(shard.seq_S[p])),
+            progress=progress,
+        )
+        agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
+        figures: dict[str, dict[str, float]] = {}
+        totals: dict[str, tuple[float, int, int]] = {}
+        # Every rank updates and computes every label, in order, zeros included: the same collectives.
+        for d, domain in enumerate(domains):
+            mine = shard.domain_S == d
+            seqs = shard.seq_S[mine]
+            metric = PerplexityMetric().to(adapter.device)
+            metric.update(
+                torch.from_numpy(nll_S[mine]),
+                torch.from_numpy(domain.length_S[seqs] - 1),
+                torch.from_numpy(domain.bytes_S[seqs]),
+            )
+            computed = metric.compute()
+            totals[domain.label] = (computed["sum_nll"], int(computed["n_tokens"]), int(computed["n_bytes"]))
+            if computed["n_tokens"] > 0:
+                figures[domain.label] = {k: v for k, v in computed.items() if k in FIGURES}
+        return LMResult(figures, totals, domains, failed, shard, nll_S, len(batches))
+
+    def usable_domains(
+        self, adapter: ModelAdapter, prepared: PreparedLM, *, strict: bool = False
+    ) -> tuple[list[DomainSet], dict[str, str]]:
+        """The domains whose token ids the model's vocabulary holds, and the others (label -> reason;
+        raised when `strict`). Checked on every rank alike before any forward, as is the context length."""
+        ev = prepared.config
+        if adapter.max_length is not None and ev.seq_len > adapter.max_length:
+            labels = [d.label for d in ev.domains]
+            raise ConfigError(
+                f"lm evaluator {labels}: seq_len {ev.seq_len} is longer than the model's context of "
+                f"{adapter.max_length} tokens; lower seq_len"
+            )
+        vocab = adapter.vocab_size if adapter.vocab_size is not None else probe_vocab_size(adapter)
+        usable: list[DomainSet] = []
+        failed: dict[str, str] = {}
+        for domain in prepared.domains:
+            if domain.max_token_id < vocab:
+                usable.append(domain)
+                continue
+            error = LMDataError(
+                f"{domain.describe(domain.max_token_seq)}: token id {domain.max_token_id} is beyond the "
+                f"model's vocabulary of {vocab}; the data was tokenized for another model"
+            )
+            if strict:
+                raise error
+            log.error("in-loop lm eval: %s", error)
+            failed[domain.label] = str(error)
+        return usable, failed
+
+
+def sequence_nll(
+    adapter: ModelAdapter,
+    batches: Iterable[Batch],
+    n_sequences: int,
+    describe: Callable[[int], str],
+    progress: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """Forward every batch (dummies too, their output unused) and sum each sequence's token NLL [S]
+    (float64 sums of float32 NLL from the logits, projected HEAD_CHUNK positions at a time)."""
+    device = adapter.device
+    nll_S = torch.zeros(n_sequences, dtype=torch.float64)
+    for batch in batches:
+        features_NX, head = adapter.features(
+            torch.from_numpy(batch.input_ids_BT).to(device),
+            torch.from_numpy(batch.rows_N).to(device),
+            torch.from_numpy(batch.cols_N).to(device),
+        )
+        if batch.pair_N.size == 0:
+            continue
+        target_N = torch.from_numpy(batch.target_N).to(device)
+        try:
+            nll_N = chunked_nll(features_NX, head, target_N)
+        except ModelOutputError as exc:
+            raise ModelOutputError(f"{describe(int(batch.pair_N[0]))}: {exc}") from None
+        nll_S.index_add_(0, torch.from_numpy(batch.pair_N), nll_N.cpu().double())
+        if progress is not None:
+            progress(len(np.unique(batch.pair_N)))
+    return nll_S.numpy()
+
+
+def chunked_nll(features_NX: Tensor, head: Callable[[Tensor], Tensor], target_N: Tensor) -> Tensor:
+    """-log p(target) [N] in float32, never holding more than HEAD_CHUNK rows of logits."""
+    out = []
+    for start in range(0, features_NX.shape[0], HEAD_CHUNK):
+        logits_NV = head(features_NX[start : start + HEAD_CHUNK]).float()
+        target = target_N[start : start + HEAD_CHUNK]
+        if int(target.max()) >= logits_NV.shape[-1]:
+            raise ModelOutputError(
+                f"token id {int(target.max())} but the model's logits cover {logits_NV.shape[-1]} tokens"
+            )
+        out.append(F.cross_entropy(logits_NV, target, reduction="none"))
+    return torch.cat(out)
+
+
+def probe_vocab_size(adapter: ModelAdapter) -> int:
+    """The width of the model's logits, from a one-token forward (every rank makes it)."""
+    one = torch.zeros((1, 1), dtype=torch.long, device=adapter.device)
+    zero = torch.zeros(1, dtype=torch.long, device=adapter.device)
+    features, head = adapter.features(one, zero, zero)
+    return int(head(features).shape[-1])
+
+
+def assign_work(domains: list[DomainSet]) -> Shard:
+    """Every label's sequences in one list sorted by length (longest first, stable), dealt out to the ranks
+    in turn: each sequence to exactly one rank, none repeated, similar lengths on every rank."""
+    world_size, rank = world()
+    domain_G = np.concatenate([np.full(len(d), i, dtype=np.int64) for i, d in enumerate(domains)] or [[]])
+    seq_G = np.concatenate([np.arange(len(d), dtype=np.int64) for d in domains] or [[]])
+    length_G = np.concatenate([d.length_S for d in domains] or [[]])
+    mine = np.argsort(-length_G, kind="stable")[rank::world_size]
+    return Shard(domain_G[mine].astype(np.int64), seq_G[mine].astype(np.int64))
+
+
+def plan_sequence_batches(
+    domains: list[DomainSet], shard: Shard, batch_tokens: int, pad_to_multiple: int = 1, seq_len: int = 0
+) -> list[Batch]:
+    """Batches of whole sequences, at most `batch_tokens` padded tokens each; every position but the last
+    of a row predicts the next token. `Batch.pair_N` indexes the shard's sequences.
+
+    pad_to_multiple: round widths up to a multiple of it (at most `seq_len`), so that a torch.compile'd
+        model sees few shapes.
+    """
+    length_S = np.array([domains[d].length_S[s] for d, s in zip(shard.domain_S, shard.seq_S, strict=True)])
+    batches: list[Batch] = []
+    start = 0
+    while start < len(length_S):  # the shard is sorted longest first
+        width = int(length_S[start])
+        if pad_to_multiple > 1:
+            width = max(width, min(-(-width // pad_to_multiple) * pad_to_multiple, seq_len))
+        n_rows = max(1, batch_tokens // width)
+        chunk = range(start, min(start + n_rows, len(length_S)))
+        input_ids_BT = np.zeros((len(chunk), width), dtype=np.int64)
+        rows, cols, targets, owners = [], [], [], []
+        for b, p in enumerate(chunk):
+            ids = domains[int(shard.domain_S[p])].sequence(int(shard.seq_S[p]))
+            input_ids_BT[b, : len(ids)] = ids
+            n = len(ids) - 1
+            rows.append(np.full(n, b, dtype=np.int64))
+            cols.append(np.arange(n, dtype=np.int64))
+            targets.append(ids[1:])
+            owners.append(np.full(n, p, dtype=np.int64))
+        batches.append(
+            Batch(
+                input_ids_BT,
+                np.concatenate(rows),
+                np.concatenate(cols),
+                np.concatenate(targets),
+                np.concatenate(owners),
+            )
+        )
+        start = chunk.stop
+    return batches
+
+
+def equalize_forward_calls(batches: list[Batch], agreement: TaskAgreement) -> AgreedSequence[Batch]:
+    """Pad with dummy forwards so every rank makes the same number of model calls. The count is agreed at
+    the planning point; iterating the result joins a point between forward passes."""
+    n = agreement.agree(len(batches))
+    return AgreedSequence(batches + [dummy_batch() for _ in range(n - len(batches))], agreement)

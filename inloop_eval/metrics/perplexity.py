@@ -1,0 +1,80 @@
+"""Perplexity of one domain: sums of negative log-likelihood, tokens and bytes, synced across ranks by sum.
+
+ce = Σ nll / Σ tokens (token-weighted: a 10-token document weighs a tenth of a 100-token one, never a mean
+of per-document means), ppl = exp(ce), bpb = Σ nll / Σ bytes / ln 2 (nll in nats).
+Legend: S sequences (or tokens: a token is a sequence of one).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+FIGURES = ("ce", "ppl", "bpb")
+
+
+def perplexity_update(nll_S: Tensor, n_tokens_S: Tensor, n_bytes_S: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(Σ nll in float64, Σ tokens, Σ bytes) of sequences with summed NLL `nll_S` [S] over `n_tokens_S` [S]
+    predicted tokens covering `n_bytes_S` [S] bytes."""
+    return (
+        nll_S.detach().to(torch.float64).sum(),
+        n_tokens_S.detach().to(torch.int64).sum(),
+        n_bytes_S.detach().to(torch.int64).sum(),
+    )
+
+
+def perplexity_compute(sum_nll: float, n_tokens: int, n_bytes: int) -> dict[str, float]:
+    """ce, ppl and bpb from the sums; bpb only when bytes are known (n_bytes > 0); {} without tokens, so a
+    domain nobody scored is left out rather than reported as NaN."""
+    if n_tokens <= 0:
+        return {}
+    ce = sum_nll / n_tokens
+    try:
+        ppl = math.exp(ce)
+    except OverflowError:
+        ppl = math.inf
+    out = {"ce": ce, "ppl": ppl}
+    if n_bytes > 0:
+        out["bpb"] = sum_nll / n_bytes / math.log(2)
+    return out
+
+
+class PerplexityMetric(Metric):
+    """One domain's sums (`sum_nll`, `n_tokens`, `n_bytes`), each synced by `sum`.
+
+    Under torch.distributed every rank must call `compute` for every domain in the same order (a rank with
+    nothing to add keeps its zeros), so that all ranks make the same collectives.
+    """
+
+    full_state_update = False
+    higher_is_better = False
+
+    sum_nll: Tensor
+    n_tokens: Tensor
+    n_bytes: Tensor
+
+    def __init__(self, **kwargs) -> None:  # noqa: ANN003
+        super().__init__(**kwargs)
+        self.add_state("sum_nll", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("n_tokens", default=torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
+        self.add_state("n_bytes", default=torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, nll_S: Tensor, n_tokens_S: Tensor, n_bytes_S: Tensor) -> None:  # type: ignore[override]
+        """Add sequences: summed NLL [S], predicted tokens [S], bytes [S] (empty tensors add nothing)."""
+        if not (nll_S.numel() == n_tokens_S.numel() == n_bytes_S.numel()):
+            raise ValueError(
+                f"PerplexityMetric.update: expected tensors of one length, found {nll_S.numel()}, "
+                f"{n_tokens_S.numel()}, {n_bytes_S.numel()}"
+            )
+        sum_nll, n_tokens, n_bytes = perplexity_update(nll_S, n_tokens_S, n_bytes_S)
+        self.sum_nll += sum_nll.to(self.device)
+        self.n_tokens += n_tokens.to(self.device)
+        self.n_bytes += n_bytes.to(self.device)
+
+    def compute(self) -> dict[str, float]:
+        """The synced sums (`sum_nll`, `n_tokens`, `n_bytes`) and the figures of `perplexity_compute`."""
+        sums = {"sum_nll": float(self.sum_nll), "n_tokens": int(self.n_tokens), "n_bytes": int(self.n_bytes)}
+        return {**sums, **perplexity_compute(sums["sum_nll"], sums["n_tokens"], sums["n_bytes"])}
