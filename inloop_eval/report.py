@@ -3,9 +3,9 @@
 For every task, acc, acc_norm and acc_pmi (those it reports) on one chart, with ±1 standard error bands
 when logged; for every perplexity domain (`eval/lm/<domain>/...`), ppl and bits per byte. Flags:
 - *diverging*: over the last `window` evaluations, the fitted trends of acc and acc_norm have opposite signs
-  and each moves by at least `min_change`. Length normalisation then changes the ranking in a way that moves
-  against the raw loglikelihood: a change in how the probability mass is spread over the continuation's
-  tokens (output sharpness, a format effect), not a change in capability.
+  and each moves by at least `min_change` and by at least its standard error (when logged). Length
+  normalisation then reorders the choices against the raw loglikelihood: a change in how the probability
+  mass is spread over the continuation's tokens (output sharpness, a format effect), not in capability.
 - *letter keys*: tasks whose choices all have the same length (`*_mc` letter keys, WinoGrande's shared
   continuation) have acc_norm identical to acc by construction; they do not report it, and the page says so.
   A task that reports acc_norm equal to acc at every evaluation is flagged too.
@@ -124,16 +124,26 @@ def fitted_change(points: Series) -> float:
     return float(slope * span)
 
 
-def divergence(acc: Series, acc_norm: Series, window: int = 4, min_change: float = 0.01) -> str | None:
+def divergence(
+    acc: Series,
+    acc_norm: Series,
+    window: int = 4,
+    min_change: float = 0.01,
+    acc_stderr: Series | None = None,
+    acc_norm_stderr: Series | None = None,
+) -> str | None:
     """A sentence when, over the last `window` evaluations both report, acc and acc_norm trend in opposite
-    directions by at least `min_change` each; None otherwise (or with fewer than 2 evaluations)."""
+    directions, each by at least `min_change` and by at least its standard error at the last of them (when
+    logged: with few documents, a move within the noise is not a signal); None otherwise."""
     common = sorted(set(dict(acc)) & set(dict(acc_norm)))[-window:]
     if len(common) < 2:
         return None
     a, n = dict(acc), dict(acc_norm)
     d_acc = fitted_change([(s, a[s]) for s in common])
     d_norm = fitted_change([(s, n[s]) for s in common])
-    if d_acc * d_norm >= 0 or min(abs(d_acc), abs(d_norm)) < min_change:
+    need_acc = max(min_change, dict(acc_stderr or []).get(common[-1], 0.0))
+    need_norm = max(min_change, dict(acc_norm_stderr or []).get(common[-1], 0.0))
+    if d_acc * d_norm >= 0 or abs(d_acc) < need_acc or abs(d_norm) < need_norm:
         return None
     return (
         f"acc and acc_norm move in opposite directions over the last {len(common)} evaluations "
@@ -179,7 +189,7 @@ def length_norm_is_noop(task_id: str) -> bool | None:
 
     try:
         return bool(get_task(task_id).length_norm_is_noop)
-    except Exception:
+    except InLoopEvalError:
         return None
 
 
@@ -198,7 +208,14 @@ def task_views(history: RunHistory, window: int = 4, min_change: float = 0.01) -
             flags.append(f"failed at {len(failed_at)} evaluation(s), first at step {failed_at[0]}")
         noop = length_norm_is_noop(task_id)
         if "acc" in curves and "acc_norm" in curves:
-            sentence = divergence(curves["acc"], curves["acc_norm"], window, min_change)
+            sentence = divergence(
+                curves["acc"],
+                curves["acc_norm"],
+                window,
+                min_change,
+                stderr.get("acc"),
+                stderr.get("acc_norm"),
+            )
             if sentence:
                 flags.append("diverging: " + sentence)
             if identical(curves["acc"], curves["acc_norm"]):
@@ -320,7 +337,7 @@ def render_html(
         + (f", {steps[0]} to {steps[-1]}" if steps else "")
         + f". {len(views)} tasks, {len(domains)} perplexity domains.</p>",
         f"<p>Divergence flag: over the last {window} evaluations the fitted trends of acc and acc_norm have "
-        f"opposite signs and each moves by at least {min_change:g}. "
+        f"opposite signs and each moves by at least {min_change:g} and by at least its standard error. "
         f"{len(flagged)} task(s) flagged{': ' + e(', '.join(v.label for v in flagged)) if flagged else ''}.</p>",
     ]
     parts.append(cost_paragraph(history.series))

@@ -96,3 +96,12 @@ def test_report_from_a_jsonl_run_references_every_plot(tmp_path):
 def test_report_of_a_directory_without_a_run(tmp_path):
     with pytest.raises(ReportError, match="neither metrics.jsonl"):
         load_run(tmp_path)
+
+
+def test_divergence_within_the_standard_error_is_not_flagged():
+    acc = series([0.25, 0.27, 0.30, 0.33, 0.36, 0.40])
+    acc_norm = series([0.25, 0.28, 0.31, 0.30, 0.27, 0.24])
+    wide = series([0.08] * 6)  # about 40 documents: acc_norm's fall of 0.07 is within the noise
+    assert divergence(acc, acc_norm, 4, 0.02, acc_stderr=wide, acc_norm_stderr=wide) is None
+    narrow = series([0.005] * 6)  # 10,000 documents
+    assert divergence(acc, acc_norm, 4, 0.02, acc_stderr=narrow, acc_norm_stderr=narrow)
