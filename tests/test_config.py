@@ -18,7 +18,7 @@ from inloop_eval.tasks import get_task
         ({"task": "piqa", "type": "generate"}, "type must be one of"),
         ({"task": "piqa", "batch_tokens": 0}, "batch_tokens must be >= 1"),
         ({"task": "piqa", "limit": 0}, "limit must be >= 1"),
-        ({"task": "piqa", "metrics": ["acc", "f1"]}, r"unknown metrics \['f1'\]"),
+        ({"task": "piqa", "metrics": ["acc", "mcc"]}, r"unknown metrics \['mcc'\]"),
     ],
 )
 def test_task_eval_config_checks(kwargs, message):

@@ -11,7 +11,7 @@ import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from inloop_eval.errors import TaskDataError
 
@@ -109,12 +109,13 @@ class MultipleChoiceTask:
     # One subset name, several (documents are concatenated in this order), or None.
     dataset_name: str | tuple[str, ...] | None = None
     split: str = "validation"
-    # "rc" (answer text as continuation), "mc" (letter keys), or "partial" (option in the context).
+    # "rc" (answer text as continuation), "mc" (letter keys), "partial" (option in the context),
+    # "classification" (label words, scored with f1) or "gold" (the answer alone, for ce/bpb).
     prompt_format: str = "rc"
     target_delimiter: str = " "
     # Context of the unconditional request for PMI; "" means the tokenizer's BOS (or EOS) token alone.
     uncond_context: str = ""
-    metrics: ClassVar[tuple[str, ...]] = RC_METRICS
+    metrics: tuple[str, ...] = RC_METRICS
     # Which published format the prompt follows; shown by `inloop-eval tasks`.
     format_source: str = ""
     # Few-shot examples put before every prompt (see `inloop_eval.tasks.fewshot`); an id suffix

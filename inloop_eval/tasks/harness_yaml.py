@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -49,6 +50,10 @@ DEFAULT_METRICS: tuple[str, ...] = ("acc", "acc_norm")  # the harness's default 
 LOCAL_BUILDERS: frozenset[str] = frozenset({"json", "csv", "parquet", "arrow"})
 
 
+# Task folders' Python files, imported once each (by resolved path).
+_MODULES: dict[Path, ModuleType] = {}
+
+
 @dataclass(frozen=True)
 class FunctionRef:
     """`!function utils.process_docs` in a YAML file: resolved only from inside a trusted folder."""
@@ -71,12 +76,15 @@ class FunctionRef:
             raise ConfigError(
                 f"task {task!r}: !function {self.name!r}: expected the file {module_path}, found none"
             )
-        key = f"inloop_eval_harness_{zlib.crc32(str(module_path).encode())}_{module_path.stem}"
-        spec = importlib.util.spec_from_file_location(key, module_path)
-        if spec is None or spec.loader is None:
-            raise ConfigError(f"task {task!r}: !function {self.name!r}: cannot import {module_path}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _MODULES.get(module_path)
+        if module is None:
+            key = f"inloop_eval_harness_{zlib.crc32(str(module_path).encode())}_{module_path.stem}"
+            spec = importlib.util.spec_from_file_location(key, module_path)
+            if spec is None or spec.loader is None:
+                raise ConfigError(f"task {task!r}: !function {self.name!r}: cannot import {module_path}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _MODULES[module_path] = module
         fn = getattr(module, function, None)
         if not callable(fn):
             raise ConfigError(
