@@ -6,7 +6,8 @@ after scoring (before the metric sync) and after computing the metric. Each poin
 of `[value, failure flag]`. A rank whose own evaluation raises joins the next point it has not passed with
 the flag set, and joins nothing more for that task; every rank that meets the flag at that point raises
 `TaskFailedOnAnotherRank`. So all ranks leave the task at the same point, report the same failure, and
-make the same collectives for the next task.
+make the same collectives for the next task. The cost is one all-reduce of two integers per point, i.e.
+per forward pass (a host sync, as reading each batch's scores already is).
 
 What this guarantees, for a failure on some ranks only:
 - anything raised while loading, tokenizing, reading the request cache or planning (data errors, a bad

@@ -133,22 +133,36 @@ class InLoopEvaluator:
     def prepare(
         self, ev: TaskEvalConfig, max_length: int, agreement: TaskAgreement | None = None
     ) -> PreparedTask:
-        """Load and tokenize a task once per evaluator; later evaluations reuse it.
-
-        Rank 0 reads the request cache or tokenizes and writes it; the other ranks wait at the first
-        agreement point (which every rank joins, even with the task already in memory) and then read it.
-        A rank that cannot read the file tokenizes for itself (no shared file system).
-        """
+        """Load and tokenize a task once per evaluator; later evaluations reuse it. Every rank joins the
+        task's first agreement point here, even with the task already in memory."""
         agreement = agreement or TaskAgreement(ev.label)
         key = (ev.label, max_length)
         if key in self._prepared:
             agreement.agree()
             return self._prepared[key]
-        _, rank = world()
         task = get_task(ev.task)
         metrics = tuple(ev.metrics) if ev.metrics is not None else task.metrics
+        table = self.requests(ev, task, max_length, needs_uncond(metrics), agreement)
+        n_docs = subset_size(table, ev.subset_num_batches, ev.batch_tokens) if ev.subset_num_batches else None
+        dataset = ICLMultiChoiceTaskDataset(table, n_docs=n_docs)
+        self._prepared[key] = PreparedTask(
+            ev, task, metrics, table, table.pairs.concat(table.uncond), dataset
+        )
+        return self._prepared[key]
+
+    def requests(
+        self,
+        ev: TaskEvalConfig,
+        task: MultipleChoiceTask,
+        max_length: int,
+        with_uncond: bool,
+        agreement: TaskAgreement,
+    ) -> RequestTable:
+        """The task's tokenized requests: rank 0 reads the request cache, or tokenizes and writes it; the
+        other ranks wait at the agreement point, then read the file (or tokenize for themselves when they
+        cannot: no shared file system, no fingerprint to key the cache by)."""
+        _, rank = world()
         docs = load_docs(task, self.config.data_root, limit=ev.limit)
-        with_uncond = needs_uncond(metrics)
         path = cache_path(
             task, docs, self.tokenizer, max_length=max_length, limit=ev.limit, with_uncond=with_uncond
         )
@@ -159,16 +173,11 @@ class InLoopEvaluator:
                 table = build_requests(task, docs, self.tokenizer, max_length, with_uncond=with_uncond)
                 write_request_cache(table, path)
         written = agreement.agree(int(rank == 0 and path is not None and path.is_file()))
+        if table is None and written:
+            table = read_request_cache(path)
         if table is None:
-            table = read_request_cache(path) if written else None
-            if table is None:
-                table = build_requests(task, docs, self.tokenizer, max_length, with_uncond=with_uncond)
-        n_docs = subset_size(table, ev.subset_num_batches, ev.batch_tokens) if ev.subset_num_batches else None
-        dataset = ICLMultiChoiceTaskDataset(table, n_docs=n_docs)
-        self._prepared[key] = PreparedTask(
-            ev, task, metrics, table, table.pairs.concat(table.uncond), dataset
-        )
-        return self._prepared[key]
+            table = build_requests(task, docs, self.tokenizer, max_length, with_uncond=with_uncond)
+        return table
 
     def evaluate(
         self, adapter: ModelAdapter, prepared: PreparedTask, progress: Callable[[int], None] | None = None

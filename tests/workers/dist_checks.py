@@ -103,9 +103,9 @@ class CountingTokenizer:
 
 
 class ShardedHeadLM(nn.Module):
-    """A model whose forward makes a real collective: each rank holds a slice of the output head's rows
-    and every forward all-gathers them (a hand-made FSDP). A rank making fewer forward calls than the
-    others would leave them waiting in the all-gather."""
+    """A model whose forward makes real collectives: each rank holds a slice of the output head's rows
+    and every forward all-gathers them (a hand-made FSDP), then all-reduces a scale (exactly 1). A rank
+    making fewer forward calls than the others would leave them waiting in a collective."""
 
     def __init__(self, gpt: GPT) -> None:
         super().__init__()
@@ -119,11 +119,13 @@ class ShardedHeadLM(nn.Module):
         hidden_BTD = self.gpt.hidden_states(input_ids)
         world_size, _ = world()
         shards = [torch.empty_like(self.head_shard) for _ in range(world_size)]
+        scale = torch.ones(1)
         if world_size > 1:
             dist.all_gather(shards, self.head_shard.contiguous())
+            dist.all_reduce(scale)
         else:
             shards = [self.head_shard]
-        return hidden_BTD @ torch.cat(shards).T
+        return (hidden_BTD @ torch.cat(shards).T) * (scale / world_size)
 
 
 def fsdp_gpt(dropout: float = 0.0) -> nn.Module:
