@@ -14,8 +14,9 @@ row: all choices of a letter-key document are read off the last position of one 
 - Plain rows (models that take `input_ids` only): at most one piece per row, i.e. context +
   continuation[:-1] as lm-evaluation-harness builds it; one-token continuations ride on a row of their group.
 
-Rows are sorted by length (longest first) and cut into batches of at most `batch_tokens` padded tokens;
-nothing is padded to fixed multiples unless `pad_to_multiple` asks for bucketed shapes (torch.compile).
+Rows are sorted by length (longest first) and cut into batches of at most `batch_tokens` padded tokens
+where padding plus a fixed cost per forward pass is least; nothing is padded to fixed multiples unless
+`pad_to_multiple` asks for bucketed shapes (torch.compile).
 Batch arrays are built with NumPy over all tokens at once; Python loops run per batch, never per token.
 
 Legend: P pairs scored, G context groups, R rows, K pieces, S pieces of rows (contexts and pieces),
@@ -36,8 +37,10 @@ from inloop_eval.requests import PairSet
 # group is cut into another row: attention over one long row costs more than repeating a short context.
 MIN_PACK_SPAN = 256
 
-# A batch's rows are at least (1 - PAD_SLACK) of its width: padding stays near 5% of the tokens.
-PAD_SLACK = 0.05
+# What one forward pass costs beyond its tokens, in padded tokens: batches are cut where padding plus this
+# per batch is least, so a few rows of different lengths share a pass rather than each taking its own.
+# Tuned for CPU; it only trades padding against the number of passes, never changes a score.
+FORWARD_COST_TOKENS = 64
 
 # Segment ids in `Batch.segment_BT`: 0 is the context, k > 0 a piece, PAD_SEGMENT padding.
 PAD_SEGMENT = -1
@@ -240,24 +243,33 @@ def plan_batches(
 
 
 def cut_batches(width_R: np.ndarray, batch_tokens: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """Rows, longest first, into batches of at most `batch_tokens` padded tokens whose rows are all at least
-    (1 - PAD_SLACK) of the batch's width. Returns (batch of each row, its slot in the batch, batch widths)."""
+    """Rows, longest first, into batches of at most `batch_tokens` padded tokens (a row longer than that
+    goes alone), cut where padded tokens + FORWARD_COST_TOKENS per batch is least (dynamic programming over
+    the sorted rows). Returns (batch of each row, its slot in the batch, batch widths)."""
     order_R = np.argsort(-width_R, kind="stable")
-    sorted_R = width_R[order_R]
-    batch_R = np.empty(len(width_R), dtype=np.int64)
-    slot_R = np.empty(len(width_R), dtype=np.int64)
+    sorted_R = width_R[order_R].astype(np.int64)
+    n_rows = len(sorted_R)
+    cost = np.full(n_rows + 1, np.inf)  # cost[j]: least cost of batching the first j sorted rows
+    cost[0] = 0.0
+    start = np.zeros(n_rows + 1, dtype=np.int64)  # start[j]: first row of the batch that ends at j
+    for i in range(n_rows):
+        width = int(sorted_R[i])
+        stop = min(n_rows, i + max(1, batch_tokens // max(width, 1)))
+        candidate = cost[i] + FORWARD_COST_TOKENS + width * np.arange(1, stop - i + 1)
+        better = candidate < cost[i + 1 : stop + 1]
+        cost[i + 1 : stop + 1][better] = candidate[better]
+        start[i + 1 : stop + 1][better] = i
+    bounds = [n_rows]
+    while bounds[-1] > 0:
+        bounds.append(int(start[bounds[-1]]))
+    bounds.reverse()
+    batch_R = np.empty(n_rows, dtype=np.int64)
+    slot_R = np.empty(n_rows, dtype=np.int64)
     widths: list[int] = []
-    start = 0
-    while start < len(order_R):
-        width = int(sorted_R[start])
-        # First row narrower than the slack allows (sorted_R is descending, so search its negation).
-        narrow = int(np.searchsorted(-sorted_R, -(1.0 - PAD_SLACK) * width, side="right"))
-        stop = min(start + max(1, batch_tokens // max(width, 1)), max(narrow, start + 1))
-        chunk = order_R[start:stop]
-        batch_R[chunk] = len(widths)
-        slot_R[chunk] = np.arange(len(chunk))
-        widths.append(width)
-        start = stop
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        batch_R[order_R[lo:hi]] = len(widths)
+        slot_R[order_R[lo:hi]] = np.arange(hi - lo)
+        widths.append(int(sorted_R[lo]))
     return batch_R, slot_R, widths
 
 

@@ -2,8 +2,9 @@
 
 The vocabulary projection and the log-softmax run on the selected positions only, a bounded number of
 them at a time, so peak memory grows with neither the sequence length nor the batch times the vocabulary.
-Legend: N continuation tokens in a batch, X feature width (hidden size, or V for logits), V vocabulary,
-P pairs scored, B rows, T time.
+Legend: N continuation tokens in a batch, U distinct positions predicting them, X feature width (hidden
+size, or V for logits), V vocabulary, C positions of one head chunk, M targets of a chunk, P pairs scored,
+B rows, T time.
 """
 
 from __future__ import annotations
@@ -42,29 +43,54 @@ def _head_width(features_NX: Tensor, head: Callable[[Tensor], Tensor]) -> int:
 
 
 def token_logprobs(
-    features_NX: Tensor, head: Callable[[Tensor], Tensor], target_N: Tensor, min_vocab: int = 0
+    features_UX: Tensor,
+    head: Callable[[Tensor], Tensor],
+    target_N: Tensor,
+    min_vocab: int = 0,
+    position_N: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """log p(target) in float32 and whether the target is the argmax, projecting in chunks.
 
+    features_UX: features of U positions; target n is predicted by position `position_N[n]` (default: n),
+        so a position that predicts several targets (the last context position of a letter-key document
+        predicts every choice) is projected once.
     min_vocab: the tokenizer's vocabulary size; narrower logits mean the model does not match it.
     """
-    chunk = max(1, _HEAD_ELEMENTS // max(_head_width(features_NX, head), 1))
-    logp, greedy = [], []
-    for start in range(0, features_NX.shape[0], chunk):
-        logits_NV = head(features_NX[start : start + chunk]).float()
-        target = target_N[start : start + chunk]
-        vocab = logits_NV.shape[-1]
-        if vocab < min_vocab or (target.numel() and int(target.max()) >= vocab):
+    if position_N is None:
+        position_N = torch.arange(target_N.shape[0], device=target_N.device)
+    order_N = torch.argsort(position_N, stable=True)
+    sorted_pos_N = position_N[order_N]
+    chunk = max(1, _HEAD_ELEMENTS // max(_head_width(features_UX, head), 1))
+    bounds = torch.searchsorted(
+        sorted_pos_N, torch.arange(0, features_UX.shape[0] + chunk, chunk, device=position_N.device)
+    ).tolist()
+    logp_N = torch.zeros(target_N.shape[0], dtype=torch.float32, device=target_N.device)
+    greedy_N = torch.zeros(target_N.shape[0], dtype=torch.bool, device=target_N.device)
+    for c, start in enumerate(range(0, features_UX.shape[0], chunk)):
+        logits_CV = head(features_UX[start : start + chunk]).float()
+        picked = order_N[bounds[c] : bounds[c + 1]]
+        local_M, target_M = sorted_pos_N[bounds[c] : bounds[c + 1]] - start, target_N[picked]
+        vocab = logits_CV.shape[-1]
+        if vocab < min_vocab or (target_M.numel() and int(target_M.max()) >= vocab):
             raise ModelOutputError(
-                f"expected logits over at least {max(min_vocab, int(target.max()) + 1)} tokens (the tokenizer's "
-                f"vocabulary), found {vocab}; the model and the tokenizer do not match"
+                f"expected logits over at least {max(min_vocab, int(target_M.max()) + 1)} tokens (the "
+                f"tokenizer's vocabulary), found {vocab}; the model and the tokenizer do not match"
             )
-        picked = logits_NV.gather(1, target[:, None])[:, 0]
-        logp.append(picked - torch.logsumexp(logits_NV, dim=-1))
-        greedy.append(logits_NV.argmax(dim=-1) == target)
-    if not logp:
-        return torch.zeros(0), torch.zeros(0, dtype=torch.bool)
-    return torch.cat(logp), torch.cat(greedy)
+        logit_M = logits_CV[local_M, target_M]
+        logp_N[picked] = logit_M - torch.logsumexp(logits_CV, dim=-1)[local_M]
+        greedy_N[picked] = _is_argmax(logits_CV, local_M, target_M, logit_M)
+    return logp_N, greedy_N
+
+
+def _is_argmax(logits_CV: Tensor, local_M: Tensor, target_M: Tensor, logit_M: Tensor) -> Tensor:
+    """`logits_CV[local_M].argmax(-1) == target_M`, with the full argmax only where the target reaches
+    the maximum (ties go to the lowest index, as argmax breaks them)."""
+    reaches_M = logit_M >= logits_CV.amax(dim=-1)[local_M]
+    candidates = torch.nonzero(reaches_M)[:, 0]
+    if candidates.numel():
+        first = logits_CV[local_M[candidates]].argmax(dim=-1) == target_M[candidates]
+        reaches_M[candidates] = first
+    return reaches_M
 
 
 def _packing_inputs(
@@ -80,6 +106,15 @@ def _packing_inputs(
         )
     segment_BT = torch.from_numpy(batch.segment_BT).to(device)
     return attention_mask_B1TT(segment_BT), torch.from_numpy(batch.position_ids_BT).to(device)
+
+
+def _unique_positions(batch: Batch, width: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """(rows_U, cols_U) of the distinct positions read, and the position of each target [N]."""
+    flat_N = batch.rows_N * width + batch.cols_N
+    flat_U, position_N = np.unique(flat_N, return_inverse=True)
+    rows_U, cols_U = np.divmod(flat_U, width)
+    t = torch.from_numpy
+    return t(rows_U).to(device), t(cols_U).to(device), t(position_N.reshape(-1)).to(device)
 
 
 def run_batches(
@@ -98,16 +133,15 @@ def run_batches(
     forwarded = 0
     for batch in batches:
         input_ids_BT = torch.from_numpy(batch.input_ids_BT).to(device)
-        rows_N = torch.from_numpy(batch.rows_N).to(device)
-        cols_N = torch.from_numpy(batch.cols_N).to(device)
+        rows_U, cols_U, position_N = _unique_positions(batch, input_ids_BT.shape[1], device)
         target_N = torch.from_numpy(batch.target_N).to(device)
         mask_B1TT, position_ids_BT = _packing_inputs(adapter, batch, device)
-        features_NX, head = adapter.features(input_ids_BT, rows_N, cols_N, mask_B1TT, position_ids_BT)
+        features_UX, head = adapter.features(input_ids_BT, rows_U, cols_U, mask_B1TT, position_ids_BT)
         forwarded += batch.n_tokens
         if batch.pair_N.size == 0:
             continue
         try:
-            logp_N, greedy_N = token_logprobs(features_NX, head, target_N, min_vocab)
+            logp_N, greedy_N = token_logprobs(features_UX, head, target_N, min_vocab, position_N)
         except ModelOutputError as exc:
             raise ModelOutputError(f"{describe(int(batch.pair_N[0]))}: {exc}") from None
         owners_N = torch.from_numpy(batch.pair_N)

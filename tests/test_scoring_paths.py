@@ -208,8 +208,7 @@ def two_documents() -> PairSet:
     )
 
 
-def test_a_packed_batch_literally(monkeypatch):
-    monkeypatch.setattr(batching, "PAD_SLACK", 1.0)  # both rows in one batch, B's padded
+def test_a_packed_batch_literally():
     pairs = two_documents()
     (batch,) = plan_batches(pairs, np.arange(5), 4096, packing=True, max_length=64)
     np.testing.assert_array_equal(batch.input_ids_BT, [[11, 12, 13, 21, 31, 32], [51, 52, 61, 62, 71, 0]])
@@ -252,9 +251,8 @@ def test_plain_rows_literally():
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("model_type", sorted(HF_PACKING_TYPES))
-def test_hugging_face_types_that_pack(model_type, attn, monkeypatch):
+def test_hugging_face_types_that_pack(model_type, attn):
     """Every model type the HF adapter packs for takes the packed batch and gives the unshared numbers."""
-    monkeypatch.setattr(batching, "PAD_SLACK", 1.0)  # one batch, with a padded row
     model = hf_model(model_type, vocab_size=128, attn_implementation=attn)
     adapter = make_adapter(model)
     assert isinstance(adapter, HFCausalLMAdapter) and adapter.supports_packing
@@ -308,7 +306,10 @@ def test_head_runs_on_bounded_chunks_of_continuation_positions(tables, monkeypat
     monkeypatch.setattr(scoring, "_HEAD_ELEMENTS", 50304 * 64)
     found = score(adapter, pairs, ids, **plan)
     assert seen and all(len(shape) == 2 and shape[0] <= 64 for shape in seen)
-    assert sum(shape[0] for shape in seen) == int(pairs.cont_len[ids].sum())
+    # Each position projected once, though it predicts the first token of every choice after a context.
+    batches = plan_batches(pairs, ids, **plan)
+    positions = sum(len(np.unique(b.rows_N * b.input_ids_BT.shape[1] + b.cols_N)) for b in batches)
+    assert sum(shape[0] for shape in seen) == positions < int(pairs.cont_len[ids].sum())
     np.testing.assert_allclose(found.ll, expected.ll, atol=1e-5, rtol=0)
 
 
@@ -334,3 +335,17 @@ def test_the_evaluator_packs_when_the_model_allows(data_root, neox_tokenizer):
     assert result.scores.tokens_forwarded <= 1.10 * minimum_tokens(prepared.pairs, ids)
     assert plain_result.scores.tokens_forwarded > result.scores.tokens_forwarded
     np.testing.assert_allclose(result.scores.ll, plain_result.scores.ll, atol=1e-5, rtol=0)
+
+
+def test_greedy_is_the_argmax_ties_to_the_lowest_index():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [0.0, 1.0, 2.0, 5.0]])
+    features = logits[[0, 0, 0, 1, 1]]
+    logp, greedy = scoring.token_logprobs(features, lambda f: f, torch.tensor([1, 2, 0, 3, 2]))
+    assert greedy.tolist() == [True, False, False, True, False]
+    expected = torch.log_softmax(features, -1)[range(5), [1, 2, 0, 3, 2]]
+    np.testing.assert_allclose(logp.numpy(), expected.numpy(), atol=1e-6, rtol=0)
+    shared, shared_greedy = scoring.token_logprobs(
+        logits, lambda f: f, torch.tensor([1, 2, 0, 3, 2]), position_N=torch.tensor([0, 0, 0, 1, 1])
+    )
+    np.testing.assert_allclose(shared.numpy(), logp.numpy(), atol=1e-6, rtol=0)
+    assert shared_greedy.tolist() == greedy.tolist()
