@@ -19,8 +19,8 @@ where padding plus a fixed cost per forward pass is least; nothing is padded to 
 `pad_to_multiple` asks for bucketed shapes (torch.compile).
 Batch arrays are built with NumPy over all tokens at once; Python loops run per batch, never per token.
 
-Legend: P pairs scored, G context groups, R rows, K pieces, S pieces of rows (contexts and pieces),
-M tokens of all rows, B rows in a batch, T its longest row, N continuation tokens (targets).
+Legend: P pairs scored, Q the same pairs in group order, G context groups, R rows, K pieces, S spans of
+rows (contexts and pieces), M tokens of all rows, B rows in a batch, T its longest row, N continuation tokens (targets).
 """
 
 from __future__ import annotations
@@ -125,60 +125,60 @@ def layout_rows(pairs: PairSet, pair_ids: np.ndarray, *, packing: bool, max_leng
     extra_P = pairs.cont_len[pair_ids].astype(np.int64) - 1  # a piece's length (0: no piece)
     group_P = pairs.context_groups(pair_ids)
     order = np.argsort(group_P, kind="stable")  # pairs by group, then by scored order
-    group_S = group_P[order]
-    n_groups = int(group_S[-1]) + 1 if n_pairs else 0
-    first_G = np.searchsorted(group_S, np.arange(n_groups))
+    group_Q = group_P[order]
+    n_groups = int(group_Q[-1]) + 1 if n_pairs else 0
+    first_G = np.searchsorted(group_Q, np.arange(n_groups))
     ctx_len_G = ctx_len_P[order[first_G]] if n_pairs else np.zeros(0, dtype=np.int64)
-    extra_S = extra_P[order]
-    has_piece_S = extra_S > 0
+    extra_Q = extra_P[order]
+    has_piece_Q = extra_Q > 0
 
-    # Rank of each piece within its group, and the span of the pieces before it.
-    piece_rank_S = _rank_within_groups(has_piece_S.astype(np.int64), first_G, group_S)
-    before_S = _rank_within_groups(extra_S, first_G, group_S)
-    n_pieces_G = np.bincount(group_S, weights=has_piece_S, minlength=n_groups).astype(np.int64)
+    # Rank of each piece within its group, and the tokens of the pieces before it.
+    piece_rank_Q = _exclusive_cumsum_by_group(has_piece_Q.astype(np.int64), first_G, group_Q)
+    before_Q = _exclusive_cumsum_by_group(extra_Q, first_G, group_Q)
+    n_pieces_G = np.bincount(group_Q, weights=has_piece_Q, minlength=n_groups).astype(np.int64)
 
-    sub_row_S = np.zeros(n_pairs, dtype=np.int64)
-    col_S = np.full(n_pairs, -1, dtype=np.int64)
+    sub_row_Q = np.zeros(n_pairs, dtype=np.int64)
+    col_Q = np.full(n_pairs, -1, dtype=np.int64)
     if packing:
         sub_rows_G = np.ones(n_groups, dtype=np.int64)
-        col_S[has_piece_S] = ctx_len_G[group_S[has_piece_S]] + before_S[has_piece_S]
-        span_G = _pack_span(ctx_len_G, extra_S, group_S, n_groups, max_length)
-        total_G = np.bincount(group_S, weights=extra_S, minlength=n_groups).astype(np.int64)
+        col_Q[has_piece_Q] = ctx_len_G[group_Q[has_piece_Q]] + before_Q[has_piece_Q]
+        span_G = _pack_span(ctx_len_G, extra_Q, group_Q, n_groups, max_length)
+        total_G = np.bincount(group_Q, weights=extra_Q, minlength=n_groups).astype(np.int64)
         for g in np.flatnonzero(total_G > span_G):
             sub_rows_G[g] = _cut_group(
                 slice(first_G[g], first_G[g] + _group_size(first_G, g, n_pairs)),
-                extra_S,
+                extra_Q,
                 int(span_G[g]),
                 int(ctx_len_G[g]),
-                sub_row_S,
-                col_S,
+                sub_row_Q,
+                col_Q,
             )
     else:
         # One piece per row; pairs without a piece ride on the group's first row.
-        sub_row_S[has_piece_S] = piece_rank_S[has_piece_S]
-        col_S[has_piece_S] = ctx_len_G[group_S[has_piece_S]]
+        sub_row_Q[has_piece_Q] = piece_rank_Q[has_piece_Q]
+        col_Q[has_piece_Q] = ctx_len_G[group_Q[has_piece_Q]]
         sub_rows_G = np.maximum(n_pieces_G, 1)
 
     row_base_G = np.concatenate([[0], np.cumsum(sub_rows_G)[:-1]]).astype(np.int64)
-    row_S = row_base_G[group_S] + sub_row_S
+    row_Q = row_base_G[group_Q] + sub_row_Q
     n_rows = int(sub_rows_G.sum())
     group_R = np.repeat(np.arange(n_groups), sub_rows_G)
-    length_R = ctx_len_G[group_R] + np.bincount(row_S, weights=extra_S, minlength=n_rows).astype(np.int64)
-    n_pieces_R = np.bincount(row_S, weights=has_piece_S, minlength=n_rows).astype(np.int64)
+    length_R = ctx_len_G[group_R] + np.bincount(row_Q, weights=extra_Q, minlength=n_rows).astype(np.int64)
+    n_pieces_R = np.bincount(row_Q, weights=has_piece_Q, minlength=n_rows).astype(np.int64)
     row_P = np.empty(n_pairs, dtype=np.int64)
     col_P = np.empty(n_pairs, dtype=np.int64)
-    row_P[order] = row_S
-    col_P[order] = col_S
+    row_P[order] = row_Q
+    col_P[order] = col_Q
     return RowLayout(order[first_G][group_R] if n_pairs else group_R, length_R, n_pieces_R, row_P, col_P)
 
 
-def _rank_within_groups(values_S: np.ndarray, first_G: np.ndarray, group_S: np.ndarray) -> np.ndarray:
-    """Exclusive prefix sum of `values_S` restarting at each group."""
-    if values_S.size == 0:
-        return values_S.copy()
-    inclusive = np.cumsum(values_S)
-    exclusive = inclusive - values_S
-    return exclusive - exclusive[first_G][group_S]
+def _exclusive_cumsum_by_group(values_Q: np.ndarray, first_G: np.ndarray, group_Q: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sum of `values_Q` restarting at each group."""
+    if values_Q.size == 0:
+        return values_Q.copy()
+    inclusive = np.cumsum(values_Q)
+    exclusive = inclusive - values_Q
+    return exclusive - exclusive[first_G][group_Q]
 
 
 def _group_size(first_G: np.ndarray, g: int, n_pairs: int) -> int:
@@ -186,12 +186,12 @@ def _group_size(first_G: np.ndarray, g: int, n_pairs: int) -> int:
 
 
 def _pack_span(
-    ctx_len_G: np.ndarray, extra_S: np.ndarray, group_S: np.ndarray, n_groups: int, max_length: int | None
+    ctx_len_G: np.ndarray, extra_Q: np.ndarray, group_Q: np.ndarray, n_groups: int, max_length: int | None
 ) -> np.ndarray:
     """Most piece tokens one packed row of each group may hold: at least MIN_PACK_SPAN (or the context's
     length), at most what `max_length` leaves after the context, never less than the longest piece."""
     longest_G = np.zeros(n_groups, dtype=np.int64)
-    np.maximum.at(longest_G, group_S, extra_S)
+    np.maximum.at(longest_G, group_Q, extra_Q)
     span_G = np.maximum(ctx_len_G, MIN_PACK_SPAN)
     if max_length is not None:
         span_G = np.minimum(span_G, max_length - ctx_len_G)
@@ -199,18 +199,18 @@ def _pack_span(
 
 
 def _cut_group(
-    members: slice, extra_S: np.ndarray, span: int, ctx_len: int, sub_row_S: np.ndarray, col_S: np.ndarray
+    members: slice, extra_Q: np.ndarray, span: int, ctx_len: int, sub_row_Q: np.ndarray, col_Q: np.ndarray
 ) -> int:
     """Greedily cut one group's pieces into rows of at most `span` piece tokens; returns the row count."""
     row, used = 0, 0
-    for s in range(members.start, members.stop):
-        extra = int(extra_S[s])
+    for q in range(members.start, members.stop):
+        extra = int(extra_Q[q])
         if extra == 0:
             continue  # read off the first row's context
         if used + extra > span:
             row, used = row + 1, 0
-        sub_row_S[s] = row
-        col_S[s] = ctx_len + used
+        sub_row_Q[q] = row
+        col_Q[q] = ctx_len + used
         used += extra
     return row + 1
 

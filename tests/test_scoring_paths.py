@@ -301,7 +301,14 @@ def test_head_runs_on_bounded_chunks_of_continuation_positions(tables, monkeypat
     plan = dict(batch_tokens=4096, packing=True, max_length=MAX_LENGTH)
     expected = score(adapter, pairs, ids, **plan)
     seen: list[tuple[int, ...]] = []
-    model.lm_head.register_forward_hook(lambda mod, args, out: seen.append(tuple(args[0].shape)))
+    project = scoring._project
+
+    def recorded(head, linear, x_CX, workspace):
+        assert linear is model.lm_head  # the workspace path
+        seen.append(tuple(x_CX.shape))
+        return project(head, linear, x_CX, workspace)
+
+    monkeypatch.setattr(scoring, "_project", recorded)
     monkeypatch.setattr(GPT, "forward", lambda *a, **k: pytest.fail("full [B, T, V] logits computed"))
     monkeypatch.setattr(scoring, "_HEAD_ELEMENTS", 50304 * 64)
     found = score(adapter, pairs, ids, **plan)
@@ -349,3 +356,20 @@ def test_greedy_is_the_argmax_ties_to_the_lowest_index():
     )
     np.testing.assert_allclose(shared.numpy(), logp.numpy(), atol=1e-6, rtol=0)
     assert shared_greedy.tolist() == greedy.tolist()
+
+
+def test_a_hooked_head_is_called_as_a_module(tables):
+    """Hooks on the output head (sharding, quantisation, user probes) run: the head is then called, not
+    bypassed by the workspace's matrix product; the numbers are the same."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=MAX_LENGTH)).eval()
+    pairs, ids = scored_pairs(tables["arc_easy"], N_DOCS)
+    adapter = make_adapter(model)
+    plan = dict(batch_tokens=4096, packing=True, max_length=MAX_LENGTH)
+    expected = score(adapter, pairs, ids, **plan)
+    calls: list[int] = []
+    model.lm_head.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[0]))
+    found = score(adapter, pairs, ids, **plan)
+    assert sum(calls) > 0
+    np.testing.assert_allclose(found.ll, expected.ll, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(found.greedy, expected.greedy)
