@@ -1,4 +1,6 @@
-"""Train the reference GPT with in-loop evaluation: `python scripts/train_demo.py [--steps N]`."""
+"""Train the reference GPT with in-loop evaluation, log to W&B (offline) and JSONL, write the report:
+`python scripts/train_demo.py [--config YAML] [--steps N] [--out DIR]`, or under
+`torchrun --nproc_per_node N scripts/train_demo.py` (see configs/demo.yaml)."""
 
 import sys
 
