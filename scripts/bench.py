@@ -473,6 +473,7 @@ def _metric_worker(rank: int, world: int, path: str, port: int, metrics: tuple[s
 
     import torch.distributed as dist
 
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # the cores shared out among the ranks
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     with open(path, "rb") as f:
@@ -548,14 +549,18 @@ def compare(runs: list[Run]) -> dict[str, Any]:
         if r is ours:
             continue
         docs = sorted(set(ours.preds) & set(r.preds))
-        same = sum(ours.preds[d] == r.preds[d] for d in docs)
+        differ = [d for d in docs if ours.preds[d] != r.preds[d]]
         keys = set(ours.ll) & set(r.ll)
         out[r.engine] = {
             "speedup": r.wall_s / ours.wall_s,
             "token_ratio": r.tokens / ours.tokens,
-            "same_predictions": same,
+            "same_predictions": len(docs) - len(differ),
             "documents": len(docs),
             "max_abs_ll_diff": max((abs(ours.ll[k] - r.ll[k]) for k in keys), default=math.nan),
+            # For each document predicted differently: how far apart the two choices' ll are in ours.
+            "differing_docs_margin": {
+                d: abs(ours.ll[(d, ours.preds[d])] - ours.ll[(d, r.preds[d])]) for d in differ
+            },
         }
     return out
 
@@ -652,6 +657,11 @@ def main(argv: list[str] | None = None) -> None:
             comparisons[(model_name, task)] = compare(task_runs)
             runs.extend(task_runs)
             print_table(task_runs, comparisons)
+            for engine, c in comparisons[(model_name, task)].items():
+                for doc, margin in c["differing_docs_margin"].items():
+                    print(
+                        f"  {engine} predicts doc {doc} differently; ours' two choices differ by {margin:.1e} nats"
+                    )
             print(flush=True)
 
     print("=" * 40, "all runs")
