@@ -28,7 +28,7 @@ from inloop_eval.request_cache import RequestCacheError, cache_path, load_table,
 from inloop_eval.requests import PairSet, RequestTable, build_requests
 from inloop_eval.safety import training_untouched
 from inloop_eval.scoring import PairScores, run_batches
-from inloop_eval.tasks import MultipleChoiceTask, get_task, load_docs
+from inloop_eval.tasks import Doc, MultipleChoiceTask, get_task, load_docs
 from inloop_eval.tokenizer import TokenizerLike, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,8 @@ class PreparedTask:
     table: RequestTable
     pairs: PairSet
     dataset: ICLMultiChoiceTaskDataset
+    # Evaluated documents given fewer few-shot examples than asked (see `tasks.fewshot`); None: zero-shot.
+    n_fewshot_short_docs: int | None = None
 
 
 @dataclass
@@ -144,6 +146,8 @@ class InLoopEvaluator:
         metrics = dict(result.metrics)
         if "n_skipped_docs" in metrics:
             metrics["n_skipped_docs"] += prepared.dataset.n_left_out
+        if prepared.n_fewshot_short_docs is not None:
+            metrics["n_fewshot_short_docs"] = float(prepared.n_fewshot_short_docs)
         return {f"{prefix}/{k}": v for k, v in metrics.items()}
 
     def prepare(
@@ -158,11 +162,26 @@ class InLoopEvaluator:
             return self._prepared[key]
         task = get_task(ev.task)
         metrics = tuple(ev.metrics) if ev.metrics is not None else task.metrics
-        table = self.requests(ev, task, max_length, needs_uncond(metrics), agreement)
+        docs = load_docs(task, self.config.data_root, limit=ev.limit)
+        table = self.requests(ev, task, docs, max_length, needs_uncond(metrics), agreement)
         n_docs = subset_size(table, ev.subset_num_batches, ev.batch_tokens) if ev.subset_num_batches else None
         dataset = ICLMultiChoiceTaskDataset(table, n_docs=n_docs)
+        n_short = None
+        if task.num_fewshot > 0:
+            evaluated = set(dataset.doc_ids.tolist())
+            short = [d.index for d in docs if d.index in evaluated and d.shots < task.num_fewshot]
+            n_short = len(short)
+            if short:
+                log.warning(
+                    "task %r: %d documents (first: doc %d) have fewer than %d few-shot examples: the few-shot "
+                    "split holds no other documents to replace the ones identical to them",
+                    ev.label,
+                    n_short,
+                    short[0],
+                    task.num_fewshot,
+                )
         self._prepared[key] = PreparedTask(
-            ev, task, metrics, table, table.pairs.concat(table.uncond), dataset
+            ev, task, metrics, table, table.pairs.concat(table.uncond), dataset, n_short
         )
         return self._prepared[key]
 
@@ -170,6 +189,7 @@ class InLoopEvaluator:
         self,
         ev: TaskEvalConfig,
         task: MultipleChoiceTask,
+        docs: list[Doc],
         max_length: int,
         with_uncond: bool,
         agreement: TaskAgreement,
@@ -178,7 +198,6 @@ class InLoopEvaluator:
         other ranks wait at the agreement point, then read the file (or tokenize for themselves when they
         cannot: no shared file system, no fingerprint to key the cache by)."""
         _, rank = world()
-        docs = load_docs(task, self.config.data_root, limit=ev.limit)
         path = cache_path(
             task, docs, self.tokenizer, max_length=max_length, limit=ev.limit, with_uncond=with_uncond
         )

@@ -66,6 +66,18 @@ def test_batch_size_does_not_change_scores(data_root, neox_tokenizer, model, bat
         )
 
 
+def test_documents_with_fewer_shots_are_reported(data_root, neox_tokenizer, model):
+    """college_physics doc 5 is one of its dev questions, so it has 4 examples: counted among the evaluated
+    documents only, on few-shot tasks only."""
+    tasks = ["mmlu_college_physics_mc_5shot", "mmlu_college_physics_mc"]
+    out = make_evaluator(data_root, neox_tokenizer, tasks, limit=None).run(model)
+    assert out["eval/downstream/mmlu_college_physics_mc_5shot/n_fewshot_short_docs"] == 1
+    assert out["eval/downstream/mmlu_college_physics_mc_5shot/n_docs"] == 11
+    assert "eval/downstream/mmlu_college_physics_mc/n_fewshot_short_docs" not in out
+    head = make_evaluator(data_root, neox_tokenizer, tasks[:1], limit=5).run(model)
+    assert head["eval/downstream/mmlu_college_physics_mc_5shot/n_fewshot_short_docs"] == 0
+
+
 def test_callable_model_gives_the_same_scores(data_root, neox_tokenizer, model):
     """The plain-logits path (any callable) agrees with the reference GPT's sliced-head path."""
     ev_gpt = make_evaluator(data_root, neox_tokenizer, ["piqa"])

@@ -145,6 +145,43 @@ def test_duplicate_of_the_document_is_never_its_example():
             )
 
 
+def test_a_document_duplicated_in_a_small_fewshot_split_gets_the_others():
+    """A separate few-shot split of exactly k rows, one of them the document itself: k-1 examples, the
+    others in order (as lm-evaluation-harness does), recorded in `shots`; the other documents get k."""
+    task = _Toy()
+    task.num_fewshot = 3
+    pool = _toy_rows(3)
+    rows = [{"q": "question 7", "a": "no"}, dict(pool[1])]  # doc 1 is pool row 1
+    docs = [task.make_doc(r, i) for i, r in enumerate(rows)]
+    for sampler in ("first_n", "random"):
+        task.fewshot_sampler = sampler
+        out = add_fewshot(task, docs, rows, range(2), pool, None, same_split=False)
+        assert [d.shots for d in out] == [3, 2]
+        assert out[1].contexts[0].count("question 1") == 1, (sampler, out[1].contexts[0])
+        assert sorted(out[0].contexts[0].count(f"question {i}") for i in range(3)) == [1, 1, 1]
+    task.fewshot_sampler = "first_n"
+    out = add_fewshot(task, docs, rows, range(2), pool, None, same_split=False)
+    assert out[1].contexts[0] == "Q: question 0\nA: no\n\nQ: question 2\nA: yes\n\nQ: question 1\nA:"
+
+
+def test_mmlu_test_question_that_is_a_dev_question(data_root):
+    """college_physics validation doc 5 is also one of the subject's 5 dev questions: it gets the other 4
+    dev questions in order; every other document gets all 5, and the whole of MMLU loads."""
+    zero = get_task("mmlu_college_physics_mc")
+    dev = [zero.make_doc(row, j) for j, row in enumerate(split_rows(zero, data_root, "dev"))]
+    plain = load_docs(zero, data_root)
+    rendered = (plain[5].contexts, plain[5].continuations)
+    (same,) = [j for j, d in enumerate(dev) if (d.contexts, d.continuations) == rendered]
+    shot = load_docs(get_task("mmlu_college_physics_mc_5shot"), data_root)
+    assert [d.index for d in shot if d.shots < 5] == [5]
+    head = "The following are multiple choice questions (with answers) about college physics.\n\n"
+    others = "".join(render_example(zero, d) + "\n\n" for j, d in enumerate(dev) if j != same)
+    assert shot[5].contexts[0] == head + others + plain[5].contexts[0]
+    everything = load_docs(get_task("mmlu_rc_5shot"), data_root)
+    assert len(everything) == len(load_docs(get_task("mmlu_rc"), data_root))
+    assert sum(d.shots < 5 for d in everything) == 1
+
+
 def test_too_few_examples_is_an_error_naming_the_document():
     task = _Toy()
     task.num_fewshot = 3

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import REPO, load_script
 
+from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data import load_split
 from inloop_eval.errors import ConfigError, TaskDataError, UnknownTaskError
+from inloop_eval.evaluator import InLoopEvaluator
 from inloop_eval.requests import build_requests
 from inloop_eval.tasks import get_task, load_docs, registry, task_names
 from inloop_eval.tasks.harness_yaml import HarnessSuite, load_yaml, register_harness_tasks
@@ -347,3 +350,37 @@ def test_folder_with_several_tasks_needs_a_name(tmp_path):
     with pytest.raises(UnknownTaskError, match="defines 2 tasks; name one as harness:"):
         get_task(f"harness:{tmp_path}")
     assert get_task(f"harness:{tmp_path}#b").harness_name == "b"
+
+
+def readme_blocks(heading: str) -> list[str]:
+    """The ```yaml blocks of one README section."""
+    text = (REPO / "README.md").read_text()
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    return [block.split("```", 1)[0] for block in section.split("```yaml\n")[1:]]
+
+
+def test_the_readmes_own_task_example_runs(tmp_path, monkeypatch, data_root, neox_tokenizer):
+    """The README's YAML task and config entries, as written, load and score next to an oe-eval file."""
+    task_yaml, entries = readme_blocks("### Your own tasks")
+    rows = [
+        {"question": f"Which is a metal ({i})?", "choices": ["iron", "wood", "glass"], "answer": i % 3}
+        for i in range(6)
+    ]
+    write(
+        tmp_path / "my_tasks",
+        {
+            "science.yaml": task_yaml,
+            "science.jsonl": "".join(json.dumps(r) + "\n" for r in rows),
+            "utils.py": "def process_docs(ds):\n    return ds.map(lambda d: {'question': d['question'].strip()})\n",
+        },
+    )
+    monkeypatch.chdir(tmp_path)
+    (doc,) = load_docs(get_task("harness:my_tasks/science.yaml"), data_root, limit=1)
+    assert doc.contexts[0] == "Question: Which is a metal (0)?\nAnswer:"
+    assert (doc.continuations, doc.gold) == (("iron", "wood", "glass"), (0,))
+    evaluators = [dict(e, limit=6) for e in yaml.safe_load(entries)["evaluators"]]
+    config = EvaluatorConfig(evaluators=evaluators, data_root=str(data_root), strict=True)
+    out = InLoopEvaluator(config, tokenizer=neox_tokenizer).run(load_script("pin_scores").pinned_model())
+    for label in ("science", "my_science", "arc_easy_olmes"):
+        assert out[f"eval/downstream/{label}/n_docs"] == 6, sorted(out)
+    assert "eval/downstream/science/acc_mutual_info" in out

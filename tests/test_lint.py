@@ -79,6 +79,7 @@ def test_clean_task_passes():
         ),
         ([doc(0, ("iron", "wood"), context=CTX + " ")], {}, "context-trailing-whitespace", WARNING),
         ([doc(0, ("iron", "wood"), context=CTX + "\n")], {}, "context-trailing-whitespace", WARNING),
+        ([Doc(0, (CTX, CTX), ("iron", "wood"), (0,), shots=4)], {"num_fewshot": 5}, "fewer-shots", WARNING),
     ],
 )
 def test_each_problem_is_flagged(docs, attrs, code, severity):
@@ -95,6 +96,11 @@ def test_only_the_problem_is_flagged():
     assert issues(ListTask("t", [doc(0, ("A", "B"))], prompt_format="mc", metrics=MC_METRICS)) == {}
     # Without whitespace in the delimiter, leading spaces on every choice are how the task spells them.
     assert issues(ListTask("t", [doc(0, (" iron", " wood"))], target_delimiter="")) == {}
+
+
+def test_mmlu_document_with_fewer_shots_is_flagged(data_root):
+    report = lint_task(get_task("mmlu_college_physics_mc_5shot"), data_root)
+    assert [(i.code, i.doc) for i in report.issues] == [("fewer-shots", 5)]
 
 
 def test_load_failure_is_an_error_naming_the_document(data_root):

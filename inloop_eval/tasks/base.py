@@ -68,12 +68,15 @@ class Doc:
     contexts: one context string per choice (the same string repeated when the context is shared).
     continuations: one continuation per choice, without the target delimiter.
     gold: indices of the correct choices (usually one).
+    shots: the number of few-shot examples put before its prompt (fewer than the task's `num_fewshot`
+        only where the few-shot split holds too few documents other than this one, see `tasks.fewshot`).
     """
 
     index: int
     contexts: tuple[str, ...]
     continuations: tuple[str, ...]
     gold: tuple[int, ...]
+    shots: int = 0
 
     @property
     def n_choices(self) -> int:

@@ -10,7 +10,11 @@ continuation, as lm-evaluation-harness writes them. Examples come from either
   documents are loaded, their order, the world size, the rank, or the process (no `hash()`).
 
 A document is never its own example: a candidate from the same split at the same index, or one that renders
-to the same contexts and continuations, is skipped.
+to the same contexts and continuations, is skipped and the next candidate taken. A split too small for k
+examples is a configuration error. Where only the skipped look-alikes are missing (an MMLU test question
+that is also one of its subject's 5 `dev` questions), the document gets the k-1 others, as
+lm-evaluation-harness gives it; `Doc.shots` records the number and the evaluator reports such documents as
+`n_fewshot_short_docs`.
 """
 
 from __future__ import annotations
@@ -63,8 +67,14 @@ class ExamplePool:
 def example_indices(
     task: MultipleChoiceTask, pool: ExamplePool, doc: Doc, local_index: int, same_split: bool
 ) -> list[int]:
-    """Indices into `pool` of the k examples for one document (see the module docstring)."""
+    """Indices into `pool` of the (at most) k examples for one document (see the module docstring)."""
     k = task.num_fewshot
+    n_others = len(pool) - int(same_split and local_index < len(pool))
+    if n_others < k:
+        raise TaskDataError(
+            f"task {task.name!r} doc {doc.index}: expected {k} few-shot examples from split "
+            f"{pool.split!r}, found only {n_others} other documents there; lower the shot count"
+        )
 
     def eligible(j: int) -> bool:
         if same_split and j == local_index:
@@ -94,11 +104,6 @@ def example_indices(
         raise TaskDataError(
             f"task {task.name!r}: fewshot_sampler expected one of {SAMPLERS}, found {task.fewshot_sampler!r}"
         )
-    if len(chosen) < k:
-        raise TaskDataError(
-            f"task {task.name!r} doc {doc.index}: expected {k} few-shot examples from split "
-            f"{pool.split!r}, found only {len(chosen)} other documents there; lower the shot count"
-        )
     return chosen
 
 
@@ -127,11 +132,13 @@ def add_fewshot(
     out: list[Doc] = []
     for doc, raw, local_index in zip(docs, raws, row_indices, strict=True):
         prefix = task.description_for(raw, subset)
+        examples: list[int] = []
         if task.num_fewshot > 0:
             examples = example_indices(task, pool, doc, local_index, same_split)
             prefix += "".join(render_example(task, pool.doc(j)) + task.fewshot_delimiter for j in examples)
         if not prefix:
             out.append(doc)
             continue
-        out.append(Doc(doc.index, tuple(prefix + c for c in doc.contexts), doc.continuations, doc.gold))
+        contexts = tuple(prefix + c for c in doc.contexts)
+        out.append(Doc(doc.index, contexts, doc.continuations, doc.gold, shots=len(examples)))
     return out

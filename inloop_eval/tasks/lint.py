@@ -5,7 +5,8 @@ identical to a wrong one (scored by position alone), a letter-key task that list
 copy of `acc` under another name), a task whose documents fail to load. Warnings (scores are computed, but
 likely not as meant): identical wrong choices, whitespace at the end of a choice, leading whitespace on some
 choices and not others (within a document or across documents, or doubled after the target delimiter), a
-context ending in whitespace (it moves into the continuation).
+context ending in whitespace (it moves into the continuation), a document given fewer few-shot examples than
+asked (its few-shot split has no other documents to replace the ones identical to it).
 The summary also gives the spread of choice byte lengths, which says how exposed raw `acc` is to length.
 """
 
@@ -137,6 +138,13 @@ def _doc_issues(task: MultipleChoiceTask, doc: Doc) -> list[LintIssue]:
             WARNING,
             "choice-leading-whitespace",
             f"every choice starts with whitespace after the target delimiter {task.target_delimiter!r}: doubled",
+        )
+    if doc.shots < task.num_fewshot:
+        add(
+            WARNING,
+            "fewer-shots",
+            f"{doc.shots} few-shot examples, expected {task.num_fewshot}: the few-shot split has no other "
+            "documents to replace the ones identical to this one",
         )
     for context in dict.fromkeys(doc.contexts):
         if context != context.rstrip():
