@@ -63,6 +63,7 @@ class LMResult:
     domains: the domain sets evaluated; failed: label -> reason for those the model could not take.
     shard, nll_S: this rank's sequences (indexing `domains`) and the summed NLL of each (nats, float64).
     forward_calls: batches this rank forwarded, dummies included (the same on every rank).
+    tokens_forwarded: tokens this rank sent through the model, padding and dummies included.
     """
 
     figures: dict[str, dict[str, float]]
@@ -72,6 +73,7 @@ class LMResult:
     shard: Shard
     nll_S: np.ndarray
     forward_calls: int
+    tokens_forwarded: int
 
 
 class LMEvaluator:
@@ -199,7 +201,8 @@ class LMEvaluator:
             totals[domain.label] = (computed["sum_nll"], int(computed["n_tokens"]), int(computed["n_bytes"]))
             if computed["n_tokens"] > 0:
                 figures[domain.label] = {k: v for k, v in computed.items() if k in FIGURES}
-        return LMResult(figures, totals, domains, failed, shard, nll_S, len(batches))
+        tokens = sum(b.n_tokens for b in batches[:])  # a slice: joins no agreement point
+        return LMResult(figures, totals, domains, failed, shard, nll_S, len(batches), tokens)
 
     def usable_domains(
         self, adapter: ModelAdapter, prepared: PreparedLM, *, strict: bool = False

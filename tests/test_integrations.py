@@ -6,10 +6,12 @@ import csv
 import importlib
 
 import torch
+from lm_helpers import SEQ_LEN, lm_entry, tiny_gpt, write_domains
 
 from inloop_eval.config import EvaluatorConfig
 from inloop_eval.evaluator import InLoopEvaluator
 from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY, run_and_log
+from inloop_eval.lm_evaluator import plan_sequence_batches
 from inloop_eval.loggers import JSONLLogger
 from inloop_eval.models.gpt import GPT, GPTConfig
 
@@ -44,6 +46,26 @@ def test_run_and_log_adds_wall_time_and_tokens_forwarded(data_root, neox_tokeniz
     again = run_and_log(evaluator, model, step=8)
     assert again[TOKENS_KEY] == metrics[TOKENS_KEY]  # each evaluation counts its own forwards only
     assert '"step": 7' in (tmp_path / "metrics.jsonl").read_text()
+
+
+def test_tokens_forwarded_count_the_perplexity_domains_too(data_root, neox_tokenizer, tmp_path):
+    """`eval/tokens_forwarded` is the downstream tasks' padded tokens plus the lm entries' (every batch's
+    B x T, counted again from the planned batches here)."""
+    files = write_domains(tmp_path / "domains", neox_tokenizer)
+    evaluators = [
+        {"task": "piqa", "limit": 4, "batch_tokens": 1024},
+        lm_entry(files, tmp_path / "cache", max_tokens=500),
+    ]
+    config = EvaluatorConfig(evaluators=evaluators, data_root=str(data_root), strict=True)
+    evaluator = InLoopEvaluator(config, tokenizer=neox_tokenizer)
+    metrics = run_and_log(evaluator, tiny_gpt(), step=1)
+    (lm_result,) = evaluator.lm.last_results.values()
+    planned = plan_sequence_batches(
+        lm_result.domains, lm_result.shard, evaluators[1]["batch_tokens"], seq_len=SEQ_LEN
+    )
+    assert lm_result.tokens_forwarded == sum(b.input_ids_BT.size for b in planned) > 0
+    downstream = evaluator.last_results["piqa"].scores.tokens_forwarded
+    assert metrics[TOKENS_KEY] == downstream + lm_result.tokens_forwarded
 
 
 def test_hf_trainer_callback_logs_eval_keys(data_root, neox_tokenizer, tmp_path):
