@@ -173,12 +173,12 @@ class InLoopEvaluator:
             n_short = len(short)
             if short:
                 log.warning(
-                    "task %r: %d documents (first: doc %d) have fewer than %d few-shot examples: the few-shot "
-                    "split holds no other documents to replace the ones identical to them",
+                    "task %r: documents with fewer than %d few-shot examples (the few-shot split holds no "
+                    "other documents to replace the ones identical to them): %d, first doc %d",
                     ev.label,
+                    task.num_fewshot,
                     n_short,
                     short[0],
-                    task.num_fewshot,
                 )
         self._prepared[key] = PreparedTask(
             ev, task, metrics, table, table.pairs.concat(table.uncond), dataset, n_short
