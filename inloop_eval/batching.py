@@ -229,13 +229,16 @@ def plan_batches(
 
     packing: share each context among its continuations (the model must accept a mask and position ids).
     max_length: longest row a packed group may form (the model's context length).
-    pad_to_multiple: round every batch's width up to a multiple of this (bucketed shapes for torch.compile).
+    pad_to_multiple: round every batch's width up to a multiple of this (bucketed shapes for torch.compile),
+        but not past `max_length` (a row never gets positions the model does not have).
     """
     if pad_to_multiple < 1:
         raise ValueError(f"plan_batches: pad_to_multiple must be >= 1 (1 = off), found {pad_to_multiple}")
     pair_ids = np.asarray(pair_ids, dtype=np.int64)
     layout = layout_rows(pairs, pair_ids, packing=packing, max_length=max_length)
     width_R = -(-layout.length_R // pad_to_multiple) * pad_to_multiple
+    if max_length is not None:
+        width_R = np.maximum(layout.length_R, np.minimum(width_R, max_length))
     batch_R, slot_R, widths = cut_batches(width_R, batch_tokens)
     tokens = _row_tokens(pairs, pair_ids, layout, batch_R, len(widths))
     targets = _targets(pairs, pair_ids, layout, batch_R, len(widths))

@@ -207,6 +207,10 @@ class EvaluatorConfig:
     """Longest input in tokens; default: the model's own (position embeddings), else 2048."""
     strict: bool = False
     """Re-raise a task's failure instead of reporting `eval/downstream/<task>/failed = 1`."""
+    pad_to_multiple: int = 1
+    """Round every batch's width up to a multiple of this many tokens (bucketed shapes, so a model whose
+    forward is compiled sees a few widths rather than one per batch); 1 is off. An adapter passed to `run`
+    keeps its own setting unless this is set."""
     compiler_reset: bool = False
     """Call `torch.compiler.reset()` after each evaluation, dropping every graph torch.compile holds
     (training's too: its next step recompiles). Evaluation itself runs the uncompiled module
@@ -218,6 +222,10 @@ class EvaluatorConfig:
             raise ConfigError(f"eval_interval must be >= 1, found {self.eval_interval}")
         if self.max_length is not None and self.max_length < 2:
             raise ConfigError(f"max_length must be >= 2 or null, found {self.max_length}")
+        if isinstance(self.pad_to_multiple, bool) or not isinstance(self.pad_to_multiple, int):
+            raise ConfigError(f"pad_to_multiple must be an integer >= 1, found {self.pad_to_multiple!r}")
+        if self.pad_to_multiple < 1:
+            raise ConfigError(f"pad_to_multiple must be an integer >= 1 (1 = off), found {self.pad_to_multiple}")
         if not isinstance(self.compiler_reset, bool):
             raise ConfigError(f"compiler_reset must be true or false, found {self.compiler_reset!r}")
         labels = [e.label for e in self.evaluators if isinstance(e, TaskEvalConfig)]

@@ -92,6 +92,8 @@ class InLoopEvaluator:
         as it was (`training_untouched`), and `compiler_reset` drops torch.compile's graphs afterwards.
         """
         adapter = eval_adapter(model, self.config.max_length)
+        if self.config.pad_to_multiple > 1:
+            adapter.pad_to_multiple = self.config.pad_to_multiple
         out: dict[str, float] = {}
         try:
             with training_untouched(adapter.model):

@@ -13,7 +13,7 @@ from helpers import REPO, load_script
 
 from inloop_eval.adapters import LogitsAdapter
 from inloop_eval.config import EvaluatorConfig
-from inloop_eval.errors import ModelOutputError, RequestError, TaskDataError, UnknownTaskError
+from inloop_eval.errors import ConfigError, ModelOutputError, RequestError, TaskDataError, UnknownTaskError
 from inloop_eval.evaluator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
 
@@ -76,6 +76,37 @@ def test_documents_with_fewer_shots_are_reported(data_root, neox_tokenizer, mode
     assert "eval/downstream/mmlu_college_physics_mc/n_fewshot_short_docs" not in out
     head = make_evaluator(data_root, neox_tokenizer, tasks[:1], limit=5).run(model)
     assert head["eval/downstream/mmlu_college_physics_mc_5shot/n_fewshot_short_docs"] == 0
+
+
+def test_pad_to_multiple_buckets_widths_without_moving_scores(data_root, neox_tokenizer, model):
+    """`pad_to_multiple: 64` from the config: every forward is a multiple of 64 wide or, for rows near the
+    context length, exactly `max_length` (never past it); the scores do not move."""
+    widths: list[int] = []
+
+    def recording(ids):  # noqa: ANN001, ANN202
+        widths.append(ids.shape[1])
+        return model(ids)
+
+    tasks = ["hellaswag", "mmlu_mc_5shot"]
+    evaluators = [{"task": t, "limit": 12, "batch_tokens": 2048} for t in tasks]
+    plain = EvaluatorConfig(evaluators=evaluators, data_root=str(data_root), strict=True, max_length=300)
+    bucketed = EvaluatorConfig(**{**vars(plain), "pad_to_multiple": 64})
+    a, b = (
+        InLoopEvaluator(plain, tokenizer=neox_tokenizer),
+        InLoopEvaluator(bucketed, tokenizer=neox_tokenizer),
+    )
+    a.run(LogitsAdapter(recording, max_length=300))
+    assert any(w % 64 for w in widths)
+    widths.clear()
+    b.run(LogitsAdapter(recording, max_length=300))
+    assert widths and all(w % 64 == 0 or w == 300 for w in widths) and 300 in widths, widths
+    # Float32 forwards of other shapes (and the first forwards of a process, with other buffer alignments)
+    # round differently in BLAS: a few 1e-6 of a long continuation's sum.
+    for task in tasks:
+        found, expected = b.last_results[task].scores.ll, a.last_results[task].scores.ll
+        np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match="pad_to_multiple must be an integer >= 1"):
+        EvaluatorConfig(pad_to_multiple=0)
 
 
 def test_callable_model_gives_the_same_scores(data_root, neox_tokenizer, model):
