@@ -225,7 +225,9 @@ class EvaluatorConfig:
         if isinstance(self.pad_to_multiple, bool) or not isinstance(self.pad_to_multiple, int):
             raise ConfigError(f"pad_to_multiple must be an integer >= 1, found {self.pad_to_multiple!r}")
         if self.pad_to_multiple < 1:
-            raise ConfigError(f"pad_to_multiple must be an integer >= 1 (1 = off), found {self.pad_to_multiple}")
+            raise ConfigError(
+                f"pad_to_multiple must be an integer >= 1 (1 = off), found {self.pad_to_multiple}"
+            )
         if not isinstance(self.compiler_reset, bool):
             raise ConfigError(f"compiler_reset must be true or false, found {self.compiler_reset!r}")
         labels = [e.label for e in self.evaluators if isinstance(e, TaskEvalConfig)]
