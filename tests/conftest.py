@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 from pathlib import Path
@@ -35,21 +34,11 @@ def neox_tokenizer(data_root: Path):
 @pytest.fixture(scope="session")
 def hf_model_dir(tmp_path_factory, data_root: Path) -> Path:
     """A random GPT-NeoX-shaped model saved with its tokenizer, as a user's checkpoint would be."""
-    transformers = importlib.import_module("transformers")
-    import torch
+    from helpers import tiny_neox
 
     from inloop_eval.fetch import neox_tokenizer_path
 
-    torch.manual_seed(0)
-    config = transformers.GPTNeoXConfig(
-        vocab_size=50304,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=512,
-    )
-    model = transformers.GPTNeoXForCausalLM(config)
+    model = tiny_neox()
     out = tmp_path_factory.mktemp("hf") / "tiny-neox"
     model.save_pretrained(out)
     shutil.copy(neox_tokenizer_path(data_root), out / "tokenizer.json")

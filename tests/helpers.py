@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -16,3 +17,20 @@ def load_script(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def tiny_neox(*, layers: int = 2, max_positions: int = 512, seed: int = 0) -> Any:
+    """A random GPT-NeoX-shaped Hugging Face causal LM (hidden 32, 2 heads) over the NeoX vocabulary."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.GPTNeoXConfig(
+        vocab_size=50304,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=max_positions,
+    )
+    return transformers.GPTNeoXForCausalLM(config)

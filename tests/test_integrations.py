@@ -6,6 +6,7 @@ import csv
 import importlib
 
 import torch
+from helpers import tiny_neox
 from lm_helpers import SEQ_LEN, lm_entry, tiny_gpt, write_domains
 
 from inloop_eval.config import EvaluatorConfig
@@ -72,16 +73,7 @@ def test_hf_trainer_callback_logs_eval_keys(data_root, neox_tokenizer, tmp_path)
     transformers = importlib.import_module("transformers")
     from inloop_eval.integrations.hf import InLoopEvalCallback
 
-    torch.manual_seed(0)
-    config = transformers.GPTNeoXConfig(
-        vocab_size=50304,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=256,
-    )
-    model = transformers.GPTNeoXForCausalLM(config)
+    model = tiny_neox(layers=1, max_positions=256)
     ids = token_batches(neox_tokenizer, 2 * STEPS)
     train = [{"input_ids": row, "labels": row} for row in ids]
     args = transformers.TrainingArguments(

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from helpers import REPO
 from lm_helpers import DOCS, SEQ_LEN, reference_memmap, tiny_gpt
 
@@ -350,20 +349,7 @@ def test_make_lm_errors(tmp_path, capsys):
     assert "--glob PATTERN and/or --oe-eval TASK" in capsys.readouterr().err
 
 
-def test_cli_evaluate_runs_a_config_with_both_types(tmp_path, data_root, neox_tokenizer):
-    transformers = importlib.import_module("transformers")
-    torch.manual_seed(0)
-    config = transformers.GPTNeoXConfig(
-        vocab_size=50304,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    model_dir = tmp_path / "tiny-neox"
-    transformers.GPTNeoXForCausalLM(config).save_pretrained(model_dir)
-    (model_dir / "tokenizer.json").write_bytes(neox_tokenizer_path(data_root).read_bytes())
+def test_cli_evaluate_runs_a_config_with_both_types(tmp_path, data_root, neox_tokenizer, hf_model_dir):
     ids = np.asarray(neox_tokenizer.encode(Path(json.__file__).read_text()), dtype=np.uint16)
     ids[: 6 * SEQ_LEN].tofile(tmp_path / "code.npy")
     yaml_config = {
@@ -380,14 +366,15 @@ def test_cli_evaluate_runs_a_config_with_both_types(tmp_path, data_root, neox_to
     }
     (tmp_path / "config.yaml").write_text(json.dumps(yaml_config))  # JSON is YAML
     results = tmp_path / "results.json"
-    argv = ["evaluate", "--config", str(tmp_path / "config.yaml"), "--model", str(model_dir)]
+    argv = ["evaluate", "--config", str(tmp_path / "config.yaml"), "--model", str(hf_model_dir)]
     assert (
         main([*argv, "--output", str(results), "--data-root", str(data_root), "--strict", "--limit", "3"])
         == 0
     )
     metrics = json.loads(results.read_text())["metrics"]
     assert metrics["eval/downstream/arc_easy/n_docs"] == 3
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    transformers = importlib.import_module("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_model_dir).eval()
     expected = reference_memmap(
         lambda x: hf(x).logits, [tmp_path / "code.npy"], SEQ_LEN, token_byte_lengths(neox_tokenizer)
     )
