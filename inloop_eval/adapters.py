@@ -25,6 +25,9 @@ Head = Callable[[Tensor], Tensor]
 _HF_PLAIN_HEAD_TYPES = frozenset(
     {"llama", "gpt_neox", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "olmo3", "gpt2", "phi3", "gemma"}
 )
+# Types whose logits are `cap * tanh(lm_head(h) / cap)` with cap = `config.final_logit_softcapping` (or
+# plain when it is unset): the same ops, in the same dtype, on the selected positions only.
+_HF_SOFTCAP_HEAD_TYPES = frozenset({"gemma2", "gemma3_text"})
 
 # Hugging Face model types checked (tests/test_scoring_paths.py, transformers 5.24) to take a 4D attention
 # mask and position ids and give, for each packed continuation, the numbers of its own unshared row.
@@ -134,9 +137,12 @@ class HFCausalLMAdapter(ModelAdapter):
         self.max_length = getattr(config, "max_position_embeddings", None) or getattr(
             config, "n_positions", None
         )
-        self.plain_head = getattr(config, "model_type", "") in _HF_PLAIN_HEAD_TYPES and not getattr(
-            config, "final_logit_softcapping", None
-        )
+        model_type = getattr(config, "model_type", "")
+        cap = getattr(config, "final_logit_softcapping", None)
+        self.softcap: float | None = cap if model_type in _HF_SOFTCAP_HEAD_TYPES else None
+        self.plain_head = (
+            model_type in _HF_PLAIN_HEAD_TYPES and not cap
+        ) or model_type in _HF_SOFTCAP_HEAD_TYPES
         self.supports_packing = hf_supports_packing(config)
         self.additive_mask = getattr(config, "_attn_implementation", None) == "eager"
         self.vocab_size = model.get_input_embeddings().num_embeddings
@@ -161,9 +167,24 @@ class HFCausalLMAdapter(ModelAdapter):
         if self.plain_head:
             base = self.model.base_model
             hidden_BTD = base(input_ids=input_ids_BT, use_cache=False, **kwargs).last_hidden_state
-            return hidden_BTD[rows_N, cols_N], self.model.get_output_embeddings()
+            head = self.model.get_output_embeddings()
+            if self.softcap:
+                head = SoftCappedHead(head, self.softcap)
+            return hidden_BTD[rows_N, cols_N], head
         logits_BTV = self.model(input_ids=input_ids_BT, use_cache=False, **kwargs).logits
         return logits_BTV[rows_N, cols_N], _identity
+
+
+class SoftCappedHead:
+    """`cap * tanh(head(x) / cap)`, in the order and dtype Gemma 2 and 3 apply it to their logits."""
+
+    def __init__(self, head: Head, cap: float) -> None:
+        self.head = head
+        self.cap = cap
+        self.weight = getattr(head, "weight", None)  # its [V, D] size sets the chunk of positions projected
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return torch.tanh(self.head(x) / self.cap) * self.cap
 
 
 def hf_supports_packing(config: Any) -> bool:

@@ -20,6 +20,7 @@ from inloop_eval.adapters import (
     HFCausalLMAdapter,
     LogitsAdapter,
     ModelAdapter,
+    SoftCappedHead,
     make_adapter,
 )
 from inloop_eval.batching import (
@@ -263,6 +264,32 @@ def test_hugging_face_types_that_pack(model_type, attn):
     found = score(adapter, pairs, ids, batch_tokens=4096, packing=True, max_length=64)
     np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0)
     np.testing.assert_array_equal(found.greedy, ref_greedy)
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text"])
+def test_soft_capped_heads_project_only_the_selected_positions(model_type):
+    """Gemma 2/3 soft-cap their logits: the adapter projects the selected positions and caps them as the
+    model does (a cap of 0.5 bends every logit), giving the model's own numbers."""
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(
+        model_type, vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=MAX_LENGTH,
+        final_logit_softcapping=0.5,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    adapter = make_adapter(model)
+    assert isinstance(adapter, HFCausalLMAdapter) and adapter.plain_head and adapter.softcap == 0.5
+    pairs, ids = two_documents(), np.arange(5)
+    ref_ll, ref_greedy = reference_scores(model, pairs, ids)
+    found = score(adapter, pairs, ids, batch_tokens=4096, packing=adapter.supports_packing, max_length=64)
+    np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(found.greedy, ref_greedy)
+    adapter.softcap = None  # the uncapped projection is not the model's numbers
+    assert not np.allclose(score(adapter, pairs, ids, batch_tokens=4096).ll, ref_ll, atol=1e-3)
+    features, head = make_adapter(model).features(
+        torch.ones(1, 3, dtype=torch.long), *torch.zeros(2, 1, dtype=torch.long)
+    )
+    assert isinstance(head, SoftCappedHead) and scoring._head_width(features, head) == 128
 
 
 def test_unverified_hf_models_take_the_plain_path():
