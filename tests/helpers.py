@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import random
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import numpy as np
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -19,9 +23,20 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
+def seed_all(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_draws() -> tuple[float, float, torch.Tensor]:
+    """One number from each global generator: equal after equal seeding only if nothing drew in between."""
+    return random.random(), np.random.rand(), torch.rand(1)
+
+
 def tiny_neox(*, layers: int = 2, max_positions: int = 512, seed: int = 0) -> Any:
     """A random GPT-NeoX-shaped Hugging Face causal LM (hidden 32, 2 heads) over the NeoX vocabulary."""
-    import torch
     import transformers
 
     torch.manual_seed(seed)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import random
 
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, load_script
+from helpers import REPO, load_script, rng_draws, seed_all
 
 from inloop_eval.adapters import LogitsAdapter
 from inloop_eval.config import EvaluatorConfig
@@ -126,17 +125,13 @@ def test_training_state_is_restored(data_root, neox_tokenizer):
     model.train()
     model.blocks[0].eval()  # a mixed state must come back as it was
     modes = [m.training for m in model.modules()]
-    random.seed(1)
-    np.random.seed(1)
-    torch.manual_seed(1)
-    expected = (random.random(), np.random.rand(), torch.rand(1))
-    random.seed(1)
-    np.random.seed(1)
-    torch.manual_seed(1)
+    seed_all(1)
+    expected = rng_draws()
+    seed_all(1)
     make_evaluator(data_root, neox_tokenizer, ["copa"], limit=4).run(model)
     assert [m.training for m in model.modules()] == modes
     assert all(p.requires_grad and p.grad is None for p in model.parameters())
-    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+    assert rng_draws() == expected
 
 
 def test_unknown_task(data_root, neox_tokenizer, model):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-import random
 
 import numpy as np
 import pytest
 import torch
+from helpers import rng_draws, seed_all
 from lm_helpers import (
     DOCS,
     SEQ_LEN,
@@ -156,15 +156,11 @@ def test_training_state_is_restored(domain_files, neox_tokenizer, tmp_path):
     model = tiny_gpt().train()
     model.blocks[0].mlp[0].weight.requires_grad_(False)
     params = {k: v.clone() for k, v in model.state_dict().items()}
-    random.seed(1)
-    np.random.seed(1)
-    torch.manual_seed(1)
-    expected = (random.random(), np.random.rand(), torch.rand(1))
-    random.seed(1)
-    np.random.seed(1)
-    torch.manual_seed(1)
+    seed_all(1)
+    expected = rng_draws()
+    seed_all(1)
     lm_evaluator(domain_files, neox_tokenizer, tmp_path).run(model)
-    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+    assert rng_draws() == expected
     assert all(m.training for m in model.modules())
     assert not model.blocks[0].mlp[0].weight.requires_grad and model.lm_head.weight.requires_grad
     assert all(p.grad is None for p in model.parameters())

@@ -54,7 +54,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def hf_model(model_type: str, vocab_size: int = 50304, attn_implementation: str = "sdpa"):
+def hf_model(model_type: str, vocab_size: int = 50304, attn_implementation: str = "sdpa", **overrides):
     torch.manual_seed(0)
     kwargs = dict(
         vocab_size=vocab_size,
@@ -69,6 +69,7 @@ def hf_model(model_type: str, vocab_size: int = 50304, attn_implementation: str 
     )
     if model_type != "gpt_neox":
         kwargs.update(num_key_value_heads=2, head_dim=8)
+    kwargs.update(overrides)
     config = transformers.AutoConfig.for_model(model_type, **kwargs)
     return transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation=attn_implementation
@@ -270,13 +271,7 @@ def test_hugging_face_types_that_pack(model_type, attn):
 def test_soft_capped_heads_project_only_the_selected_positions(model_type):
     """Gemma 2/3 soft-cap their logits: the adapter projects the selected positions and caps them as the
     model does (a cap of 0.5 bends every logit), giving the model's own numbers."""
-    torch.manual_seed(0)
-    config = transformers.AutoConfig.for_model(
-        model_type, vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=MAX_LENGTH,
-        final_logit_softcapping=0.5,
-    )  # fmt: skip
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model = hf_model(model_type, 128, "eager", final_logit_softcapping=0.5)  # gemma2 has no sdpa
     adapter = make_adapter(model)
     assert isinstance(adapter, HFCausalLMAdapter) and adapter.plain_head and adapter.softcap == 0.5
     pairs, ids = two_documents(), np.arange(5)

@@ -10,6 +10,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from helpers import rng_draws, seed_all
 from torch import nn
 
 from inloop_eval.adapters import LogitsAdapter
@@ -50,9 +51,7 @@ def train(evaluator: InLoopEvaluator | None, steps: int = 4, eval_every: int = 2
     model = seeded_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model.train()
-    torch.manual_seed(1)
-    np.random.seed(1)
-    random.seed(1)
+    seed_all(1)
     for step in range(steps):
         for micro in range(accumulate):
             if evaluator is not None and step % eval_every == 0:
@@ -88,13 +87,9 @@ def test_state_is_restored_when_the_body_changes_it_or_raises():
     grad = model.tok_emb.weight.grad
     modes = [m.training for m in model.modules()]
     flags = [p.requires_grad for p in model.parameters()]
-    random.seed(3)
-    np.random.seed(3)
-    torch.manual_seed(3)
-    expected = (random.random(), np.random.rand(), torch.rand(1))
-    random.seed(3)
-    np.random.seed(3)
-    torch.manual_seed(3)
+    seed_all(3)
+    expected = rng_draws()
+    seed_all(3)
     with pytest.raises(RuntimeError, match="boom"), training_untouched(model):
         assert not model.training and not torch.is_grad_enabled()
         for p in model.parameters():
@@ -107,7 +102,7 @@ def test_state_is_restored_when_the_body_changes_it_or_raises():
     assert [p.requires_grad for p in model.parameters()] == flags
     assert model.tok_emb.weight.grad is grad and model.pos_emb.weight.grad is None
     assert not torch.is_autocast_enabled("cpu") and torch.is_grad_enabled()
-    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+    assert rng_draws() == expected
 
 
 def test_eval_inside_autocast_leaves_it_as_it_was(data_root, neox_tokenizer):
