@@ -181,7 +181,6 @@ class SoftCappedHead:
     def __init__(self, head: Head, cap: float) -> None:
         self.head = head
         self.cap = cap
-        self.weight = getattr(head, "weight", None)  # its [V, D] size sets the chunk of positions projected
 
     def __call__(self, x: Tensor) -> Tensor:
         return torch.tanh(self.head(x) / self.cap) * self.cap

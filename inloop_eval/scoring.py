@@ -35,11 +35,12 @@ class PairScores:
 
 
 def _head_width(features_NX: Tensor, head: Callable[[Tensor], Tensor]) -> int:
-    """The vocabulary the head projects to, without running it when it says (nn.Linear does)."""
-    weight = getattr(head, "weight", None)
-    if isinstance(weight, Tensor) and weight.dim() == 2:
-        return int(weight.shape[0])
-    return int(features_NX.shape[-1])
+    """The width of the head's logits: an nn.Linear's `out_features`, else measured on one position."""
+    if isinstance(head, nn.Linear):
+        return int(head.out_features)
+    if features_NX.shape[0] == 0:
+        return int(features_NX.shape[-1])
+    return int(head(features_NX[:1]).shape[-1])
 
 
 class HeadWorkspace:
@@ -112,7 +113,14 @@ def token_logprobs(
     linear = _float32_linear(head, features_UX)
     order_N = torch.argsort(position_N, stable=True)
     sorted_pos_N = position_N[order_N]
-    chunk = max(1, _HEAD_ELEMENTS // max(_head_width(features_UX, head), 1))
+    vocab = _head_width(features_UX, head)
+    max_target = int(target_N.max()) if target_N.numel() else -1  # one host sync per batch, not per chunk
+    if vocab < min_vocab or max_target >= vocab:
+        raise ModelOutputError(
+            f"expected logits over at least {max(min_vocab, max_target + 1)} tokens (the tokenizer's "
+            f"vocabulary), found {vocab}; the model and the tokenizer do not match"
+        )
+    chunk = max(1, _HEAD_ELEMENTS // max(vocab, 1))
     bounds = torch.searchsorted(
         sorted_pos_N, torch.arange(0, features_UX.shape[0] + chunk, chunk, device=position_N.device)
     ).tolist()
@@ -122,12 +130,6 @@ def token_logprobs(
         logits_CV, owned = _project(head, linear, features_UX[start : start + chunk], workspace)
         picked = order_N[bounds[c] : bounds[c + 1]]
         local_M, target_M = sorted_pos_N[bounds[c] : bounds[c + 1]] - start, target_N[picked]
-        vocab = logits_CV.shape[-1]
-        if vocab < min_vocab or (target_M.numel() and int(target_M.max()) >= vocab):
-            raise ModelOutputError(
-                f"expected logits over at least {max(min_vocab, int(target_M.max()) + 1)} tokens (the "
-                f"tokenizer's vocabulary), found {vocab}; the model and the tokenizer do not match"
-            )
         logit_M = logits_CV[local_M, target_M]
         max_C = logits_CV.amax(dim=-1)
         greedy_N[picked] = _is_argmax(logits_CV, max_C, local_M, target_M, logit_M)

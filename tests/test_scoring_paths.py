@@ -31,6 +31,7 @@ from inloop_eval.batching import (
     row_lengths,
 )
 from inloop_eval.config import EvaluatorConfig
+from inloop_eval.errors import ModelOutputError
 from inloop_eval.evaluator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests import PairSet, RequestTable, build_requests
@@ -342,6 +343,27 @@ def test_head_runs_on_bounded_chunks_of_continuation_positions(tables, monkeypat
     positions = sum(len(np.unique(b.rows_N * b.input_ids_BT.shape[1] + b.cols_N)) for b in batches)
     assert sum(shape[0] for shape in seen) == positions < int(pairs.cont_len[ids].sum())
     np.testing.assert_allclose(found.ll, expected.ll, atol=1e-5, rtol=0)
+
+
+def test_a_head_without_weight_is_chunked_by_its_logits_width(monkeypatch):
+    """A head that is any callable (here D=8 -> V=1000) is chunked by the width of its logits, not by its
+    input's: at most _HEAD_ELEMENTS // V positions a call, after one probing call of one position."""
+    torch.manual_seed(0)
+    weight = torch.randn(1000, 8)
+    rows: list[int] = []
+
+    def head(x):  # noqa: ANN001, ANN202
+        rows.append(x.shape[0])
+        return x @ weight.t()
+
+    features, target = torch.randn(50, 8), torch.randint(0, 1000, (50,))
+    monkeypatch.setattr(scoring, "_HEAD_ELEMENTS", 1000 * 16)
+    logp, _ = scoring.token_logprobs(features, head, target)
+    assert rows[0] == 1 and max(rows[1:]) == 16 and sum(rows[1:]) == 50
+    expected = torch.log_softmax(features.double() @ weight.double().t(), -1)[torch.arange(50), target]
+    np.testing.assert_allclose(logp.numpy(), expected.numpy(), atol=1e-5, rtol=0)
+    with pytest.raises(ModelOutputError, match="at least 1001 tokens"):
+        scoring.token_logprobs(features, head, torch.full((50,), 1000))
 
 
 def test_no_pairs_no_batches():
