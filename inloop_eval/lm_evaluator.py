@@ -11,29 +11,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 
 from inloop_eval.adapters import ModelAdapter
 from inloop_eval.batching import Batch, dummy_batch
 from inloop_eval.config import LMEvalConfig
 from inloop_eval.data import home
 from inloop_eval.distributed import AgreedSequence, TaskAgreement, TaskFailedOnAnotherRank, world
-from inloop_eval.errors import ConfigError, LMDataError, ModelOutputError
+from inloop_eval.errors import ConfigError, LMDataError
 from inloop_eval.lm_data import DomainSet, load_memmap_domain, load_text_domain, token_byte_lengths
 from inloop_eval.metrics.perplexity import FIGURES, PerplexityMetric
+from inloop_eval.scoring import run_batches
 from inloop_eval.tokenizer import TokenizerLike
 
 log = logging.getLogger(__name__)
-
-# Positions projected to the vocabulary at once: bounds the float32 [chunk, V] logits buffer.
-HEAD_CHUNK = 1024
 
 
 @dataclass
@@ -177,13 +173,14 @@ class LMEvaluator:
             prepared.config.seq_len,
         )
         batches = equalize_forward_calls(planned, agreement)
-        nll_S = sequence_nll(
+        scores = run_batches(
             adapter,
             batches,
             len(shard.seq_S),
             describe=lambda p: domains[int(shard.domain_S[p])].describe(int(shard.seq_S[p])),
             progress=progress,
         )
+        nll_S = -scores.ll
         agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
         figures: dict[str, dict[str, float]] = {}
         totals: dict[str, tuple[float, int, int]] = {}
@@ -201,8 +198,7 @@ class LMEvaluator:
             totals[domain.label] = (computed["sum_nll"], int(computed["n_tokens"]), int(computed["n_bytes"]))
             if computed["n_tokens"] > 0:
                 figures[domain.label] = {k: v for k, v in computed.items() if k in FIGURES}
-        tokens = sum(b.n_tokens for b in batches[:])  # a slice: joins no agreement point
-        return LMResult(figures, totals, domains, failed, shard, nll_S, len(batches), tokens)
+        return LMResult(figures, totals, domains, failed, shard, nll_S, len(batches), scores.tokens_forwarded)
 
     def usable_domains(
         self, adapter: ModelAdapter, prepared: PreparedLM, *, strict: bool = False
@@ -232,50 +228,6 @@ class LMEvaluator:
             log.error("in-loop lm eval: %s", error)
             failed[domain.label] = str(error)
         return usable, failed
-
-
-def sequence_nll(
-    adapter: ModelAdapter,
-    batches: Iterable[Batch],
-    n_sequences: int,
-    describe: Callable[[int], str],
-    progress: Callable[[int], None] | None = None,
-) -> np.ndarray:
-    """Forward every batch (dummies too, their output unused) and sum each sequence's token NLL [S]
-    (float64 sums of float32 NLL from the logits, projected HEAD_CHUNK positions at a time)."""
-    device = adapter.device
-    nll_S = torch.zeros(n_sequences, dtype=torch.float64)
-    for batch in batches:
-        features_NX, head = adapter.features(
-            torch.from_numpy(batch.input_ids_BT).to(device),
-            torch.from_numpy(batch.rows_N).to(device),
-            torch.from_numpy(batch.cols_N).to(device),
-        )
-        if batch.pair_N.size == 0:
-            continue
-        target_N = torch.from_numpy(batch.target_N).to(device)
-        try:
-            nll_N = chunked_nll(features_NX, head, target_N)
-        except ModelOutputError as exc:
-            raise ModelOutputError(f"{describe(int(batch.pair_N[0]))}: {exc}") from None
-        nll_S.index_add_(0, torch.from_numpy(batch.pair_N), nll_N.cpu().double())
-        if progress is not None:
-            progress(len(np.unique(batch.pair_N)))
-    return nll_S.numpy()
-
-
-def chunked_nll(features_NX: Tensor, head: Callable[[Tensor], Tensor], target_N: Tensor) -> Tensor:
-    """-log p(target) [N] in float32, never holding more than HEAD_CHUNK rows of logits."""
-    out = []
-    for start in range(0, features_NX.shape[0], HEAD_CHUNK):
-        logits_NV = head(features_NX[start : start + HEAD_CHUNK]).float()
-        target = target_N[start : start + HEAD_CHUNK]
-        if int(target.max()) >= logits_NV.shape[-1]:
-            raise ModelOutputError(
-                f"token id {int(target.max())} but the model's logits cover {logits_NV.shape[-1]} tokens"
-            )
-        out.append(F.cross_entropy(logits_NV, target, reduction="none"))
-    return torch.cat(out)
 
 
 def probe_vocab_size(adapter: ModelAdapter) -> int:
