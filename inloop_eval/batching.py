@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from inloop_eval.distributed import AgreedSequence, TaskAgreement
 from inloop_eval.requests import PairSet
 
 # A packed row's pieces may span at least this many tokens (or the context's length, if longer) before the
@@ -403,3 +404,11 @@ def dummy_batch(pad_id: int = 0) -> Batch:
         np.full(1, pad_id, dtype=np.int64),
         empty,
     )
+
+
+def equalize_forward_calls(batches: list[Batch], agreement: TaskAgreement) -> AgreedSequence[Batch]:
+    """Pad with dummy forwards so every rank makes the same number of model calls. The count is agreed at
+    the planning point, where a failure on any rank so far stops every rank before its first forward;
+    iterating the result joins a point between forward passes."""
+    n = agreement.agree(len(batches))
+    return AgreedSequence(batches + [dummy_batch() for _ in range(n - len(batches))], agreement)

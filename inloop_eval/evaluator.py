@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from inloop_eval.adapters import LogitsAdapter, ModelAdapter, make_adapter, unwrap
-from inloop_eval.batching import Batch, dummy_batch, plan_batches
+from inloop_eval.batching import equalize_forward_calls, plan_batches
 from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
 from inloop_eval.dataset import ICLMultiChoiceTaskDataset, rank_rows, shard_documents, subset_size
-from inloop_eval.distributed import AgreedSequence, TaskAgreement, TaskFailedOnAnotherRank, world
+from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, world
 from inloop_eval.errors import ConfigError, ModelOutputError
 from inloop_eval.lm_evaluator import LMEvaluator
 from inloop_eval.metrics.icl import ICLMetric, needs_uncond
@@ -73,8 +73,6 @@ class InLoopEvaluator:
         self.tokenizer = tokenizer
         self._prepared: dict[tuple[str, int], PreparedTask] = {}
         self.last_results: dict[str, TaskResult] = {}
-        # The failure-agreement points of the task being evaluated (see `inloop_eval.distributed`).
-        self._agreement: TaskAgreement | None = None
 
     @classmethod
     def from_yaml(cls, path: str, **kwargs: Any) -> InLoopEvaluator:
@@ -126,10 +124,10 @@ class InLoopEvaluator:
         """One task's metrics under its keys. A failure on any rank is agreed by every rank (see
         `inloop_eval.distributed`): all report `failed = 1`, or all raise when strict."""
         prefix = f"eval/downstream/{ev.label}"
-        agreement = self._agreement = TaskAgreement(ev.label)
+        agreement = TaskAgreement(ev.label)
         try:
             prepared = self.prepare(ev, adapter.max_length or DEFAULT_MAX_LENGTH, agreement)
-            result = self.evaluate(adapter, prepared, progress)
+            result = self.evaluate(adapter, prepared, agreement, progress)
             agreement.agree(last=True)
         except TaskFailedOnAnotherRank as exc:
             if self.config.strict:
@@ -142,8 +140,6 @@ class InLoopEvaluator:
                 raise
             log.error("in-loop eval of task %r failed: %s: %s", ev.label, type(exc).__name__, exc)
             return {f"{prefix}/failed": 1.0}
-        finally:
-            self._agreement = None
         self.last_results[ev.label] = result
         metrics = dict(result.metrics)
         if "n_skipped_docs" in metrics:
@@ -217,13 +213,18 @@ class InLoopEvaluator:
         return table
 
     def evaluate(
-        self, adapter: ModelAdapter, prepared: PreparedTask, progress: Callable[[int], None] | None = None
+        self,
+        adapter: ModelAdapter,
+        prepared: PreparedTask,
+        agreement: TaskAgreement,
+        progress: Callable[[int], None] | None = None,
     ) -> TaskResult:
-        """Score this rank's share of a prepared task and compute the metric over all ranks."""
+        """Score this rank's share of a prepared task and compute the metric over all ranks, joining the
+        task's agreement points (planning, between forward passes, before the metric sync)."""
         rows, uncond_ids = self.assign_work(prepared)
         pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
         self.check_vocabulary(adapter, prepared, pair_ids)
-        batches = self.equalize_forward_calls(
+        batches = equalize_forward_calls(
             plan_batches(
                 prepared.pairs,
                 pair_ids,
@@ -231,7 +232,8 @@ class InLoopEvaluator:
                 packing=adapter.supports_packing,
                 max_length=adapter.max_length or DEFAULT_MAX_LENGTH,
                 pad_to_multiple=adapter.pad_to_multiple,
-            )
+            ),
+            agreement,
         )
         scores = run_batches(
             adapter,
@@ -243,7 +245,7 @@ class InLoopEvaluator:
         )
         metric = ICLMetric(prepared.metrics).to(adapter.device)
         update_metric(metric, prepared.table, rows, uncond_ids, scores)
-        self.agree_before_sync()
+        agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
         return TaskResult(metric.compute(), rows, uncond_ids, scores)
 
     def assign_work(self, prepared: PreparedTask) -> tuple[np.ndarray, np.ndarray]:
@@ -253,21 +255,6 @@ class InLoopEvaluator:
         rows = rank_rows(prepared.dataset, shard_documents(prepared.dataset, world_size, rank))
         uncond_ids = prepared.dataset.uncond_ids()[rank::world_size]
         return rows, uncond_ids
-
-    def equalize_forward_calls(self, batches: list[Batch]) -> AgreedSequence[Batch]:
-        """Pad with dummy forwards so every rank makes the same number of model calls.
-
-        The count is agreed at the task's planning point, where a failure on any rank so far stops every
-        rank before its first forward; iterating the result joins a point between forward passes.
-        """
-        agreement = self._agreement or TaskAgreement("?")
-        n = agreement.agree(len(batches))
-        return AgreedSequence(batches + [dummy_batch() for _ in range(n - len(batches))], agreement)
-
-    def agree_before_sync(self) -> None:
-        """The task's point after scoring, before the metric sync: a rank that failed since its last
-        forward pass stops every rank here instead of leaving them in the sync's collectives."""
-        (self._agreement or TaskAgreement("?")).agree()
 
     def check_vocabulary(self, adapter: ModelAdapter, prepared: PreparedTask, pair_ids: np.ndarray) -> None:
         """Token ids the model cannot embed are an error naming the first document that holds one."""

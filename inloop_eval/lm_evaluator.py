@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from inloop_eval.adapters import ModelAdapter
-from inloop_eval.batching import Batch, dummy_batch
+from inloop_eval.batching import Batch, equalize_forward_calls
 from inloop_eval.config import LMEvalConfig
 from inloop_eval.data import home
-from inloop_eval.distributed import AgreedSequence, TaskAgreement, TaskFailedOnAnotherRank, world
+from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, world
 from inloop_eval.errors import ConfigError, LMDataError
 from inloop_eval.lm_data import DomainSet, load_memmap_domain, load_text_domain, token_byte_lengths
 from inloop_eval.metrics.perplexity import FIGURES, PerplexityMetric
@@ -288,10 +288,3 @@ def plan_sequence_batches(
         )
         start = chunk.stop
     return batches
-
-
-def equalize_forward_calls(batches: list[Batch], agreement: TaskAgreement) -> AgreedSequence[Batch]:
-    """Pad with dummy forwards so every rank makes the same number of model calls. The count is agreed at
-    the planning point; iterating the result joins a point between forward passes."""
-    n = agreement.agree(len(batches))
-    return AgreedSequence(batches + [dummy_batch() for _ in range(n - len(batches))], agreement)
