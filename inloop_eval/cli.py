@@ -209,10 +209,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
     from inloop_eval.config import EvaluatorConfig
-    from inloop_eval.distributed import world
+    from inloop_eval.distributed import init_from_env, world
     from inloop_eval.evaluator import InLoopEvaluator
 
-    init_distributed()
+    init_from_env()
     world_size, rank = world()
     config = evaluate_config(args)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -265,18 +265,6 @@ def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
     config.strict = args.strict or config.strict
     config.__post_init__()
     return config
-
-
-def init_distributed() -> None:
-    """Join the process group torchrun describes (gloo on CPU, nccl on CUDA)."""
-    import torch
-    import torch.distributed as dist
-
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend)
 
 
 def load_hf_model(path: str, device: Any) -> Any:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from inloop_eval.config import ConfigError, EvaluatorConfig, build_dataclass
 from inloop_eval.data import default_data_root
-from inloop_eval.distributed import world
+from inloop_eval.distributed import init_from_env, world
 from inloop_eval.errors import InLoopEvalError
 from inloop_eval.evaluator import InLoopEvaluator
 from inloop_eval.fetch import fetch, neox_tokenizer_path, oe_eval_dir
@@ -186,19 +186,6 @@ def token_stream(texts: list[str], tokenizer: Any) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-def init_distributed() -> torch.device:
-    """Join the process group `torchrun` describes, if any; returns this process's device."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-            dist.init_process_group("nccl")
-        else:
-            dist.init_process_group("gloo")
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def barrier() -> None:
     if world()[0] > 1:
         dist.barrier()
@@ -224,7 +211,7 @@ def make_logger(config: DemoConfig, out_dir: Path) -> MetricsLogger:
 def train(config: DemoConfig, data_root: Path) -> list[dict[str, float]]:
     """Train, evaluating every `eval_interval` steps and logging; returns the evaluations' figures."""
     tc = config.train
-    device = init_distributed()
+    device = init_from_env()
     world_size, rank = world()
     if tc.batch_size % world_size:
         raise ConfigError(

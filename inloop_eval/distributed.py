@@ -24,6 +24,7 @@ What this guarantees, for a failure on some ranks only:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import TypeVar, overload
 
@@ -50,6 +51,29 @@ def _device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def init_from_env() -> torch.device:
+    """Join the process group `torchrun` describes (RANK, WORLD_SIZE), if any and not joined yet: nccl on
+    the GPU of LOCAL_RANK where CUDA is available, else gloo. Returns this process's device."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            dist.init_process_group("nccl")
+        else:
+            dist.init_process_group("gloo")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sum(value: int) -> int:
+    """`value` summed over ranks (every rank calls this)."""
+    if world()[0] == 1:
+        return int(value)
+    t = torch.tensor([value], dtype=torch.int64, device=_device())
+    dist.all_reduce(t)
+    return int(t.item())
 
 
 def all_reduce_max_many(values: Sequence[int]) -> list[int]:

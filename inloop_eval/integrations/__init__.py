@@ -10,10 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
-from inloop_eval.distributed import world
+from inloop_eval.distributed import all_reduce_sum
 from inloop_eval.loggers import MetricsLogger
 
 SECONDS_KEY = "eval/seconds"
@@ -30,7 +27,7 @@ def run_and_log(
     start = time.perf_counter()
     metrics = dict(evaluator.run(model, step=step))
     metrics[SECONDS_KEY] = time.perf_counter() - start
-    metrics[TOKENS_KEY] = float(sum_over_ranks(tokens_forwarded_since(evaluator, before)))
+    metrics[TOKENS_KEY] = float(all_reduce_sum(tokens_forwarded_since(evaluator, before)))
     if logger is not None:
         logger.log(metrics, step)
     return metrics
@@ -58,13 +55,3 @@ def tokens_forwarded_since(evaluator: Any, before: list[Any]) -> int:
         scores = getattr(result, "scores", None)
         total += int(getattr(scores, "tokens_forwarded", None) or getattr(result, "tokens_forwarded", 0) or 0)
     return total
-
-
-def sum_over_ranks(value: int) -> int:
-    """`value` summed over the process group (every rank calls this)."""
-    if world()[0] == 1:
-        return value
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(t)
-    return int(t.item())
