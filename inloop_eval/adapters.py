@@ -210,7 +210,9 @@ def unwrap(model: Any) -> Any:
 
 def make_adapter(model: Any, max_length: int | None = None) -> ModelAdapter:
     """Pick the adapter for `model`: an adapter as is, the reference GPT, a Hugging Face causal LM, or any
-    callable returning logits."""
+    callable returning logits. FSDP2 modules are called through `__call__` (logits), keeping what the
+    adapter for their type knows (context length, vocabulary): their hooks unshard the parameters and
+    lazily initialise the root, which reaching past `forward` would skip."""
     if isinstance(model, ModelAdapter):
         return model
     model = unwrap(model)
@@ -226,7 +228,19 @@ def make_adapter(model: Any, max_length: int | None = None) -> ModelAdapter:
         )
     if max_length is not None:
         adapter.max_length = max_length
+    if _is_fsdp2(model):
+        through_hooks = LogitsAdapter(model, adapter.max_length)
+        through_hooks.vocab_size = adapter.vocab_size
+        return through_hooks
     return adapter
+
+
+def _is_fsdp2(model: Any) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # builds without torch.distributed
+        return False
+    return isinstance(model, FSDPModule)
 
 
 def _is_hf_causal_lm(model: Any) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from inloop_eval.adapters import LogitsAdapter, ModelAdapter, make_adapter, unwrap
+from inloop_eval.adapters import ModelAdapter, make_adapter
 from inloop_eval.batching import equalize_forward_calls, plan_batches
 from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
 from inloop_eval.dataset import ICLMultiChoiceTaskDataset, rank_rows, shard_documents, subset_size
@@ -89,7 +89,7 @@ class InLoopEvaluator:
         Under torch.distributed every rank calls this with its part of the model; training state is left
         as it was (`training_untouched`), and `compiler_reset` drops torch.compile's graphs afterwards.
         """
-        adapter = eval_adapter(model, self.config.max_length)
+        adapter = make_adapter(model, self.config.max_length)
         if self.config.pad_to_multiple > 1:
             adapter.pad_to_multiple = self.config.pad_to_multiple
         out: dict[str, float] = {}
@@ -269,22 +269,6 @@ class InLoopEvaluator:
                     f"{describe_pair(prepared, p)}: token id {int(tokens.max())} is beyond the model's "
                     f"vocabulary of {vocab}; the tokenizer does not match the model"
                 )
-
-
-def eval_adapter(model: Any, max_length: int | None) -> ModelAdapter:
-    """`make_adapter`, except that FSDP2 modules are called through `__call__` (logits): their hooks
-    unshard the parameters and lazily initialise the root, which reaching past `forward` would skip."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # builds without torch.distributed
-        return make_adapter(model, max_length)
-    inner = unwrap(model) if not isinstance(model, ModelAdapter) else None
-    if not isinstance(inner, FSDPModule):
-        return make_adapter(model, max_length)
-    plain = make_adapter(inner, max_length)
-    adapter = LogitsAdapter(inner, plain.max_length)
-    adapter.vocab_size = plain.vocab_size
-    return adapter
 
 
 def read_request_cache(path: Path | None) -> RequestTable | None:
