@@ -71,10 +71,6 @@ class Batch:
         """Tokens forwarded, padding included."""
         return int(self.input_ids_BT.size)
 
-    @property
-    def is_packed(self) -> bool:
-        return self.segment_BT is not None
-
 
 def attention_mask_B1TT(segment_BT: Tensor) -> Tensor:
     """Boolean mask (True = may attend) for a packed batch: causal, and a position sees the context
