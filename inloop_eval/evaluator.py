@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from inloop_eval.adapters import ModelAdapter, make_adapter
-from inloop_eval.batching import equalize_forward_calls, plan_batches
+from inloop_eval.batching import Batch, equalize_forward_calls, plan_batches
 from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
 from inloop_eval.dataset import ICLMultiChoiceTaskDataset, rank_rows, shard_documents, subset_size
 from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, world
@@ -49,6 +49,8 @@ class PreparedTask:
     dataset: ICLMultiChoiceTaskDataset
     # Evaluated documents given fewer few-shot examples than asked (see `tasks.fewshot`); None: zero-shot.
     n_fewshot_short_docs: int | None = None
+    # This rank's batches by (world size, rank, packing, pad_to_multiple): planned once, reused.
+    plans: dict[tuple[int, int, bool, int], list[Batch]] = field(default_factory=dict)
 
 
 @dataclass
@@ -224,17 +226,7 @@ class InLoopEvaluator:
         rows, uncond_ids = self.assign_work(prepared)
         pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
         self.check_vocabulary(adapter, prepared, pair_ids)
-        batches = equalize_forward_calls(
-            plan_batches(
-                prepared.pairs,
-                pair_ids,
-                prepared.config.batch_tokens,
-                packing=adapter.supports_packing,
-                max_length=adapter.max_length or DEFAULT_MAX_LENGTH,
-                pad_to_multiple=adapter.pad_to_multiple,
-            ),
-            agreement,
-        )
+        batches = equalize_forward_calls(self.plan(adapter, prepared, pair_ids), agreement)
         scores = run_batches(
             adapter,
             batches,
@@ -247,6 +239,21 @@ class InLoopEvaluator:
         update_metric(metric, prepared.table, rows, uncond_ids, scores)
         agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
         return TaskResult(metric.compute(), rows, uncond_ids, scores)
+
+    def plan(self, adapter: ModelAdapter, prepared: PreparedTask, pair_ids: np.ndarray) -> list[Batch]:
+        """This rank's batches for `pair_ids` (its share, which world size and rank decide), planned at the
+        task's first evaluation and reused by the later ones (planning a large task takes a CPU-second)."""
+        key = (*world(), adapter.supports_packing, adapter.pad_to_multiple)
+        if key not in prepared.plans:
+            prepared.plans[key] = plan_batches(
+                prepared.pairs,
+                pair_ids,
+                prepared.config.batch_tokens,
+                packing=adapter.supports_packing,
+                max_length=adapter.max_length or DEFAULT_MAX_LENGTH,
+                pad_to_multiple=adapter.pad_to_multiple,
+            )
+        return prepared.plans[key]
 
     def assign_work(self, prepared: PreparedTask) -> tuple[np.ndarray, np.ndarray]:
         """This rank's request rows (its documents, by the DistributedSampler) and unconditional pairs

@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import REPO, load_script, rng_draws, seed_all
 
+from inloop_eval import evaluator as evaluator_module
 from inloop_eval.adapters import LogitsAdapter
 from inloop_eval.config import EvaluatorConfig
 from inloop_eval.errors import ConfigError, ModelOutputError, RequestError, TaskDataError, UnknownTaskError
@@ -106,6 +107,24 @@ def test_pad_to_multiple_buckets_widths_without_moving_scores(data_root, neox_to
         np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ConfigError, match="pad_to_multiple must be an integer >= 1"):
         EvaluatorConfig(pad_to_multiple=0)
+
+
+def test_batches_are_planned_once_per_task(data_root, neox_tokenizer, model, monkeypatch):
+    """A later evaluation reuses the first one's plan (the same scores); other bucketing plans anew."""
+    calls: list[int] = []
+    plan = evaluator_module.plan_batches
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator_module, "plan_batches", counted)
+    evaluator = make_evaluator(data_root, neox_tokenizer, ["hellaswag", "arc_easy"])
+    first = evaluator.run(model)
+    assert len(calls) == 2
+    assert evaluator.run(model) == first and len(calls) == 2
+    evaluator.run(LogitsAdapter(model, max_length=model.config.max_seq_len))  # no packing: a new plan
+    assert len(calls) == 4
 
 
 def test_callable_model_gives_the_same_scores(data_root, neox_tokenizer, model):
