@@ -12,6 +12,11 @@ from inloop_eval.errors import ConfigError
 EVALUATOR_TYPES = ("downstream",)
 
 
+def repeated(labels: list[str]) -> list[str]:
+    """The labels that occur more than once, sorted."""
+    return sorted({x for x in labels if labels.count(x) > 1})
+
+
 @dataclass(kw_only=True)
 class TaskEvalConfig:
     """One evaluator of the list: a downstream task and how to batch it."""
@@ -158,7 +163,7 @@ class LMEvalConfig:
                 "[{label: code, paths: [data/code/*.npy]}]"
             )
         labels = [d.label for d in self.domains]
-        duplicated = sorted({x for x in labels if labels.count(x) > 1})
+        duplicated = repeated(labels)
         if duplicated:
             raise ConfigError(f"lm evaluator: domain labels must be unique; repeated: {duplicated}")
         if self.seq_len < 2:
@@ -231,13 +236,13 @@ class EvaluatorConfig:
         if not isinstance(self.compiler_reset, bool):
             raise ConfigError(f"compiler_reset must be true or false, found {self.compiler_reset!r}")
         labels = [e.label for e in self.evaluators if isinstance(e, TaskEvalConfig)]
-        duplicated = sorted({x for x in labels if labels.count(x) > 1})
+        duplicated = repeated(labels)
         if duplicated:
             raise ConfigError(
                 f"evaluator labels must be unique; repeated: {duplicated} (set `label:` to tell them apart)"
             )
         lm_labels = [d.label for e in self.evaluators if isinstance(e, LMEvalConfig) for d in e.domains]
-        duplicated = sorted({x for x in lm_labels if lm_labels.count(x) > 1})
+        duplicated = repeated(lm_labels)
         if duplicated:
             raise ConfigError(
                 f"lm domain labels must be unique across `lm` evaluators; repeated: {duplicated}"
