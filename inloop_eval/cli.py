@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inloop_eval.errors import InLoopEvalError
+from inloop_eval.files import write_text_atomically
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -119,7 +120,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from inloop_eval.tasks import get_task, task_names
 
     if args.describe:
-        from inloop_eval.tasks.describe import describe_task
+        from inloop_eval.describe import describe_task
 
         print(describe_task(get_task(args.describe), args.data_root, args.doc))
         return 0
@@ -153,7 +154,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from inloop_eval.data import default_data_root
+    from inloop_eval.data_root import default_data_root
     from inloop_eval.fetch import fetch
 
     root = fetch(
@@ -168,10 +169,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_make_lm(args: argparse.Namespace) -> int:
     from inloop_eval.config import check_lm_label
-    from inloop_eval.data import default_data_root
+    from inloop_eval.data_root import default_data_root, neox_tokenizer_path
     from inloop_eval.errors import ConfigError
-    from inloop_eval.fetch import neox_tokenizer_path
-    from inloop_eval.lm_data import glob_documents, make_domain_set, oe_eval_passages
+    from inloop_eval.make_lm import glob_documents, make_domain_set, oe_eval_passages
     from inloop_eval.tokenizer import load_tokenizer
 
     check_lm_label(args.label, "make-lm --label")
@@ -333,19 +333,11 @@ def sample_records(evaluator: Any, label: str, result: Any) -> list[dict[str, An
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    write_text_atomically(path, json.dumps(data, indent=2, sort_keys=True))
 
 
 def write_samples(path: Path, samples: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w") as f:
-        for record in samples:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_text_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in samples))
 
 
 if __name__ == "__main__":

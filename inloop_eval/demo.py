@@ -16,7 +16,6 @@ import argparse
 import gzip
 import json
 import logging
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,11 +27,12 @@ import torch
 import torch.distributed as dist
 
 from inloop_eval.config import ConfigError, EvaluatorConfig, build_dataclass
-from inloop_eval.data import default_data_root
+from inloop_eval.data_root import default_data_root, neox_tokenizer_path, oe_eval_dir
 from inloop_eval.distributed import init_from_env, world
 from inloop_eval.errors import InLoopEvalError
 from inloop_eval.evaluator import InLoopEvaluator
-from inloop_eval.fetch import fetch, neox_tokenizer_path, oe_eval_dir
+from inloop_eval.fetch import fetch
+from inloop_eval.files import write_text_atomically
 from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY, run_and_log
 from inloop_eval.loggers import JSONLLogger, MetricsLogger, MultiLogger, WandbLogger, is_rank_zero
 from inloop_eval.models.gpt import GPT, GPTConfig
@@ -158,9 +158,7 @@ def write_heldout(out_dir: Path, heldout: dict[str, list[str]]) -> None:
         path = directory / f"{source}.jsonl"
         content = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts)
         if not path.is_file() or path.read_text(encoding="utf-8") != content:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(content, encoding="utf-8")
-            os.replace(tmp, path)
+            write_text_atomically(path, content)
 
 
 def resolve_run_paths(evaluation: EvaluatorConfig, out_dir: Path) -> None:

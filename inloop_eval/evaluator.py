@@ -19,15 +19,15 @@ import torch
 from inloop_eval.adapters import ModelAdapter, make_adapter
 from inloop_eval.batching import Batch, equalize_forward_calls, plan_batches
 from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
-from inloop_eval.dataset import ICLMultiChoiceTaskDataset, rank_rows, shard_documents, subset_size
 from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, world
 from inloop_eval.errors import ConfigError, ModelOutputError
 from inloop_eval.lm_evaluator import LMEvaluator
 from inloop_eval.metrics.icl import ICLMetric, needs_uncond
+from inloop_eval.pairs import PairSet, RequestTable, build_requests
 from inloop_eval.request_cache import RequestCacheError, cache_path, load_table, save_table
-from inloop_eval.requests import PairSet, RequestTable, build_requests
 from inloop_eval.safety import training_untouched
 from inloop_eval.scoring import PairScores, run_batches
+from inloop_eval.sharding import ICLMultiChoiceTaskDataset, rank_rows, shard_documents, subset_size
 from inloop_eval.tasks import Doc, MultipleChoiceTask, get_task, load_docs
 from inloop_eval.tokenizer import TokenizerLike, load_tokenizer
 

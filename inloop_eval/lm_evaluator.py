@@ -21,12 +21,13 @@ import torch
 from inloop_eval.adapters import ModelAdapter
 from inloop_eval.batching import Batch, equalize_forward_calls
 from inloop_eval.config import LMEvalConfig
-from inloop_eval.data import home
+from inloop_eval.data_root import home
 from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, world
 from inloop_eval.errors import ConfigError, LMDataError
-from inloop_eval.lm_data import DomainSet, load_memmap_domain, load_text_domain, token_byte_lengths
+from inloop_eval.lm_domains import DomainSet, load_memmap_domain, load_text_domain
 from inloop_eval.metrics.perplexity import FIGURES, PerplexityMetric
 from inloop_eval.scoring import run_batches
+from inloop_eval.token_bytes import token_byte_lengths
 from inloop_eval.tokenizer import TokenizerLike
 
 log = logging.getLogger(__name__)

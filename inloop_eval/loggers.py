@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from inloop_eval.distributed import world
+from inloop_eval.files import write_text_atomically
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
@@ -104,9 +105,8 @@ class JSONLLogger(MetricsLogger):
     def log_config(self, config: Any) -> None:
         if self._file is None:
             return
-        tmp = self.run_dir / (CONFIG_FILE + ".tmp")
-        tmp.write_text(json.dumps(as_dict(config), indent=2, sort_keys=True, default=str))
-        os.replace(tmp, self.run_dir / CONFIG_FILE)
+        text = json.dumps(as_dict(config), indent=2, sort_keys=True, default=str)
+        write_text_atomically(self.run_dir / CONFIG_FILE, text)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         if self._file is None:

@@ -17,19 +17,18 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from inloop_eval import requests as requests_module
+from inloop_eval import pairs as pairs_module
 from inloop_eval import tokenizer as tokenizer_module
-from inloop_eval.data import home
+from inloop_eval.data_root import home
 from inloop_eval.errors import InLoopEvalError
-from inloop_eval.requests import PairSet, RequestTable
+from inloop_eval.files import write_atomically
+from inloop_eval.pairs import PairSet, RequestTable
 from inloop_eval.tasks.base import Doc, MultipleChoiceTask
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,7 @@ def _code_digest() -> str:
     """Hash of the tokenization code (pairs and the tokenizer wrapper): a change to how requests are
     tokenized must never read tables made by the old code."""
     h = hashlib.sha256()
-    for module in (requests_module, tokenizer_module):
+    for module in (pairs_module, tokenizer_module):
         h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()
 
@@ -158,22 +157,11 @@ def _table_arrays(table: RequestTable) -> tuple[dict[str, np.ndarray], dict[str,
 
 
 def save_table(table: RequestTable, path: Path) -> None:
-    """Write `table` to `path` atomically (a temporary file in the same directory, then os.replace)."""
+    """Write `table` to `path` atomically (`inloop_eval.files`)."""
     arrays, layout = _table_arrays(table)
     meta = {"format": FORMAT_VERSION, "key": path.stem, "layout": layout}
     arrays[_META] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is as readable as the data
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, lambda f: np.savez(f, **arrays))
 
 
 def load_table(path: Path) -> RequestTable | None:

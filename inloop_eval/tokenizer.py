@@ -63,7 +63,18 @@ class Tokenizer:
     @property
     def prefix_token_id(self) -> int | None:
         """The token an empty context starts from: BOS, else EOS."""
-        return self.bos_token_id if self.bos_token_id is not None else self.eos_token_id
+        return start_token_id(self)
+
+
+def start_token_id(tokenizer: TokenizerLike) -> int | None:
+    """The one rule for where text starts: the tokenizer's BOS, else its EOS (as lm-evaluation-harness
+    does); None when it has neither. Empty contexts, unconditional contexts and text-domain documents
+    start from it."""
+    for name in ("bos_token_id", "eos_token_id"):
+        token = getattr(tokenizer, name, None)
+        if token is not None:
+            return int(token)
+    return None
 
 
 def load_tokenizer(

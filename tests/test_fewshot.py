@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inloop_eval.data import load_split
-from inloop_eval.dataset import ICLMultiChoiceTaskDataset, rank_rows, shard_documents
+from inloop_eval.data_root import load_split
 from inloop_eval.errors import TaskDataError, UnknownTaskError
-from inloop_eval.requests import build_requests
+from inloop_eval.pairs import build_requests
+from inloop_eval.sharding import ICLMultiChoiceTaskDataset, rank_rows, shard_documents
 from inloop_eval.tasks import Doc, get_task, load_docs
 from inloop_eval.tasks.base import MultipleChoiceTask
 from inloop_eval.tasks.fewshot import ExamplePool, add_fewshot, example_indices, render_example

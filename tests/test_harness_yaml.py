@@ -13,10 +13,10 @@ import yaml
 from helpers import REPO, load_script
 
 from inloop_eval.config import EvaluatorConfig
-from inloop_eval.data import load_split
+from inloop_eval.data_root import load_split
 from inloop_eval.errors import ConfigError, TaskDataError, UnknownTaskError
 from inloop_eval.evaluator import InLoopEvaluator
-from inloop_eval.requests import build_requests
+from inloop_eval.pairs import build_requests
 from inloop_eval.tasks import get_task, load_docs, registry, task_names
 from inloop_eval.tasks.harness_yaml import HarnessSuite, load_yaml, register_harness_tasks
 

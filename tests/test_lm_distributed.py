@@ -17,7 +17,7 @@ import pytest
 import torch.multiprocessing as mp
 from lm_helpers import lm_entry, tiny_gpt, write_domains
 
-from inloop_eval.fetch import neox_tokenizer_path
+from inloop_eval.data_root import neox_tokenizer_path
 
 LABELS = ("code", "prose", "tiny")
 TIMEOUT_S = 150

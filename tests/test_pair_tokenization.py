@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from inloop_eval.data import load_split
+from inloop_eval.data_root import load_split, neox_tokenizer_path
 from inloop_eval.errors import RequestError
-from inloop_eval.fetch import neox_tokenizer_path
-from inloop_eval.requests import encode_pair
+from inloop_eval.pairs import encode_pair
 from inloop_eval.tokenizer import Tokenizer, load_tokenizer
 
 MAX_LENGTH = 2048

@@ -23,9 +23,9 @@ from inloop_eval.adapters import LogitsAdapter
 from inloop_eval.config import EvaluatorConfig
 from inloop_eval.errors import ConfigError, LMDataError
 from inloop_eval.evaluator import InLoopEvaluator
-from inloop_eval.lm_data import token_byte_lengths
 from inloop_eval.metrics.perplexity import PerplexityMetric, perplexity_compute
 from inloop_eval.scoring import token_logprobs
+from inloop_eval.token_bytes import token_byte_lengths
 
 LABELS = ("code", "prose", "tiny")
 

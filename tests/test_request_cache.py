@@ -14,6 +14,7 @@ import torch
 from inloop_eval.config import EvaluatorConfig
 from inloop_eval.evaluator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
+from inloop_eval.pairs import PairSet, build_requests
 from inloop_eval.request_cache import (
     FORMAT_VERSION,
     RequestCacheError,
@@ -22,7 +23,6 @@ from inloop_eval.request_cache import (
     load_table,
     save_table,
 )
-from inloop_eval.requests import PairSet, build_requests
 from inloop_eval.tasks import get_task, load_docs
 
 

@@ -34,7 +34,7 @@ from inloop_eval.config import EvaluatorConfig
 from inloop_eval.errors import ModelOutputError
 from inloop_eval.evaluator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
-from inloop_eval.requests import PairSet, RequestTable, build_requests
+from inloop_eval.pairs import PairSet, RequestTable, build_requests
 from inloop_eval.scoring import PairScores, run_batches
 from inloop_eval.tasks import get_task, load_docs
 

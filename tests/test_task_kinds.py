@@ -14,8 +14,8 @@ from helpers import load_script
 from reference import FIELDS, reference_icl
 
 from inloop_eval.config import EvaluatorConfig
+from inloop_eval.data_root import oe_eval_dir
 from inloop_eval.evaluator import InLoopEvaluator
-from inloop_eval.fetch import oe_eval_dir
 from inloop_eval.tasks import Doc, get_task, load_docs
 from inloop_eval.tasks.base import CLASSIFICATION_METRICS, GOLD_ONLY_METRICS, GREEDY_METRICS
 

@@ -309,7 +309,7 @@ def test_arc_has_three_and_five_choice_documents(all_docs):
 
 
 def test_arc_numeric_answer_keys(data_root: Path):
-    from inloop_eval.data import load_split
+    from inloop_eval.data_root import load_split
 
     task = get_task("arc_easy")
     rows = load_split(task.dataset_path, task.dataset_name, task.split, data_root=data_root)

@@ -10,8 +10,8 @@ import pytest
 from tokenizers import Tokenizer as Backend
 from tokenizers import models, pre_tokenizers, processors
 
+from inloop_eval.data_root import neox_tokenizer_path
 from inloop_eval.errors import TokenizerError
-from inloop_eval.fetch import neox_tokenizer_path
 from inloop_eval.tokenizer import Tokenizer, TokenizerLike, load_tokenizer
 
 

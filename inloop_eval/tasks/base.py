@@ -217,7 +217,7 @@ class MultipleChoiceTask:
     def load_documents(self, data_root: str | Path | None = None, limit: int | None = None) -> list[Doc]:
         """Every document of the task's split (the first `limit` when given), checked by `make_doc`, with
         the description and few-shot examples put before each prompt."""
-        from inloop_eval.data import load_split
+        from inloop_eval.data_root import load_split
         from inloop_eval.tasks.fewshot import add_fewshot
 
         docs: list[Doc] = []

@@ -305,7 +305,7 @@ class HarnessYamlTask(MultipleChoiceTask):
     # ---- data
 
     def _load_split(self, split: str, data_root: str | Path | None) -> Any:
-        from inloop_eval.data import load_split
+        from inloop_eval.data_root import load_split
 
         kwargs = dict(self.config.get("dataset_kwargs") or {})
         if kwargs.pop("trust_remote_code", None):

@@ -69,6 +69,7 @@ SUBJECT_CATEGORY: dict[str, str] = {
     "virology": "other",
     "world_religions": "humanities",
 }
+DATASET_PATH = "hails/mmlu_no_train"
 SUBJECTS: tuple[str, ...] = tuple(sorted(SUBJECT_CATEGORY))
 CATEGORIES: tuple[str, ...] = ("stem", "humanities", "social_sciences", "other")
 
@@ -87,7 +88,7 @@ class MMLURC(MultipleChoiceTask):
     {subject}.\\n\\n', then the first k documents of the subject's dev split, solved, each followed by '\\n\\n'.
     """
 
-    dataset_path = "hails/mmlu_no_train"
+    dataset_path = DATASET_PATH
     uncond_context = "Answer:"  # OLMo's domain conditional for PMI
     format_source = "OLMES mmlu rc: 'Question: {question}\\nAnswer:'"
     # Few-shot examples: the first k of each subject's dev split, after the MMLU paper's instruction.

@@ -85,8 +85,7 @@ class OEEvalRequestsTask(MultipleChoiceTask):
     def variant_dir(self, data_root: str | Path | None) -> Path:
         if self.directory is not None:
             return self.directory
-        from inloop_eval.data import default_data_root
-        from inloop_eval.fetch import oe_eval_dir
+        from inloop_eval.data_root import default_data_root, oe_eval_dir
 
         root = Path(data_root) if data_root is not None else default_data_root()
         return oe_eval_dir(root) / self.task_dir / self.variant

@@ -55,6 +55,21 @@ def get_task(name: str) -> MultipleChoiceTask:
     return task
 
 
+def data_splits() -> list[tuple[str, str | None, str]]:
+    """(dataset path, subset, split) of every split the registered tasks read from the data root: the
+    evaluated split and the few-shot split of each subset, in registration order, without repeats."""
+    out: dict[tuple[str, str | None, str], None] = {}
+    for factory in _FACTORIES.values():
+        task = factory()
+        if not task.dataset_path:
+            continue  # documents from files of its own (oe-eval requests), not a dataset split
+        for subset in task.subsets():
+            for split in (task.split, task.fewshot_split):
+                if split is not None:
+                    out.setdefault((task.dataset_path, subset, split), None)
+    return list(out)
+
+
 def task_names() -> list[str]:
     """The registered ids (each also takes a `_<k>shot` suffix)."""
     return sorted(_FACTORIES)

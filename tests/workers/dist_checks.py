@@ -28,13 +28,13 @@ import inloop_eval.evaluator as evaluator_module
 import inloop_eval.scoring as scoring_module
 from inloop_eval.adapters import LogitsAdapter
 from inloop_eval.config import EvaluatorConfig
+from inloop_eval.data_root import neox_tokenizer_path
 from inloop_eval.distributed import TaskFailedOnAnotherRank, world
 from inloop_eval.errors import ModelOutputError, TaskDataError
 from inloop_eval.evaluator import InLoopEvaluator
-from inloop_eval.fetch import neox_tokenizer_path
 from inloop_eval.models.gpt import GPT, GPTConfig
+from inloop_eval.pairs import build_requests
 from inloop_eval.request_cache import cache_dir, load_table, save_table
-from inloop_eval.requests import build_requests
 from inloop_eval.tasks import get_task, load_docs
 from inloop_eval.tokenizer import Tokenizer, load_tokenizer
 

@@ -15,6 +15,9 @@ from inloop_eval.errors import TaskDataError
 if TYPE_CHECKING:
     import datasets
 
+OE_EVAL_DIR = "oe_eval_tasks"
+TOKENIZER_DIR = "tokenizers"
+
 
 def home() -> Path:
     """`$INLOOP_EVAL_HOME`, else `~/.cache/inloop_eval`: data, caches and downloads live under it."""
@@ -25,6 +28,16 @@ def default_data_root() -> Path:
     """`$INLOOP_EVAL_DATA`, else `<home>/data`."""
     env = os.environ.get("INLOOP_EVAL_DATA")
     return Path(env).expanduser() if env else home() / "data"
+
+
+def oe_eval_dir(root: str | Path) -> Path:
+    """OLMo's oe-eval request files inside a fetched data root: `<task>/<variant>/requests.jsonl.gz`."""
+    return Path(root) / OE_EVAL_DIR
+
+
+def neox_tokenizer_path(root: str | Path) -> Path:
+    """The GPT-NeoX-20B tokenizer (with OLMo's PII special tokens) inside a fetched data root."""
+    return Path(root) / TOKENIZER_DIR / "gpt-neox-20b.json"
 
 
 def split_dir(root: str | Path, path: str, name: str | None, split: str) -> Path:

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset, DistributedSampler
 
 from inloop_eval.batching import row_lengths
 from inloop_eval.errors import ConfigError, RequestError
-from inloop_eval.requests import RequestTable
+from inloop_eval.pairs import RequestTable
 
 
 class ICLMultiChoiceTaskDataset(Dataset):

@@ -23,19 +23,18 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
 
 from inloop_eval.config import LMDomainConfig
 from inloop_eval.distributed import all_reduce_max, world
 from inloop_eval.errors import LMDataError
-from inloop_eval.tokenizer import TokenizerLike
+from inloop_eval.files import build_directory_atomically
+from inloop_eval.tokenizer import TokenizerLike, start_token_id
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +43,6 @@ CACHE_VERSION = 1
 _SCAN_ROWS = 4096
 _NPY_MAGIC = b"\x93NUMPY"
 _SENTENCEPIECE_BYTE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
-# Byte tables by tokenizer fingerprint: built once per process (half a second for a 50k vocabulary).
-_BYTE_TABLES: dict[str, np.ndarray] = {}
 
 
 @dataclass
@@ -111,79 +108,6 @@ class DomainSet:
             if top > out.max_token_id:
                 out.max_token_id, out.max_token_seq = top, s
         return out
-
-
-# --- Bytes per token -----------------------------------------------------------------------------------
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map used by byte-level BPE vocabularies."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
-
-
-def _decoder_types(spec: dict[str, Any] | None) -> set[str]:
-    if not spec:
-        return set()
-    if spec.get("type") == "Sequence":
-        return {t for d in spec.get("decoders", []) for t in _decoder_types(d)}
-    return {str(spec.get("type"))}
-
-
-def token_byte_lengths(tokenizer: TokenizerLike) -> np.ndarray | None:
-    """UTF-8 bytes of every token id [V] (int64): what the token adds to decoded text; special tokens 0.
-
-    Byte-level BPE (GPT-2, GPT-NeoX, Llama 3) maps each vocabulary character back to one byte; SentencePiece
-    vocabularies count `▁` as a space and `<0xNN>` as one byte; other `tokenizers` models and tokenizers with
-    `decode` and `vocab_size` decode each token alone. None when the tokenizer offers neither.
-    """
-    backend = getattr(tokenizer, "backend", None)
-    if backend is not None and hasattr(backend, "to_str"):
-        fingerprint = getattr(tokenizer, "fingerprint", None)
-        if fingerprint is None:
-            return _tokenizers_byte_lengths(backend)
-        if fingerprint not in _BYTE_TABLES:
-            _BYTE_TABLES[fingerprint] = _tokenizers_byte_lengths(backend)
-            _BYTE_TABLES[fingerprint].flags.writeable = False
-        return _BYTE_TABLES[fingerprint]
-    decode = getattr(tokenizer, "decode", None)
-    vocab_size = getattr(tokenizer, "vocab_size", None)
-    if decode is None or not vocab_size:
-        return None
-    return np.array([len(decode([i]).encode("utf-8")) for i in range(int(vocab_size))], dtype=np.int64)
-
-
-def _tokenizers_byte_lengths(backend: Any) -> np.ndarray:
-    spec = json.loads(backend.to_str())
-    kinds = _decoder_types(spec.get("decoder"))
-    byte_level = "ByteLevel" in kinds
-    sentencepiece = bool(kinds & {"Metaspace", "ByteFallback", "Replace"})
-    byte_chars = set(bytes_to_unicode().values())
-    table = np.zeros(int(backend.get_vocab_size(with_added_tokens=True)), dtype=np.int64)
-    for token, i in backend.get_vocab(with_added_tokens=True).items():
-        if i >= len(table):
-            continue
-        if byte_level and all(c in byte_chars for c in token):
-            table[i] = len(token)
-        elif sentencepiece:
-            table[i] = 1 if _SENTENCEPIECE_BYTE.fullmatch(token) else len(token.replace("▁", " ").encode())
-        else:
-            table[i] = len(backend.decode([i], skip_special_tokens=False).encode("utf-8"))
-    for added in spec.get("added_tokens", []):
-        if added["id"] < len(table):
-            table[added["id"]] = 0 if added.get("special") else len(added["content"].encode("utf-8"))
-    return table
 
 
 # --- Files ---------------------------------------------------------------------------------------------
@@ -363,10 +287,9 @@ def encode_texts(tokenizer: TokenizerLike, texts: list[str]) -> list[list[int]]:
 
 def prefix_token(tokenizer: TokenizerLike, label: str) -> int:
     """The token each document starts from: BOS, else EOS."""
-    for name in ("bos_token_id", "eos_token_id"):
-        token = getattr(tokenizer, name, None)
-        if token is not None:
-            return int(token)
+    token = start_token_id(tokenizer)
+    if token is not None:
+        return token
     raise LMDataError(
         f"label {label!r}: text domains start every document from the tokenizer's BOS or EOS token, and this "
         "tokenizer has neither; pass a tokenizer with an EOS token or use memmap files"
@@ -465,7 +388,7 @@ def build_once(target: Path, build: Callable[[Path], None], label: str) -> None:
     error: BaseException | None = None
     if rank == 0 and not target.is_dir():
         try:
-            _build_atomically(target, build)
+            build_directory_atomically(target, build)
         except Exception as exc:  # re-raised after the collective so no rank waits forever
             error = exc
     if world_size > 1 and all_reduce_max(int(error is not None)) and error is None:
@@ -473,24 +396,7 @@ def build_once(target: Path, build: Callable[[Path], None], label: str) -> None:
     if error is not None:
         raise error
     if not target.is_dir():
-        _build_atomically(target, build)
-
-
-def _build_atomically(target: Path, build: Callable[[Path], None]) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is shared like any directory
-        build(staging)
-        try:
-            os.rename(staging, target)
-        except OSError:
-            if not target.is_dir():  # lost a race to another process: its copy is as good as ours
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        build_directory_atomically(target, build)
 
 
 def load_text_domain(
@@ -528,122 +434,3 @@ def load_text_domain(
         -1,
     )
     return full.select(select_under_cap(full.length_S, max_tokens))
-
-
-# --- making domain sets from local text ----------------------------------------------------------------
-
-# oe-eval request files (in a fetched data root) whose passages make an English prose domain; none of
-# them is the demo's training text (CoQA, DROP, SQuAD). LAMBADA: passages of unpublished novels.
-OE_EVAL_PASSAGES: dict[str, str] = {"lambada": "lambada/bpb_0shot/requests.jsonl.gz"}
-
-
-def glob_documents(patterns: Iterable[str], exclude: Iterable[str] = ()) -> tuple[list[tuple[str, str]], int]:
-    """(path, text) of every UTF-8 file the globs match, minus `exclude` globs (fnmatch on the path), and
-    how many files were skipped as not UTF-8."""
-    from fnmatch import fnmatch
-
-    excluded = list(exclude)
-    docs: list[tuple[str, str]] = []
-    skipped = 0
-    for path in sorted(
-        {p for pattern in patterns for p in glob.glob(os.path.expanduser(pattern), recursive=True)}
-    ):
-        if not Path(path).is_file() or any(fnmatch(path, x) for x in excluded):
-            continue
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            skipped += 1
-            continue
-        if text.strip():
-            docs.append((path, text))
-    return docs, skipped
-
-
-def oe_eval_passages(root: str | Path, task: str) -> list[tuple[str, str]]:
-    """(source, passage) of the unique passages of an oe-eval request file: each request's context and
-    continuation together (for LAMBADA, the whole passage with its last word)."""
-    from inloop_eval.fetch import oe_eval_dir
-
-    if task not in OE_EVAL_PASSAGES:
-        raise LMDataError(f"make-lm: --oe-eval {task!r} is not known; choose from {sorted(OE_EVAL_PASSAGES)}")
-    path = oe_eval_dir(root) / OE_EVAL_PASSAGES[task]
-    if not path.is_file():
-        raise LMDataError(f"make-lm: {path} does not exist; run `inloop-eval data fetch --root {root}` first")
-    seen: dict[str, None] = {}
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            request = json.loads(line)["request"]
-            text = (request["context"] + request["continuation"]).strip()
-            if text:
-                seen.setdefault(text, None)
-    return [(f"{task}:{i}", text) for i, text in enumerate(seen)]
-
-
-def make_domain_set(
-    documents: list[tuple[str, str]],
-    tokenizer: TokenizerLike,
-    out: Path,
-    *,
-    label: str,
-    fmt: str = "memmap",
-    max_tokens: int | None = None,
-    tokens_per_file: int = 500_000,
-    seed: int = 0,
-    sources: Iterable[str] = (),
-) -> dict[str, Any]:
-    """Write a domain set to `out/<label>/` and return its manifest (also written as `manifest.json`).
-
-    documents: (source, text) pairs; a seeded shuffle of them is taken whole until `max_tokens` tokens.
-    fmt: `memmap` writes OLMo-style raw token files `part-00000.npy`, ... (uint16 when the vocabulary fits,
-        else uint32), each document followed by EOS, at most `tokens_per_file` tokens a file; `jsonl` writes
-        `docs.jsonl` with `text` and `source` fields. `documents.txt` lists the source of each document.
-    sources: what the documents were made from (globs, oe-eval names), for the manifest.
-    """
-    if not documents:
-        raise LMDataError(f"make-lm: label {label!r} has no documents; check --glob / --oe-eval")
-    order = np.random.default_rng(seed).permutation(len(documents))
-    eos = getattr(tokenizer, "eos_token_id", None)
-    chosen: list[tuple[str, str, list[int]]] = []
-    total = 0
-    for lo in range(0, len(order), 64):
-        picked = [documents[int(i)] for i in order[lo : lo + 64]]
-        for (source, text), ids in zip(picked, encode_texts(tokenizer, [t for _, t in picked]), strict=True):
-            if ids and (max_tokens is None or total < max_tokens):
-                chosen.append((source, text, ids))
-                total += len(ids)
-        if max_tokens is not None and total >= max_tokens:
-            break
-    vocab = int(getattr(tokenizer, "vocab_size", 0) or max(max(ids) for _, _, ids in chosen) + 1)
-    dtype = np.uint16 if vocab <= 2**16 else np.uint32
-    target = out / label
-
-    def build(staging: Path) -> None:
-        if fmt == "memmap":
-            stream = np.concatenate(
-                [np.asarray(ids + ([eos] if eos is not None else []), dtype=np.int64) for _, _, ids in chosen]
-            ).astype(dtype)
-            for k, lo in enumerate(range(0, len(stream), tokens_per_file)):
-                stream[lo : lo + tokens_per_file].tofile(staging / f"part-{k:05d}.npy")
-        else:
-            with (staging / "docs.jsonl").open("w", encoding="utf-8") as f:
-                for source, text, _ in chosen:
-                    f.write(json.dumps({"text": text, "source": source}, ensure_ascii=False) + "\n")
-        (staging / "documents.txt").write_text("".join(f"{source}\n" for source, _, _ in chosen))
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
-
-    manifest: dict[str, Any] = {
-        "label": label,
-        "format": fmt,
-        "dtype": np.dtype(dtype).name if fmt == "memmap" else None,
-        "n_documents": len(chosen),
-        "n_tokens": total,
-        "n_bytes": sum(len(text.encode("utf-8")) for _, text, _ in chosen),
-        "tokenizer": str(getattr(tokenizer, "name", "") or type(tokenizer).__name__),
-        "seed": seed,
-        "sources": list(sources),
-    }
-    if target.exists():
-        shutil.rmtree(target)
-    _build_atomically(target, build)
-    return manifest

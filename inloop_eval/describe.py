@@ -15,7 +15,7 @@ def _block(title: str, text: str) -> list[str]:
 def describe_task(task: MultipleChoiceTask, data_root: str | Path | None = None, doc: int = 0) -> str:
     """Settings, then document `doc` as requests: the context and each continuation as scored (the target
     delimiter included and the context's trailing whitespace moved over, as `build_requests` does)."""
-    from inloop_eval.requests import move_trailing_whitespace
+    from inloop_eval.pairs import move_trailing_whitespace
 
     docs = task.load_documents(data_root, doc + 1)
     if len(docs) <= doc:

@@ -12,7 +12,7 @@ import numpy as np
 
 from inloop_eval.errors import RequestError, TokenizerError
 from inloop_eval.tasks.base import Doc, MultipleChoiceTask
-from inloop_eval.tokenizer import TokenizerLike
+from inloop_eval.tokenizer import TokenizerLike, start_token_id
 
 
 def move_trailing_whitespace(context: str, continuation: str) -> tuple[str, str]:
@@ -37,8 +37,7 @@ def split_at_common_prefix(context_ids: Sequence[int], whole_ids: Sequence[int])
 def _prefix_ids(tokenizer: TokenizerLike) -> tuple[list[int], int | None]:
     """(tokens put before every context, token for an empty context)."""
     bos = getattr(tokenizer, "bos_token_id", None)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return ([bos] if bos is not None else []), (bos if bos is not None else eos)
+    return ([int(bos)] if bos is not None else []), start_token_id(tokenizer)
 
 
 def _finish_context(tokenizer: TokenizerLike, ctx_ids: list[int], where: str) -> list[int]:

@@ -17,16 +17,12 @@ from lm_helpers import DOCS, SEQ_LEN, reference_memmap, tiny_gpt
 
 from inloop_eval.cli import main
 from inloop_eval.config import EvaluatorConfig, LMDomainConfig, LMEvalConfig, TaskEvalConfig
+from inloop_eval.data_root import neox_tokenizer_path
 from inloop_eval.errors import ConfigError, LMDataError
 from inloop_eval.evaluator import InLoopEvaluator
-from inloop_eval.fetch import neox_tokenizer_path
-from inloop_eval.lm_data import (
-    load_memmap_domain,
-    load_text_domain,
-    select_under_cap,
-    token_byte_lengths,
-)
+from inloop_eval.lm_domains import load_memmap_domain, load_text_domain, select_under_cap
 from inloop_eval.tasks import get_task
+from inloop_eval.token_bytes import token_byte_lengths
 from inloop_eval.tokenizer import Tokenizer
 
 # --- config -------------------------------------------------------------------------------------------
