@@ -1,6 +1,27 @@
-"""In-loop evaluation for language-model training."""
+"""In-loop evaluation for language-model training.
 
-from inloop_eval.config import EvaluatorConfig, TaskEvalConfig
+The extension points: `InLoopEvaluator` and its configs (`EvaluatorConfig` with `TaskEvalConfig` and
+`LMEvalConfig` entries), `run_and_log` for a training loop, `ModelAdapter` for a model we do not know how to
+call, `MultipleChoiceTask` + `register` for a task of your own, and `Evaluator` / `EvalOutput` for a new kind
+of evaluation. docs/design.md describes how they fit together.
+"""
+
+from inloop_eval.adapters import ModelAdapter
+from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
+from inloop_eval.evaluation import EvalOutput, Evaluator
 from inloop_eval.evaluator import InLoopEvaluator
+from inloop_eval.integrations import run_and_log
+from inloop_eval.tasks import MultipleChoiceTask, register
 
-__all__ = ["EvaluatorConfig", "InLoopEvaluator", "TaskEvalConfig"]
+__all__ = [
+    "EvalOutput",
+    "Evaluator",
+    "EvaluatorConfig",
+    "InLoopEvaluator",
+    "LMEvalConfig",
+    "ModelAdapter",
+    "MultipleChoiceTask",
+    "TaskEvalConfig",
+    "register",
+    "run_and_log",
+]

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 
 from inloop_eval.errors import ModelOutputError
-from inloop_eval.models.gpt import GPT
 
 Head = Callable[[Tensor], Tensor]
 
@@ -106,12 +106,15 @@ class LogitsAdapter(ModelAdapter):
         return logits_BTV[rows_N, cols_N], _identity
 
 
-class GPTAdapter(ModelAdapter):
-    """The reference GPT: hidden states, then the output head on the selected positions only."""
+class HiddenStatesAdapter(ModelAdapter):
+    """A model that takes packed rows and shows its hidden states (the reference GPT, or any module with
+    the same three members): `hidden_states(input_ids [B, T], attention_mask bool [B, 1, T, T] or None,
+    position_ids [B, T] or None) -> [B, T, D]`, the output head `lm_head` ([N, D] -> [N, V]), and
+    `config.max_seq_len`, `config.vocab_size`. The head runs on the selected positions only."""
 
     supports_packing = True
 
-    def __init__(self, model: GPT) -> None:
+    def __init__(self, model: Any) -> None:
         super().__init__(model)
         self.max_length = model.config.max_seq_len
         self.vocab_size = model.config.vocab_size
@@ -209,17 +212,17 @@ def unwrap(model: Any) -> Any:
 
 
 def make_adapter(model: Any, max_length: int | None = None) -> ModelAdapter:
-    """Pick the adapter for `model`: an adapter as is, the reference GPT, a Hugging Face causal LM, or any
+    """Pick the adapter for `model`: an adapter as is, a Hugging Face causal LM, a model that shows its hidden states (`HiddenStatesAdapter`: the reference GPT), or any
     callable returning logits. FSDP2 modules are called through `__call__` (logits), keeping what the
     adapter for their type knows (context length, vocabulary): their hooks unshard the parameters and
     lazily initialise the root, which reaching past `forward` would skip."""
     if isinstance(model, ModelAdapter):
         return model
     model = unwrap(model)
-    if isinstance(model, GPT):
-        adapter: ModelAdapter = GPTAdapter(model)
-    elif _is_hf_causal_lm(model):
-        adapter = HFCausalLMAdapter(model)
+    if _is_hf_causal_lm(model):
+        adapter: ModelAdapter = HFCausalLMAdapter(model)
+    elif _shows_hidden_states(model):
+        adapter = HiddenStatesAdapter(model)
     elif callable(model):
         adapter = LogitsAdapter(model, max_length)
     else:
@@ -236,11 +239,17 @@ def make_adapter(model: Any, max_length: int | None = None) -> ModelAdapter:
 
 
 def _is_fsdp2(model: Any) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # builds without torch.distributed
-        return False
     return isinstance(model, FSDPModule)
+
+
+def _shows_hidden_states(model: Any) -> bool:
+    config = getattr(model, "config", None)
+    return (
+        callable(getattr(model, "hidden_states", None))
+        and isinstance(getattr(model, "lm_head", None), nn.Module)
+        and isinstance(getattr(config, "max_seq_len", None), int)
+        and isinstance(getattr(config, "vocab_size", None), int)
+    )
 
 
 def _is_hf_causal_lm(model: Any) -> bool:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from tqdm import tqdm
 
     from inloop_eval.config import EvaluatorConfig
+    from inloop_eval.downstream import PreparedTask, TaskResult
 
 log = logging.getLogger("inloop_eval")
 
@@ -292,10 +293,13 @@ def gather_samples(evaluator: Any) -> list[dict[str, Any]] | None:
     """Every rank's per-request scores, gathered on rank 0 and deduplicated by (task, doc_id, cont_id)."""
     import torch.distributed as dist
 
+    from inloop_eval.downstream import TaskResult
+
     local = [
         record
-        for label, result in evaluator.last_results.items()
-        for record in sample_records(evaluator, label, result)
+        for name, output in evaluator.last_outputs.items()
+        if isinstance(output.detail, TaskResult)
+        for record in sample_records(evaluator.evaluators[name].prepared, output.detail)
     ]
     if dist.is_initialized() and dist.get_world_size() > 1:
         gathered: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
@@ -307,8 +311,7 @@ def gather_samples(evaluator: Any) -> list[dict[str, Any]] | None:
     return sorted(unique.values(), key=lambda r: (r["task"], r["doc_id"], r["cont_id"]))
 
 
-def sample_records(evaluator: Any, label: str, result: Any) -> list[dict[str, Any]]:
-    prepared = next(p for p in evaluator._prepared.values() if p.config.label == label)
+def sample_records(prepared: PreparedTask, result: TaskResult) -> list[dict[str, Any]]:
     table = prepared.table
     n = len(result.rows)
     uncond_ll = dict(zip(result.uncond_ids.tolist(), result.scores.ll[n:].tolist(), strict=True))
@@ -317,7 +320,7 @@ def sample_records(evaluator: Any, label: str, result: Any) -> list[dict[str, An
         uid = int(table.uncond_id[row])
         records.append(
             {
-                "task": label,
+                "task": prepared.config.label,
                 "doc_id": int(table.doc_id[row]),
                 "cont_id": int(table.cont_id[row]),
                 "context": table.context_text[row],

@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from inloop_eval.errors import ConfigError
+from inloop_eval.metrics.registry import ALL_METRICS, unknown_metrics
 
 EVALUATOR_TYPES = ("downstream",)
 
@@ -32,7 +35,7 @@ class TaskEvalConfig:
     limit: int | None = None
     """Evaluate only the first `limit` documents of the split."""
     metrics: list[str] | None = None
-    """Figures to report instead of the task's defaults (a subset of `inloop_eval.tasks.ALL_METRICS`)."""
+    """Figures to report instead of the task's defaults (names from `inloop_eval.metrics.registry.ALL_METRICS`)."""
     subset_num_batches: int | None = None
     """Evaluate only the leading documents that fit in this many batches of `batch_tokens` (whole
     documents, in order, at least one), for cheap frequent evals. The budget is for the whole task, not
@@ -67,9 +70,7 @@ class TaskEvalConfig:
                 f"found {self.subset_num_batches!r}"
             )
         if self.metrics is not None:
-            from inloop_eval.tasks import ALL_METRICS
-
-            unknown = sorted(set(self.metrics) - set(ALL_METRICS))
+            unknown = unknown_metrics(self.metrics)
             if unknown:
                 raise ConfigError(
                     f"evaluator {self.label!r}: unknown metrics {unknown}; choose from {list(ALL_METRICS)}"
@@ -257,8 +258,6 @@ class EvaluatorConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> EvaluatorConfig:
-        import yaml
-
         path = Path(path)
         try:
             data = yaml.safe_load(path.read_text())

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import yaml
 
 from inloop_eval.config import ConfigError, EvaluatorConfig, build_dataclass
 from inloop_eval.data_root import default_data_root, neox_tokenizer_path, oe_eval_dir
@@ -36,6 +37,7 @@ from inloop_eval.files import write_text_atomically
 from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY, run_and_log
 from inloop_eval.loggers import JSONLLogger, MetricsLogger, MultiLogger, WandbLogger, is_rank_zero
 from inloop_eval.models.gpt import GPT, GPTConfig
+from inloop_eval.report import write_report
 from inloop_eval.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -105,8 +107,6 @@ class DemoConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> DemoConfig:
-        import yaml
-
         try:
             data = yaml.safe_load(Path(path).read_text()) or {}
         except FileNotFoundError:
@@ -311,8 +311,6 @@ def run(args: argparse.Namespace) -> int:
         out_dir = Path(config.train.out_dir).absolute()
         print(f"metrics: {out_dir / 'metrics.jsonl'}")
         if config.logging.report:
-            from inloop_eval.report import write_report
-
             print(f"report: {write_report(out_dir)}")
         print(f"demo finished in {time.perf_counter() - started:.0f}s")
     if dist.is_initialized():

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from inloop_eval.errors import TaskDataError
+from inloop_eval.pairs import move_trailing_whitespace
 from inloop_eval.tasks.base import MultipleChoiceTask
+from inloop_eval.tasks.loading import load_docs
 
 
 def _block(title: str, text: str) -> list[str]:
@@ -15,9 +17,8 @@ def _block(title: str, text: str) -> list[str]:
 def describe_task(task: MultipleChoiceTask, data_root: str | Path | None = None, doc: int = 0) -> str:
     """Settings, then document `doc` as requests: the context and each continuation as scored (the target
     delimiter included and the context's trailing whitespace moved over, as `build_requests` does)."""
-    from inloop_eval.pairs import move_trailing_whitespace
 
-    docs = task.load_documents(data_root, doc + 1)
+    docs = load_docs(task, data_root, doc + 1)
     if len(docs) <= doc:
         raise TaskDataError(f"task {task.name!r}: expected a document {doc}, found {len(docs)} documents")
     d = docs[doc]

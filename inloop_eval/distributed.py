@@ -24,14 +24,17 @@ What this guarantees, for a failure on some ranks only:
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar, overload
 
 import torch
 import torch.distributed as dist
 
 from inloop_eval.errors import InLoopEvalError
+
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
@@ -128,6 +131,25 @@ class TaskAgreement:
         self.closed = True
         _, rank = world()
         all_reduce_max_many([0, rank + 1])
+
+
+def run_agreed(name: str, body: Callable[[TaskAgreement], _T], *, strict: bool) -> _T | None:
+    """Run one evaluator's work under failure agreement: `body(agreement)` joins the agreement's points and
+    returns its result; its final point follows. On a failure on any rank every rank logs it and returns
+    None (or, with `strict`, raises: the rank that failed its own exception, the others
+    TaskFailedOnAnotherRank)."""
+    agreement = TaskAgreement(name)
+    try:
+        result = body(agreement)
+        agreement.agree(last=True)
+    except Exception as exc:
+        if not isinstance(exc, TaskFailedOnAnotherRank):
+            agreement.report_failure()
+        if strict:
+            raise
+        log.error("in-loop eval of %s failed: %s: %s", name, type(exc).__name__, exc)
+        return None
+    return result
 
 
 class AgreedSequence(Sequence[_T]):

@@ -8,8 +8,6 @@ Legend: S sequences, G sequences of all labels together, B rows in a batch, T lo
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,8 +20,9 @@ from inloop_eval.adapters import ModelAdapter
 from inloop_eval.batching import Batch, equalize_forward_calls
 from inloop_eval.config import LMEvalConfig
 from inloop_eval.data_root import home
-from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, world
+from inloop_eval.distributed import TaskAgreement, run_agreed, world
 from inloop_eval.errors import ConfigError, LMDataError
+from inloop_eval.evaluation import EvalOutput, Evaluator
 from inloop_eval.lm_domains import DomainSet, load_memmap_domain, load_text_domain
 from inloop_eval.metrics.perplexity import FIGURES, PerplexityMetric
 from inloop_eval.scoring import run_batches
@@ -34,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class PreparedLM:
+class PreparedDomains:
     """An `lm` entry's domain sets, loaded once; `failed` holds the labels that could not be (label ->
     reason), in the config's order with the loaded ones."""
 
@@ -52,7 +51,7 @@ class Shard:
 
 
 @dataclass
-class LMResult:
+class DomainsResult:
     """One evaluation of an `lm` entry.
 
     figures: label -> {ce, ppl, bpb} over all ranks (labels without tokens are absent).
@@ -73,98 +72,82 @@ class LMResult:
     tokens_forwarded: int
 
 
-class LMEvaluator:
-    """Runs `lm` entries; keeps each entry's loaded domain sets between evaluations."""
+class LMEvaluator(Evaluator):
+    """A `type: lm` entry: perplexity per domain label; keeps its loaded domain sets between evaluations."""
 
-    def __init__(self, tokenizer: TokenizerLike) -> None:
-        self.tokenizer = tokenizer
-        self._byte_table: np.ndarray | None = None
-        self._byte_table_done = False
-        self._prepared: dict[str, PreparedLM] = {}
-        self.last_results: dict[tuple[str, ...], LMResult] = {}
+    config: LMEvalConfig
 
-    @property
-    def byte_table(self) -> np.ndarray | None:
-        """UTF-8 bytes of each token id of the tokenizer (None when it cannot tell)."""
-        if not self._byte_table_done:
-            self._byte_table = token_byte_lengths(self.tokenizer)
-            self._byte_table_done = True
-        return self._byte_table
+    def __init__(
+        self, config: LMEvalConfig, *, tokenizer: TokenizerLike, data_root: str | Path | None
+    ) -> None:
+        super().__init__(config, tokenizer=tokenizer, data_root=data_root)
+        self.labels = tuple(d.label for d in config.domains)
+        self.name = "lm:" + ",".join(self.labels)
+        self.prepared: PreparedDomains | None = None
 
     def run(
-        self,
-        adapter: ModelAdapter,
-        ev: LMEvalConfig,
-        *,
-        strict: bool = False,
-        progress: Callable[[int], None] | None = None,
-    ) -> dict[str, float]:
-        """`eval/lm/<label>/<figure>` for every label of `ev`; `eval/lm/<label>/failed = 1` for a label
-        that failed (every label when the evaluation itself failed), unless `strict`. A failure on one
-        rank is agreed by all (`inloop_eval.distributed.TaskAgreement`): every rank reports it or raises."""
-        labels = tuple(d.label for d in ev.domains)
-        agreement = TaskAgreement(f"lm {','.join(labels)}")
-        try:
-            prepared = self.prepare(ev, strict=strict)
+        self, adapter: ModelAdapter, *, strict: bool, progress: Callable[[int], None] | None = None
+    ) -> EvalOutput:
+        """`eval/lm/<label>/<figure>` for every label; `eval/lm/<label>/failed = 1` for a label that failed
+        (every label when the evaluation itself failed), unless `strict`."""
+
+        def body(agreement: TaskAgreement) -> tuple[PreparedDomains, DomainsResult]:
+            prepared = self.prepare(strict=strict)
             agreement.agree()
-            result = self.evaluate(adapter, prepared, progress, agreement, strict=strict)
-            agreement.agree(last=True)
-        except Exception as exc:
-            if not isinstance(exc, TaskFailedOnAnotherRank):
-                agreement.report_failure()
-            if strict:
-                raise
-            log.error("in-loop lm eval of %s failed: %s: %s", list(labels), type(exc).__name__, exc)
-            return {f"eval/lm/{label}/failed": 1.0 for label in labels}
-        self.last_results[labels] = result
+            return prepared, self.evaluate(adapter, prepared, progress, agreement, strict=strict)
+
+        done = run_agreed(f"lm {','.join(self.labels)}", body, strict=strict)
+        if done is None:
+            return EvalOutput({f"eval/lm/{label}/failed": 1.0 for label in self.labels})
+        prepared, result = done
         out: dict[str, float] = {}
-        for label in labels:
+        for label in self.labels:
             if label in prepared.failed or label in result.failed:
                 out[f"eval/lm/{label}/failed"] = 1.0
             out.update({f"eval/lm/{label}/{k}": v for k, v in result.figures.get(label, {}).items()})
-        return out
+        return EvalOutput(out, result.tokens_forwarded, result)
 
-    def prepare(self, ev: LMEvalConfig, *, strict: bool = False) -> PreparedLM:
+    def prepare(self, *, strict: bool = False) -> PreparedDomains:
         """Load (and for text, tokenize and cache) every domain once. A domain that cannot be loaded is
         recorded as failed (the same on every rank: they read the same files) unless `strict`."""
-        key = json.dumps(dataclasses.asdict(ev), sort_keys=True)
-        if key not in self._prepared:
-            domains: list[DomainSet] = []
-            failed: dict[str, str] = {}
-            cache_dir = Path(ev.cache_dir).expanduser() if ev.cache_dir else home() / "lm_cache"
-            for d in ev.domains:
-                try:
-                    if d.format == "memmap":
-                        domains.append(load_memmap_domain(d, ev.seq_len, self.byte_table, ev.cap(d)))
-                    else:
-                        domains.append(
-                            load_text_domain(
-                                d, ev.seq_len, self.tokenizer, self.byte_table, ev.cap(d), cache_dir
-                            )
-                        )
-                except LMDataError as exc:
-                    if strict:
-                        raise
-                    log.error("in-loop lm eval: %s", exc)
-                    failed[d.label] = str(exc)
-            for domain in domains:
-                log.info("lm domain %r: %d sequences, %d tokens", domain.label, len(domain), domain.n_tokens)
-            self._prepared[key] = PreparedLM(ev, domains, failed)
-        return self._prepared[key]
+        if self.prepared is not None:
+            return self.prepared
+        ev = self.config
+        byte_table = token_byte_lengths(self.tokenizer)
+        domains: list[DomainSet] = []
+        failed: dict[str, str] = {}
+        cache_dir = Path(ev.cache_dir).expanduser() if ev.cache_dir else home() / "lm_cache"
+        for d in ev.domains:
+            try:
+                if d.format == "memmap":
+                    domains.append(load_memmap_domain(d, ev.seq_len, byte_table, ev.cap(d)))
+                else:
+                    domains.append(
+                        load_text_domain(d, ev.seq_len, self.tokenizer, byte_table, ev.cap(d), cache_dir)
+                    )
+            except LMDataError as exc:
+                if strict:
+                    raise
+                log.error("in-loop lm eval: %s", exc)
+                failed[d.label] = str(exc)
+        for domain in domains:
+            log.info("lm domain %r: %d sequences, %d tokens", domain.label, len(domain), domain.n_tokens)
+        self.prepared = PreparedDomains(ev, domains, failed)
+        return self.prepared
 
     def evaluate(
         self,
         adapter: ModelAdapter,
-        prepared: PreparedLM,
+        prepared: PreparedDomains,
         progress: Callable[[int], None] | None = None,
         agreement: TaskAgreement | None = None,
         *,
         strict: bool = False,
-    ) -> LMResult:
+    ) -> DomainsResult:
         """Score this rank's share of every domain the model can take and compute each label's figures over
         all ranks."""
         agreement = agreement or TaskAgreement("lm")
-        domains, failed = self.usable_domains(adapter, prepared, strict=strict)
+        domains, failed = usable_domains(adapter, prepared, strict=strict)
         shard = assign_work(domains)
         planned = plan_sequence_batches(
             domains,
@@ -199,36 +182,39 @@ class LMEvaluator:
             totals[domain.label] = (computed["sum_nll"], int(computed["n_tokens"]), int(computed["n_bytes"]))
             if computed["n_tokens"] > 0:
                 figures[domain.label] = {k: v for k, v in computed.items() if k in FIGURES}
-        return LMResult(figures, totals, domains, failed, shard, nll_S, len(batches), scores.tokens_forwarded)
+        return DomainsResult(
+            figures, totals, domains, failed, shard, nll_S, len(batches), scores.tokens_forwarded
+        )
 
-    def usable_domains(
-        self, adapter: ModelAdapter, prepared: PreparedLM, *, strict: bool = False
-    ) -> tuple[list[DomainSet], dict[str, str]]:
-        """The domains whose token ids the model's vocabulary holds, and the others (label -> reason;
-        raised when `strict`). Checked on every rank alike before any forward, as is the context length."""
-        ev = prepared.config
-        if adapter.max_length is not None and ev.seq_len > adapter.max_length:
-            labels = [d.label for d in ev.domains]
-            raise ConfigError(
-                f"lm evaluator {labels}: seq_len {ev.seq_len} is longer than the model's context of "
-                f"{adapter.max_length} tokens; lower seq_len"
-            )
-        vocab = adapter.vocab_size if adapter.vocab_size is not None else probe_vocab_size(adapter)
-        usable: list[DomainSet] = []
-        failed: dict[str, str] = {}
-        for domain in prepared.domains:
-            if domain.max_token_id < vocab:
-                usable.append(domain)
-                continue
-            error = LMDataError(
-                f"{domain.describe(domain.max_token_seq)}: token id {domain.max_token_id} is beyond the "
-                f"model's vocabulary of {vocab}; the data was tokenized for another model"
-            )
-            if strict:
-                raise error
-            log.error("in-loop lm eval: %s", error)
-            failed[domain.label] = str(error)
-        return usable, failed
+
+def usable_domains(
+    adapter: ModelAdapter, prepared: PreparedDomains, *, strict: bool = False
+) -> tuple[list[DomainSet], dict[str, str]]:
+    """The domains whose token ids the model's vocabulary holds, and the others (label -> reason;
+    raised when `strict`). Checked on every rank alike before any forward, as is the context length."""
+    ev = prepared.config
+    if adapter.max_length is not None and ev.seq_len > adapter.max_length:
+        labels = [d.label for d in ev.domains]
+        raise ConfigError(
+            f"lm evaluator {labels}: seq_len {ev.seq_len} is longer than the model's context of "
+            f"{adapter.max_length} tokens; lower seq_len"
+        )
+    vocab = adapter.vocab_size if adapter.vocab_size is not None else probe_vocab_size(adapter)
+    usable: list[DomainSet] = []
+    failed: dict[str, str] = {}
+    for domain in prepared.domains:
+        if domain.max_token_id < vocab:
+            usable.append(domain)
+            continue
+        error = LMDataError(
+            f"{domain.describe(domain.max_token_seq)}: token id {domain.max_token_id} is beyond the "
+            f"model's vocabulary of {vocab}; the data was tokenized for another model"
+        )
+        if strict:
+            raise error
+        log.error("in-loop lm eval: %s", error)
+        failed[domain.label] = str(error)
+    return usable, failed
 
 
 def probe_vocab_size(adapter: ModelAdapter) -> int:

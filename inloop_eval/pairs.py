@@ -89,7 +89,7 @@ def tokenize_pair(
 def encode_pair(
     tokenizer: TokenizerLike, context: str, continuation: str, max_length: int, where: str = "request"
 ) -> tuple[list[int], list[int]]:
-    """Tokenize one pair: (context ids after truncation, continuation ids). See DESIGN.md."""
+    """Tokenize one pair: (context ids after truncation, continuation ids). See docs/design.md, "Tokenizing a pair"."""
     context, continuation = move_trailing_whitespace(context, continuation)
     full_ctx, n_before, cont_ids = tokenize_pair(tokenizer, context, continuation, where)
     start = truncation_start(n_before, len(cont_ids), max_length, where)

@@ -1,4 +1,4 @@
-"""Leaving training as it was (DESIGN.md invariant 4): after an evaluation every module's mode, every
+"""Leaving training as it was (docs/design.md, invariant 4): after an evaluation every module's mode, every
 parameter's `requires_grad` and `.grad`, the RNG streams and the autocast settings are as before.
 
 Evaluation runs under `torch.no_grad()`, not `torch.inference_mode()`: tensors a model creates lazily during

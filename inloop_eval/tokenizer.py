@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from tokenizers import Tokenizer as Backend
+
 from inloop_eval.errors import TokenizerError
 
 # Tokens that mean "end of text" in common vocabularies, tried in order when none is named.
@@ -84,8 +86,6 @@ def load_tokenizer(
 
     bos_token / eos_token: override the special tokens found in the files.
     """
-    from tokenizers import Tokenizer as Backend
-
     path = Path(path).expanduser()
     json_path = path / "tokenizer.json" if path.is_dir() else path
     if not json_path.is_file():

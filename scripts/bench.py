@@ -47,7 +47,8 @@ from inloop_eval.adapters import make_adapter
 from inloop_eval.batching import minimum_tokens, plan_batches
 from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data_root import default_data_root, neox_tokenizer_path
-from inloop_eval.evaluator import DEFAULT_MAX_LENGTH, InLoopEvaluator, PreparedTask, update_metric
+from inloop_eval.downstream import DEFAULT_MAX_LENGTH, PreparedTask, update_metric
+from inloop_eval.evaluator import InLoopEvaluator
 from inloop_eval.metrics.icl import ICLMetric
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.pairs import RequestTable
@@ -192,11 +193,11 @@ def run_ours(
     evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
     adapter = make_adapter(model)
     t0 = time.perf_counter()
-    prepared = evaluator.prepare(config.evaluators[0], adapter.max_length or DEFAULT_MAX_LENGTH)
+    prepared = evaluator.evaluators[task].prepare(adapter.max_length or DEFAULT_MAX_LENGTH)
     prep_s = time.perf_counter() - t0
     with measured(model) as m:
         evaluator.run(model)
-    result = evaluator.last_results[task]
+    result = evaluator.detail(task)
     table = prepared.table
     t0 = time.perf_counter()
     metric = ICLMetric(prepared.metrics)
@@ -499,7 +500,7 @@ def hellaswag_metric(tokenizer: Any, data_root: Path) -> dict[str, Any]:
     config = EvaluatorConfig(evaluators=[{"task": "hellaswag"}], data_root=str(data_root), strict=True)
     evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
     t0 = time.perf_counter()
-    prepared = evaluator.prepare(config.evaluators[0], MAX_LENGTH)
+    prepared = evaluator.evaluators["hellaswag"].prepare(MAX_LENGTH)
     prep_s = time.perf_counter() - t0
     table = prepared.table
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Independent NumPy reference for the multiple-choice metrics, written from DESIGN.md's exact definitions.
+"""Independent NumPy reference for the multiple-choice metrics, written from the exact definitions in docs/design.md.
 
 Plain Python loops over documents and choices, float64 throughout; deliberately shares no code with
 `inloop_eval.metrics.icl` so the two can be compared.

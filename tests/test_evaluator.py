@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import REPO, load_script, rng_draws, seed_all
 
-from inloop_eval import evaluator as evaluator_module
+from inloop_eval import downstream as downstream_module
 from inloop_eval.adapters import LogitsAdapter
 from inloop_eval.config import EvaluatorConfig
 from inloop_eval.errors import ConfigError, ModelOutputError, RequestError, TaskDataError, UnknownTaskError
@@ -61,9 +61,7 @@ def test_batch_size_does_not_change_scores(data_root, neox_tokenizer, model, bat
         if "/acc" in key and "stderr" not in key:
             assert a[key] == b[key], key
     for task in tasks:
-        np.testing.assert_allclose(
-            base.last_results[task].scores.ll, other.last_results[task].scores.ll, atol=1e-5
-        )
+        np.testing.assert_allclose(base.detail(task).scores.ll, other.detail(task).scores.ll, atol=1e-5)
 
 
 def test_documents_with_fewer_shots_are_reported(data_root, neox_tokenizer, model):
@@ -103,7 +101,7 @@ def test_pad_to_multiple_buckets_widths_without_moving_scores(data_root, neox_to
     # Float32 forwards of other shapes (and the first forwards of a process, with other buffer alignments)
     # round differently in BLAS: a few 1e-6 of a long continuation's sum.
     for task in tasks:
-        found, expected = b.last_results[task].scores.ll, a.last_results[task].scores.ll
+        found, expected = b.detail(task).scores.ll, a.detail(task).scores.ll
         np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ConfigError, match="pad_to_multiple must be an integer >= 1"):
         EvaluatorConfig(pad_to_multiple=0)
@@ -112,13 +110,13 @@ def test_pad_to_multiple_buckets_widths_without_moving_scores(data_root, neox_to
 def test_batches_are_planned_once_per_task(data_root, neox_tokenizer, model, monkeypatch):
     """A later evaluation reuses the first one's plan (the same scores); other bucketing plans anew."""
     calls: list[int] = []
-    plan = evaluator_module.plan_batches
+    plan = downstream_module.plan_batches
 
     def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         calls.append(1)
         return plan(*args, **kwargs)
 
-    monkeypatch.setattr(evaluator_module, "plan_batches", counted)
+    monkeypatch.setattr(downstream_module, "plan_batches", counted)
     evaluator = make_evaluator(data_root, neox_tokenizer, ["hellaswag", "arc_easy"])
     first = evaluator.run(model)
     assert len(calls) == 2
@@ -133,9 +131,7 @@ def test_callable_model_gives_the_same_scores(data_root, neox_tokenizer, model):
     ev_fn = make_evaluator(data_root, neox_tokenizer, ["piqa"])
     ev_gpt.run(model)
     ev_fn.run(LogitsAdapter(lambda ids: model(ids), max_length=model.config.max_seq_len))
-    np.testing.assert_allclose(
-        ev_gpt.last_results["piqa"].scores.ll, ev_fn.last_results["piqa"].scores.ll, atol=1e-5
-    )
+    np.testing.assert_allclose(ev_gpt.detail("piqa").scores.ll, ev_fn.detail("piqa").scores.ll, atol=1e-5)
 
 
 def test_training_state_is_restored(data_root, neox_tokenizer):
@@ -187,8 +183,8 @@ def test_contexts_are_cut_from_the_left(data_root, neox_tokenizer, model):
     ev.config.max_length = 64
     out = ev.run(model)
     assert out["eval/downstream/boolq/n_docs"] == 10
-    pairs = ev.last_results["boolq"]
-    table = next(iter(ev._prepared.values())).table
+    pairs = ev.detail("boolq")
+    table = ev.evaluators["boolq"].prepared.table
     assert (table.pairs.ctx_len + table.pairs.cont_len - 1).max() <= 64
     assert len(pairs.rows) == 20
 

@@ -42,7 +42,7 @@ def test_run_and_log_adds_wall_time_and_tokens_forwarded(data_root, neox_tokeniz
     metrics = run_and_log(evaluator, model, step=7, logger=logger)
     logger.finish()
     assert metrics[SECONDS_KEY] > 0
-    assert metrics[TOKENS_KEY] == evaluator.last_results["piqa"].scores.tokens_forwarded > 0
+    assert metrics[TOKENS_KEY] == evaluator.detail("piqa").scores.tokens_forwarded > 0
     assert metrics["eval/downstream/no_such_task/failed"] == 1.0
     again = run_and_log(evaluator, model, step=8)
     assert again[TOKENS_KEY] == metrics[TOKENS_KEY]  # each evaluation counts its own forwards only
@@ -60,12 +60,12 @@ def test_tokens_forwarded_count_the_perplexity_domains_too(data_root, neox_token
     config = EvaluatorConfig(evaluators=evaluators, data_root=str(data_root), strict=True)
     evaluator = InLoopEvaluator(config, tokenizer=neox_tokenizer)
     metrics = run_and_log(evaluator, tiny_gpt(), step=1)
-    (lm_result,) = evaluator.lm.last_results.values()
+    lm_result = evaluator.detail("lm:" + ",".join(d["label"] for d in evaluators[1]["domains"]))
     planned = plan_sequence_batches(
         lm_result.domains, lm_result.shard, evaluators[1]["batch_tokens"], seq_len=SEQ_LEN
     )
     assert lm_result.tokens_forwarded == sum(b.input_ids_BT.size for b in planned) > 0
-    downstream = evaluator.last_results["piqa"].scores.tokens_forwarded
+    downstream = evaluator.detail("piqa").scores.tokens_forwarded
     assert metrics[TOKENS_KEY] == downstream + lm_result.tokens_forwarded
 
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 import pytest
 
 from inloop_eval.cli import main
+from inloop_eval.metrics.registry import MC_METRICS, RC_METRICS
 from inloop_eval.tasks import Doc, get_task, registry
-from inloop_eval.tasks.base import MC_METRICS, RC_METRICS, MultipleChoiceTask
+from inloop_eval.tasks.base import MultipleChoiceTask
 from inloop_eval.tasks.lint import ERROR, WARNING, lint_docs, lint_task
 
 CTX = "Question: Which is a metal?\nAnswer:"
 
 
 class ListTask(MultipleChoiceTask):
-    """A task over given documents (lint reads `load_documents`)."""
+    """A task over given documents: its rows are the documents themselves."""
 
     def __init__(self, name: str, docs: list[Doc], **attrs) -> None:  # noqa: ANN003
         self.name = name
@@ -22,8 +23,11 @@ class ListTask(MultipleChoiceTask):
         for key, value in attrs.items():
             setattr(self, key, value)
 
-    def load_documents(self, data_root=None, limit=None):  # noqa: ANN001
-        return self.docs[:limit]
+    def rows(self, subset, split, data_root):  # noqa: ANN001
+        return self.docs
+
+    def make_doc(self, raw, index):  # noqa: ANN001
+        return raw
 
 
 def doc(index: int, choices: tuple[str, ...], gold: tuple[int, ...] = (0,), context: str = CTX) -> Doc:
@@ -36,7 +40,7 @@ CLEAN = [doc(0, ("iron", "wood", "glass")), doc(1, ("copper", "paper", "cotton")
 def issues(task: MultipleChoiceTask) -> dict[str, set[str]]:
     """code -> severities found."""
     out: dict[str, set[str]] = {}
-    for issue in lint_task(task).issues:
+    for issue in lint_docs(task, task.docs).issues:
         out.setdefault(issue.code, set()).add(issue.severity)
     return out
 
@@ -85,7 +89,8 @@ def test_clean_task_passes():
 def test_each_problem_is_flagged(docs, attrs, code, severity):
     found = issues(ListTask("bad", docs, **attrs))
     assert found.get(code) == {severity}, found
-    report = lint_task(ListTask("bad", docs, **attrs))
+    task = ListTask("bad", docs, **attrs)
+    report = lint_docs(task, task.docs)
     assert any(i.doc in (0, None) and i.code == code for i in report.issues)
     assert code in report.summary()
 
@@ -105,8 +110,11 @@ def test_mmlu_document_with_fewer_shots_is_flagged(data_root):
 
 def test_load_failure_is_an_error_naming_the_document(data_root):
     class BadGold(ListTask):
-        def load_documents(self, data_root=None, limit=None):  # noqa: ANN001
-            return [get_task("piqa").make_doc({"goal": "g", "sol1": "a", "sol2": "b", "label": 5}, 17)]
+        def rows(self, subset, split, data_root):  # noqa: ANN001
+            return [{"goal": "g", "sol1": "a", "sol2": "b", "label": 5}]
+
+        def make_doc(self, raw, index):  # noqa: ANN001
+            return get_task("piqa").make_doc(raw, 17)
 
     report = lint_task(BadGold("piqa_bad", []))
     assert [i.code for i in report.errors] == ["load-failed"]

@@ -69,7 +69,7 @@ def _worker(rank: int, world_size: int, port: int, workdir: str, tokenizer_path:
             EvaluatorConfig(evaluators=[lm_entry(files, cache)], strict=True), tokenizer=tokenizer
         )
         metrics = evaluator.run(model)
-        result = next(iter(evaluator.lm.last_results.values()))
+        result = evaluator.detail("lm:" + ",".join(LABELS))
         shard = {label: int((result.shard.domain_S == d).sum()) for d, label in enumerate(LABELS)}
 
         lenient = EvaluatorConfig(evaluators=[lm_entry(files, cache)], strict=False)

@@ -10,7 +10,7 @@ import pytest
 from metric_tester import MetricTesterError, check_metric, random_case
 
 from inloop_eval.metrics.icl import ICLMetric
-from inloop_eval.tasks.base import ALL_METRICS, MC_METRICS, PARTIAL_METRICS
+from inloop_eval.metrics.registry import ALL_METRICS, MC_METRICS, PARTIAL_METRICS
 
 CASES = [
     random_case("all_metrics", 1, ALL_METRICS),

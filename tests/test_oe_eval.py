@@ -14,8 +14,8 @@ from helpers import load_script
 from inloop_eval.config import EvaluatorConfig
 from inloop_eval.errors import TaskDataError, UnknownTaskError
 from inloop_eval.evaluator import InLoopEvaluator
+from inloop_eval.metrics.registry import GOLD_ONLY_METRICS, MC_METRICS, PARTIAL_METRICS, RC_METRICS
 from inloop_eval.tasks import get_task, load_docs
-from inloop_eval.tasks.base import GOLD_ONLY_METRICS, MC_METRICS, PARTIAL_METRICS, RC_METRICS
 from inloop_eval.tasks.oe_eval import OEEvalRequestsTask
 
 pin = load_script("pin_scores")
@@ -119,7 +119,7 @@ def test_loads_and_scores_with_a_reference_gpt(data_root: Path, neox_tokenizer):
         assert (
             out[f"eval/downstream/oe_eval:arc_easy:rc_0shot/{key}"] == out[f"eval/downstream/arc_easy/{key}"]
         )
-    a, b = evaluator.last_results["oe_eval:arc_easy:rc_0shot"], evaluator.last_results["arc_easy"]
+    a, b = evaluator.detail("oe_eval:arc_easy:rc_0shot"), evaluator.detail("arc_easy")
     np.testing.assert_array_equal(a.scores.ll, b.scores.ll)
 
 
@@ -146,7 +146,7 @@ def test_own_request_directory(tmp_path: Path):
     rows = [_row(0, 0, " 2", 0), _row(0, 1, " 3", 0), _row(1, 1, " no", 1), _row(1, 0, " yes", 1)]
     rows.append(_row(1_000_000, 0, " 2", None, context="A:"))
     task = OEEvalRequestsTask("mine", "rc_0shot", directory=_write(tmp_path / "mine", rows))
-    docs = task.load_documents()
+    docs = load_docs(task)
     assert [(d.contexts[0], d.continuations, d.gold) for d in docs] == [
         ("Q: 1+1?\nA:", ("2", "3"), (0,)),
         ("Q: 1+1?\nA:", ("yes", "no"), (1,)),
@@ -174,7 +174,7 @@ def test_own_request_directory(tmp_path: Path):
 def test_bad_request_files_name_the_document_and_field(tmp_path: Path, rows: list[dict], fragment: str):
     task = OEEvalRequestsTask("mine", "rc_0shot", directory=_write(tmp_path / "bad", rows))
     with pytest.raises(TaskDataError) as info:
-        task.load_documents()
+        load_docs(task)
     assert "task 'oe_eval:mine:rc_0shot'" in str(info.value)
     assert fragment in str(info.value)
 
@@ -183,11 +183,11 @@ def test_mc_variant_requires_letter_keys(tmp_path: Path):
     rows = [_row(0, 0, " two", 0), _row(0, 1, " three", 0)]
     task = OEEvalRequestsTask("mine", "mc_0shot", directory=_write(tmp_path / "mc", rows))
     with pytest.raises(TaskDataError, match="expected letter keys, found 'two'"):
-        task.load_documents()
+        load_docs(task)
 
 
 def test_missing_files_say_how_to_fix(tmp_path: Path):
     with pytest.raises(
         TaskDataError, match="expected requests.jsonl.gz .* and config.json .*inloop-eval data fetch"
     ):
-        get_task("oe_eval:arc_easy:rc_5shot").load_documents(tmp_path)
+        load_docs(get_task("oe_eval:arc_easy:rc_5shot"), tmp_path)

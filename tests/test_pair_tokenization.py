@@ -1,4 +1,4 @@
-"""Splitting (context, continuation) pairs into tokens with the real GPT-NeoX BPE (DESIGN.md, "Tokenizing a pair")."""
+"""Splitting (context, continuation) pairs into tokens with the real GPT-NeoX BPE (docs/design.md, "Tokenizing a pair")."""
 
 from __future__ import annotations
 

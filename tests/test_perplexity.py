@@ -144,7 +144,7 @@ def test_batch_size_and_model_wrapper_do_not_change_figures(
 def test_cap_on_tokens(model, domain_files, neox_tokenizer, tmp_path):
     evaluator = lm_evaluator(domain_files, neox_tokenizer, tmp_path, max_tokens=5 * (SEQ_LEN - 1))
     first = evaluator.run(model)
-    totals = next(iter(evaluator.lm.last_results.values())).totals
+    totals = evaluator.detail(next(n for n in evaluator.evaluators if n.startswith("lm:"))).totals
     assert totals["code"][1] == 5 * (SEQ_LEN - 1)
     assert totals["tiny"][1] == SEQ_LEN - 1
     assert 0 < totals["prose"][1] <= 5 * (SEQ_LEN - 1)

@@ -16,8 +16,8 @@ from reference import FIELDS, reference_icl
 from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data_root import oe_eval_dir
 from inloop_eval.evaluator import InLoopEvaluator
+from inloop_eval.metrics.registry import CLASSIFICATION_METRICS, GOLD_ONLY_METRICS, GREEDY_METRICS
 from inloop_eval.tasks import Doc, get_task, load_docs
-from inloop_eval.tasks.base import CLASSIFICATION_METRICS, GOLD_ONLY_METRICS, GREEDY_METRICS
 
 pin = load_script("pin_scores")
 LIMIT = 16
@@ -53,8 +53,8 @@ def evaluated(data_root, neox_tokenizer, model) -> InLoopEvaluator:
 
 def reference_from_run(evaluator: InLoopEvaluator, label: str, metrics: tuple[str, ...]) -> dict[str, float]:
     """The NumPy reference on the request rows and scores the evaluator produced for one task."""
-    prepared = next(p for p in evaluator._prepared.values() if p.config.label == label)
-    result = evaluator.last_results[label]
+    prepared = evaluator.evaluators[label].prepared
+    result = evaluator.detail(label)
     table, rows, n = prepared.table, result.rows, len(result.rows)
     columns = {
         "doc_id": table.doc_id[rows],
@@ -176,7 +176,7 @@ def test_lambada_loads(data_root):
 
 def test_lambada_greedy_exact_match(evaluated):
     found = figures(evaluated, "lambada")
-    result = evaluated.last_results["lambada"]
+    result = evaluated.detail("lambada")
     n = len(result.rows)
     assert found["acc_greedy"] == pytest.approx(float(np.mean(result.scores.greedy[:n])))
     assert found["ppl_gold"] == pytest.approx(math.exp(-float(np.mean(result.scores.ll[:n]))), rel=1e-9)

@@ -1,4 +1,4 @@
-"""Evaluation leaves training untouched (DESIGN.md invariant 4), in one process: a seeded run with in-loop
+"""Evaluation leaves training untouched (docs/design.md, invariant 4), in one process: a seeded run with in-loop
 eval trains bit for bit like one without; modes, requires_grad, gradients, RNG streams and autocast come
 back as they were, even when the evaluation raises; compiled models are evaluated uncompiled.
 (tests/test_distributed.py runs the same training comparison under DDP and FSDP2.)"""

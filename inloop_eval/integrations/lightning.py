@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
 from inloop_eval.integrations import run_and_log
 from inloop_eval.loggers import MetricsLogger
@@ -55,6 +56,4 @@ class InLoopEvalCallback(pl.Callback):
 
 
 def _tensor(value: float) -> Any:
-    import torch
-
     return torch.tensor(value)

@@ -13,51 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inloop_eval.data_root import load_split
 from inloop_eval.errors import TaskDataError
-
-# Every figure a multiple-choice task can report (see README "Metric definitions").
-ALL_METRICS: tuple[str, ...] = (
-    "acc",
-    "acc_norm",
-    "acc_bytes",
-    "acc_per_token",
-    "acc_pmi",
-    "ce_gold",
-    "bpb_gold",
-    "brier",
-    "prob_gold",
-    "ece",
-    "f1",
-    "acc_greedy",
-    "ppl_gold",
-    # lm-evaluation-harness's names for acc_pmi and brier, reported under these names when asked for.
-    "acc_mutual_info",
-    "brier_score",
-)
-# Normalisations that only matter when choices differ in length.
-LENGTH_NORM_METRICS: tuple[str, ...] = ("acc_norm", "acc_bytes", "acc_per_token")
-# Answer text as continuation: every figure except those for other task kinds (and `ece`, on request).
-RC_METRICS: tuple[str, ...] = (
-    "acc",
-    "acc_norm",
-    "acc_bytes",
-    "acc_per_token",
-    "acc_pmi",
-    "ce_gold",
-    "bpb_gold",
-    "brier",
-    "prob_gold",
-)
-# Letter keys (" A".." D"): every choice has the same length, so length normalisation is a no-op.
-MC_METRICS: tuple[str, ...] = ("acc", "acc_pmi", "ce_gold", "bpb_gold", "brier", "prob_gold")
-# One shared continuation after per-choice contexts: both length norms and PMI are no-ops.
-PARTIAL_METRICS: tuple[str, ...] = ("acc", "ce_gold", "bpb_gold", "brier", "prob_gold")
-# Classification over a fixed label set (RTE, CB, MRPC, SST-2): F1 beside accuracy.
-CLASSIFICATION_METRICS: tuple[str, ...] = ("acc", "f1")
-# One continuation, the answer, scored for its likelihood only.
-GOLD_ONLY_METRICS: tuple[str, ...] = ("ce_gold", "bpb_gold")
-# Last-word prediction (LAMBADA): greedy exact match and the word's perplexity.
-GREEDY_METRICS: tuple[str, ...] = ("acc_greedy", "ppl_gold", "ce_gold", "bpb_gold")
+from inloop_eval.metrics.registry import RC_METRICS
 
 
 @dataclass(frozen=True)
@@ -214,32 +172,12 @@ class MultipleChoiceTask:
     def length_norm_is_noop(self) -> bool:
         return self.prompt_format in ("mc", "partial")
 
-    def load_documents(self, data_root: str | Path | None = None, limit: int | None = None) -> list[Doc]:
-        """Every document of the task's split (the first `limit` when given), checked by `make_doc`, with
-        the description and few-shot examples put before each prompt."""
-        from inloop_eval.data_root import load_split
-        from inloop_eval.tasks.fewshot import add_fewshot
-
-        docs: list[Doc] = []
-        for subset in self.subsets():
-            if limit is not None and len(docs) >= limit:
-                break
-            rows = load_split(self.dataset_path, subset, self.split, data_root=data_root, task=self.name)
-            part: list[Doc] = []
-            raws: list[Mapping[str, Any]] = []
-            for raw in rows:
-                if limit is not None and len(docs) + len(part) >= limit:
-                    break
-                part.append(self.make_doc(raw, len(docs) + len(part)))
-                raws.append(raw)
-            pool = rows
-            if self.num_fewshot > 0 and self.fewshot_split not in (None, self.split):
-                pool = load_split(
-                    self.dataset_path, subset, self.fewshot_split, data_root=data_root, task=self.name
-                )
-            part = add_fewshot(self, part, raws, range(len(part)), pool, subset, same_split=pool is rows)
-            docs.extend(part)
-        return docs
+    def rows(
+        self, subset: str | None, split: str, data_root: str | Path | None
+    ) -> Sequence[Mapping[str, Any]]:
+        """The raw rows of one subset's split, each made into a document by `make_doc` (see
+        `inloop_eval.tasks.loading`); by default the split saved under the data root."""
+        return load_split(self.dataset_path, subset, split, data_root=data_root, task=self.name)
 
     def make_doc(self, raw: Mapping[str, Any], index: int) -> Doc:
         """Render and check one raw row; raises TaskDataError naming the task, document and field."""
@@ -284,10 +222,3 @@ class MultipleChoiceTask:
                 )
             out.append(int(g))
         return tuple(sorted(set(out)))
-
-
-def load_docs(
-    task: MultipleChoiceTask, data_root: str | Path | None = None, limit: int | None = None
-) -> list[Doc]:
-    """Every document of the task's split (the first `limit` when given), as the task renders them."""
-    return task.load_documents(data_root, limit)

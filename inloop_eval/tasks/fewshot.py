@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from inloop_eval.errors import TaskDataError
-
-if TYPE_CHECKING:
-    from inloop_eval.tasks.base import Doc, MultipleChoiceTask
+from inloop_eval.tasks.base import Doc, MultipleChoiceTask
 
 SAMPLERS: tuple[str, ...] = ("first_n", "random")
 
@@ -123,8 +121,6 @@ def add_fewshot(
         `row_indices[i]` its index in the subset's split (which seeds its examples).
     pool_rows: the few-shot split's rows (the evaluated split itself when `same_split`).
     """
-    from inloop_eval.tasks.base import Doc
-
     if task.num_fewshot < 0:
         raise TaskDataError(f"task {task.name!r}: num_fewshot expected >= 0, found {task.num_fewshot}")
     split = task.split if same_split else (task.fewshot_split or task.split)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from inloop_eval.metrics.registry import GOLD_ONLY_METRICS
 from inloop_eval.tasks.arc import ARCEasy
-from inloop_eval.tasks.base import GOLD_ONLY_METRICS, MultipleChoiceTask
+from inloop_eval.tasks.base import MultipleChoiceTask
 from inloop_eval.tasks.registry import register
 
 

@@ -28,10 +28,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import datasets
 import yaml
+from datasets.table import InMemoryTable
+from jinja2 import BaseLoader, StrictUndefined
+from jinja2.sandbox import SandboxedEnvironment
 
+from inloop_eval.data_root import load_split
 from inloop_eval.errors import ConfigError, TaskDataError, UnknownTaskError
-from inloop_eval.tasks.base import Doc, MultipleChoiceTask, shown
+from inloop_eval.tasks.base import MultipleChoiceTask, shown
 from inloop_eval.tasks.registry import register, register_resolver
 
 log = logging.getLogger(__name__)
@@ -133,8 +138,6 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def _render_template(template: str, doc: Mapping[str, Any]) -> str:
-    from jinja2 import BaseLoader, StrictUndefined
-    from jinja2.sandbox import SandboxedEnvironment
 
     global _ENV
     if _ENV is None:
@@ -305,16 +308,12 @@ class HarnessYamlTask(MultipleChoiceTask):
     # ---- data
 
     def _load_split(self, split: str, data_root: str | Path | None) -> Any:
-        from inloop_eval.data_root import load_split
-
         kwargs = dict(self.config.get("dataset_kwargs") or {})
         if kwargs.pop("trust_remote_code", None):
             log.warning(
                 "task %r: dataset_kwargs.trust_remote_code dropped: no dataset code is ever run", self.name
             )
         if self.dataset_path in LOCAL_BUILDERS:
-            import datasets
-
             files = kwargs.pop("data_files", None)
             if files is None:
                 raise ConfigError(
@@ -363,26 +362,16 @@ class HarnessYamlTask(MultipleChoiceTask):
             return {k: fix(v) if isinstance(v, str) else [fix(x) for x in v] for k, v in files.items()}
         return [fix(x) for x in files]
 
-    def load_documents(self, data_root: str | Path | None = None, limit: int | None = None) -> list[Doc]:
-        from inloop_eval.tasks.fewshot import add_fewshot
-
-        rows = self._load_split(self.split, data_root)
-        self._features = set(getattr(rows, "column_names", None) or (rows[0].keys() if len(rows) else ()))
-        n = len(rows) if limit is None else min(limit, len(rows))
-        raws = [rows[i] for i in range(n)]
-        docs = [self.make_doc(raw, i) for i, raw in enumerate(raws)]
-        pool, same = rows, True
-        if self.num_fewshot > 0 and self.fewshot_split and self.fewshot_split != self.split:
-            pool, same = self._load_split(str(self.fewshot_split), data_root), False
-        return add_fewshot(self, docs, raws, range(n), pool, self.dataset_name, same_split=same)
+    def rows(self, subset: str | None, split: str, data_root: str | Path | None) -> Any:
+        rows = self._load_split(split, data_root)
+        if split == self.split:
+            self._features = set(getattr(rows, "column_names", None) or (rows[0].keys() if len(rows) else ()))
+        return rows
 
 
 def _in_memory(dataset: Any) -> Any:
     """The same rows without backing files, so that `process_docs`'s `map` writes no cache files beside the
     data root's splits (or anywhere else)."""
-    import datasets
-    from datasets.table import InMemoryTable
-
     if not isinstance(dataset, datasets.Dataset) or not dataset.cache_files:
         return dataset
     if getattr(dataset, "_indices", None) is not None:  # a selection of rows: materialise it in memory

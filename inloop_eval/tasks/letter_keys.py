@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from inloop_eval.tasks.base import MC_METRICS, MultipleChoiceTask
+from inloop_eval.metrics.registry import MC_METRICS
+from inloop_eval.tasks.base import MultipleChoiceTask
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 ANSWER_CUE = "\nAnswer:"

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inloop_eval.errors import InLoopEvalError
-from inloop_eval.tasks.base import LENGTH_NORM_METRICS, Doc, MultipleChoiceTask
+from inloop_eval.metrics.registry import LENGTH_NORM_METRICS
+from inloop_eval.tasks.base import Doc, MultipleChoiceTask
+from inloop_eval.tasks.loading import load_docs
 
 ERROR = "error"
 WARNING = "warning"
@@ -219,7 +221,7 @@ def lint_task(
 ) -> LintReport:
     """Load a task's documents and check them; a load failure is reported as an error, not raised."""
     try:
-        docs = task.load_documents(data_root, limit)
+        docs = load_docs(task, data_root, limit)
     except InLoopEvalError as exc:
         report = LintReport(task.name)
         report.issues.append(LintIssue(ERROR, "load-failed", None, str(exc)))

@@ -24,16 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from inloop_eval.data_root import default_data_root, oe_eval_dir
 from inloop_eval.errors import TaskDataError, UnknownTaskError
-from inloop_eval.tasks.base import (
-    GOLD_ONLY_METRICS,
-    MC_METRICS,
-    PARTIAL_METRICS,
-    RC_METRICS,
-    Doc,
-    MultipleChoiceTask,
-    shown,
-)
+from inloop_eval.metrics.registry import GOLD_ONLY_METRICS, MC_METRICS, PARTIAL_METRICS, RC_METRICS
+from inloop_eval.tasks.base import Doc, MultipleChoiceTask, shown
 from inloop_eval.tasks.registry import register_resolver
 
 REQUEST_TYPES: tuple[str, ...] = ("loglikelihood", "generate_until_and_loglikelihood")
@@ -85,12 +79,12 @@ class OEEvalRequestsTask(MultipleChoiceTask):
     def variant_dir(self, data_root: str | Path | None) -> Path:
         if self.directory is not None:
             return self.directory
-        from inloop_eval.data_root import default_data_root, oe_eval_dir
-
         root = Path(data_root) if data_root is not None else default_data_root()
         return oe_eval_dir(root) / self.task_dir / self.variant
 
-    def load_documents(self, data_root: str | Path | None = None, limit: int | None = None) -> list[Doc]:
+    def rows(self, subset: str | None, split: str, data_root: str | Path | None) -> list[dict[str, Any]]:
+        """One row per document: `{"doc_id": ..., "requests": [(idx, context, continuation, label), ...]}`,
+        sorted by doc_id; reading them also sets the unconditional context and the target delimiter."""
         folder = self.variant_dir(data_root)
         requests_path = next(
             (folder / n for n in ("requests.jsonl.gz", "requests.jsonl") if (folder / n).is_file()), None
@@ -114,12 +108,10 @@ class OEEvalRequestsTask(MultipleChoiceTask):
             self.uncond_context = next(iter(uncond_contexts))
         continuations = [req[2] for reqs in by_doc.values() for req in reqs]
         self.target_delimiter = " " if all(c.startswith(" ") for c in continuations) else ""
-        docs: list[Doc] = []
-        for doc_id in sorted(by_doc):
-            if limit is not None and len(docs) >= limit:
-                break
-            docs.append(self._make(by_doc[doc_id], len(docs), doc_id))
-        return docs
+        return [{"doc_id": doc_id, "requests": by_doc[doc_id]} for doc_id in sorted(by_doc)]
+
+    def make_doc(self, raw: Mapping[str, Any], index: int) -> Doc:
+        return self._make(raw["requests"], index, raw["doc_id"])
 
     def _read_config(self, path: Path) -> dict[str, Any]:
         try:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import inloop_eval.evaluator as evaluator_module
+import inloop_eval.downstream as downstream_module
 import inloop_eval.scoring as scoring_module
 from inloop_eval.adapters import LogitsAdapter
 from inloop_eval.config import EvaluatorConfig
@@ -156,7 +156,7 @@ def per_rank(value: Any) -> list[Any]:
 
 
 def tokens_forwarded(ev: InLoopEvaluator) -> dict[str, int]:
-    return {label: int(r.scores.tokens_forwarded) for label, r in ev.last_results.items()}
+    return {name: out.tokens_forwarded for name, out in ev.last_outputs.items() if out.detail is not None}
 
 
 # ---- checks -------------------------------------------------------------------------------------------
@@ -250,7 +250,7 @@ def check_failures(ctx: Context) -> dict[str, Any]:
         return load_docs(task, data_root, limit=limit)
 
     # Preparation: a data error on one rank, before any forward pass (FSDP model).
-    with patched(evaluator_module, "load_docs", load_docs_failing):
+    with patched(downstream_module, "load_docs", load_docs_failing):
         results["prepare"] = ctx.evaluator(tasks).run(fsdp_gpt())
         # Strict: every rank raises, none hangs.
         try:

@@ -1,0 +1,107 @@
+"""The package's import graph, read from the source with `ast`: no module imports itself round a circle, and
+imports sit at the top of modules (inside functions only for the optional dependencies, and in the CLI,
+which imports each subcommand's modules when that subcommand runs).
+
+Every `import` statement counts, wherever it stands (inside functions and `if TYPE_CHECKING:` too). An import
+of a package (its `__init__.py`) is not an edge: a package's `__init__` imports its own modules, and each of
+them imports its siblings through the package.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import inloop_eval
+
+PACKAGE = Path(inloop_eval.__file__).parent
+OPTIONAL = ("wandb", "matplotlib", "transformers", "lightning", "olmo_core")
+LAZY_ALLOWED = ("inloop_eval.cli",)
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imported_names(module: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        package = package[: len(package) - node.level + 1]
+        base = ".".join([*package, base] if base else package)
+    return [base, *(f"{base}.{alias.name}" for alias in node.names)]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package's (non-package) modules it imports."""
+    mods = modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in mods.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for name in imported_names(module, path, node):
+                while name and name not in mods:
+                    name = name.rpartition(".")[0]
+                if name and name != module and mods[name].name != "__init__.py":
+                    edges.add(name)
+        graph[module] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle found by a depth-first search (each reported once per back edge)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(u: str) -> None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph[u]):
+            if state.get(v) == 1:
+                found.append(stack[stack.index(v) :] + [v])
+            elif v not in state:
+                visit(v)
+        stack.pop()
+        state[u] = 2
+
+    for u in sorted(graph):
+        if u not in state:
+            visit(u)
+    return found
+
+
+def test_cycle_finder_finds_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    assert len(graph) > 40 and graph["inloop_eval.downstream"] >= {"inloop_eval.scoring", "inloop_eval.pairs"}
+    assert cycles(graph) == []
+
+
+def test_imports_inside_functions_are_only_optional_dependencies():
+    misplaced = []
+    for module, path in modules().items():
+        if module in LAZY_ALLOWED:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    names = imported_names(module, path, node)
+                    if names[0].split(".")[0] not in OPTIONAL:
+                        misplaced.append(f"{module}:{node.lineno} imports {names[0]}")
+    assert misplaced == []
