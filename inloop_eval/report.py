@@ -85,8 +85,11 @@ def history_from_rows(rows: Iterable[Mapping[str, Any]]) -> dict[str, Series]:
 
 
 def row_step(row: Mapping[str, Any]) -> int | None:
+    """The row's trainer step: the first of STEP_KEYS holding a finite number; None if none does."""
     step = next((row[k] for k in STEP_KEYS if isinstance(row.get(k), (int, float))), None)
-    return None if step is None or isinstance(step, bool) else int(step)
+    if step is None or isinstance(step, bool) or not math.isfinite(step):
+        return None
+    return int(step)
 
 
 def collect_rows(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Series], list[int]]:
@@ -145,7 +148,9 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if not isinstance(row, dict):
             skipped.setdefault("not a JSON object", []).append(number)
         elif row_step(row) is None:
-            skipped.setdefault(f"without a numeric {' or '.join(STEP_KEYS)}", []).append(number)
+            skipped.setdefault(f"without a step ({' or '.join(STEP_KEYS)}, a finite number)", []).append(
+                number
+            )
         else:
             rows.append(row)
     if not skipped:

@@ -148,7 +148,7 @@ def test_report_of_a_run_in_progress_skips_what_it_cannot_read(tmp_path, config_
     assert [s for s, _ in history.tasks()["piqa"]["acc"]] == STEPS[:5]
     assert history.config == {}
     lines_note = (
-        "skipped 3 of 8 lines: line 3 not a JSON object; line 5 without a numeric step or trainer/step; "
+        "skipped 3 of 8 lines: line 3 not a JSON object; line 5 without a step (step or trainer/step, a finite number); "
         "line 8 cut off (still being written, or the run was killed)"
     )
     proc = subprocess.run(
@@ -168,13 +168,16 @@ def test_report_of_a_run_in_progress_skips_what_it_cannot_read(tmp_path, config_
 
 
 def test_a_corrupt_line_in_the_middle_is_skipped_and_counted(tmp_path):
-    """NUL bytes where a crash left a hole in the file, and a line too many lines to list one by one."""
+    """NUL bytes where a crash left a hole in the file, more lines than are listed one by one, and a step
+    that is not a finite number."""
     run = tmp_path / "run"
     run.mkdir()
     bad = ["\x00" * 12] * 12
     good = [json.dumps({"step": s, "eval/downstream/piqa/acc": 0.5}) for s in (0, 100)]
-    (run / "metrics.jsonl").write_text("\n".join([good[0], *bad, good[1]]) + "\n")
+    no_step = json.dumps({"step": float("nan"), "eval/downstream/piqa/acc": 0.1})
+    (run / "metrics.jsonl").write_text("\n".join([good[0], *bad, no_step, good[1]]) + "\n")
     history = load_run(run)
     assert history.tasks()["piqa"]["acc"] == [(0, 0.5), (100, 0.5)]
     (note,) = history.notes
-    assert "skipped 12 of 14 lines: lines 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and 2 more not valid JSON" in note
+    assert "skipped 13 of 15 lines: lines 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and 2 more not valid JSON; " in note
+    assert "line 14 without a step" in note
