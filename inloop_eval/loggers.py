@@ -222,13 +222,13 @@ class JSONLLogger(MetricsLogger):
         """The line's object; keys whose value is not a number are left out (with a warning)."""
         try:
             row: dict[str, Any] = {"step": int(step)}
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             self._warn("step", f"JSONLLogger: step {step!r} is not an integer ({exc}); metrics not written")
             return None
         for key, value in metrics.items():
             try:
                 row[key] = float(value)
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, OverflowError) as exc:
                 self._warn(
                     f"value:{key}",
                     f"JSONLLogger: {key} = {value!r} at step {step} is not a number ({exc}); left out of "

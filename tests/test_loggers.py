@@ -297,3 +297,12 @@ def test_wandb_logger_survives_its_run_finished_under_it(tmp_path, monkeypatch, 
     (log_warning,) = warnings_of(caplog, "WandbLogger.log at")
     assert "UsageError" in log_warning and "step 0" in log_warning
     assert len(warnings_of(caplog, "WandbLogger.log_config")) == 1
+
+
+def test_a_value_or_step_that_is_not_a_number_is_left_out_not_raised(tmp_path, caplog):
+    with JSONLLogger(tmp_path) as logger:
+        logger.log({"eval/x": 1.0}, float("inf"))
+        logger.log({"eval/x": None, "eval/y": 10**400, "eval/z": 2.0}, 3)
+    assert jsonl_rows(tmp_path / "metrics.jsonl") == [{"step": 3, "eval/z": 2.0}]
+    assert len(warnings_of(caplog, "step inf is not an integer")) == 1
+    assert len(warnings_of(caplog, "is not a number")) == 2
