@@ -11,13 +11,17 @@ when logged; for every perplexity domain (`eval/lm/<domain>/...`), ppl and bits 
   A task that reports acc_norm equal to acc at every evaluation is flagged too.
 
 RUN_DIR holds `metrics.jsonl` (+ `config.json`) as `JSONLLogger` writes them, or a W&B run (a directory
-with a `run-*.wandb` file, e.g. `wandb/offline-run-...` or `wandb/run-...`), read offline.
+with a `run-*.wandb` file, e.g. `wandb/offline-run-...` or `wandb/run-...`), read offline. A run may still be
+writing, or may have been killed: lines the report cannot read (cut off, not JSON objects, without a step)
+and a corrupt `config.json` are skipped, and the page and stderr say which. A step logged more than once (a
+job resumed from an earlier checkpoint) shows its last value for each key.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +39,10 @@ STEP_KEYS: tuple[str, ...] = ("step", "trainer/step")
 REPORT_DIR = "report"
 
 Series = list[tuple[int, float]]
+# Line numbers shown per reason a line was skipped; the rest are counted.
+SHOWN_LINES = 10
+
+log = logging.getLogger(__name__)
 
 
 class ReportError(InLoopEvalError):
@@ -48,6 +56,8 @@ class RunHistory:
     series: dict[str, Series]
     config: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    notes: list[str] = field(default_factory=list)
+    """What reading skipped or replaced (cut-off lines, a corrupt config, steps logged twice)."""
 
     def tasks(self) -> dict[str, dict[str, Series]]:
         """label -> metric -> series, for `eval/downstream/<label>/<metric>` keys."""
@@ -71,17 +81,97 @@ def group(series: Mapping[str, Series], prefix: str) -> dict[str, dict[str, Seri
 def history_from_rows(rows: Iterable[Mapping[str, Any]]) -> dict[str, Series]:
     """Rows with a step (`step` or `trainer/step`) to sorted per-key series; a later value for the same step
     wins (a resumed run logging a step again). Rows without a step and non-numeric values are skipped."""
+    return collect_rows(rows)[0]
+
+
+def row_step(row: Mapping[str, Any]) -> int | None:
+    """The row's trainer step: the first of STEP_KEYS holding a finite number; None if none does."""
+    step = next((row[k] for k in STEP_KEYS if isinstance(row.get(k), (int, float))), None)
+    if step is None or isinstance(step, bool) or not math.isfinite(step):
+        return None
+    return int(step)
+
+
+def collect_rows(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Series], list[int]]:
+    """`history_from_rows`, and the steps at which a later row replaced a different value of some key."""
     by_key: dict[str, dict[int, float]] = {}
+    replaced: set[int] = set()
     for row in rows:
-        step = next((row[k] for k in STEP_KEYS if isinstance(row.get(k), (int, float))), None)
+        step = row_step(row)
         if step is None:
             continue
         for key, value in row.items():
             if key in STEP_KEYS or key.startswith("_") or isinstance(value, bool):
                 continue
             if isinstance(value, (int, float)):
-                by_key.setdefault(key, {})[int(step)] = float(value)
-    return {k: sorted(v.items()) for k, v in sorted(by_key.items())}
+                points = by_key.setdefault(key, {})
+                if step in points and not same_value(points[step], float(value)):
+                    replaced.add(step)
+                points[step] = float(value)
+    return {k: sorted(v.items()) for k, v in sorted(by_key.items())}, sorted(replaced)
+
+
+def same_value(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def line_list(numbers: list[int]) -> str:
+    """`line 7`, `lines 7, 9, 12`, or the first SHOWN_LINES and how many more."""
+    shown = ", ".join(str(n) for n in numbers[:SHOWN_LINES])
+    more = f" and {len(numbers) - SHOWN_LINES} more" if len(numbers) > SHOWN_LINES else ""
+    return f"line{'s' if len(numbers) > 1 else ''} {shown}{more}"
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of a `metrics.jsonl` that hold a JSON object with a step, and a note on the lines skipped:
+    a cut-off last line (a run still writing, or killed), lines that are not JSON, not an object, or have no
+    step. Blank lines are ignored."""
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    ends_open = not data.endswith(b"\n")
+    if not ends_open:
+        lines.pop()  # the empty string after the final newline
+    rows: list[dict[str, Any]] = []
+    skipped: dict[str, list[int]] = {}
+    for number, raw in enumerate(lines, start=1):
+        text = raw.decode("utf-8", errors="replace")
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except ValueError:
+            cut_off = ends_open and number == len(lines)
+            skipped.setdefault(
+                "cut off (still being written, or the run was killed)" if cut_off else "not valid JSON", []
+            ).append(number)
+            continue
+        if not isinstance(row, dict):
+            skipped.setdefault("not a JSON object", []).append(number)
+        elif row_step(row) is None:
+            skipped.setdefault(f"without a step ({' or '.join(STEP_KEYS)}, a finite number)", []).append(
+                number
+            )
+        else:
+            rows.append(row)
+    if not skipped:
+        return rows, []
+    count = sum(len(numbers) for numbers in skipped.values())
+    reasons = "; ".join(f"{line_list(numbers)} {reason}" for reason, numbers in skipped.items())
+    return rows, [f"{path}: skipped {count} of {len(lines)} lines: {reasons}"]
+
+
+def read_config_file(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """`config.json` as a dict; {} when absent, and {} with a note when it is corrupt or not an object."""
+    if not path.is_file():
+        return {}, []
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8", errors="replace"))
+    except (OSError, ValueError) as exc:
+        return {}, [f"{path}: skipped, not readable as JSON ({exc}); the page shows no config"]
+    if not isinstance(config, dict):
+        found = type(config).__name__
+        return {}, [f"{path}: skipped, expected a JSON object, found {found}; the page shows no config"]
+    return config, []
 
 
 def load_run(run_dir: str | Path) -> RunHistory:
@@ -91,10 +181,9 @@ def load_run(run_dir: str | Path) -> RunHistory:
         raise ReportError(f"report: {run_dir} is not a directory; pass the run directory of a training run")
     jsonl = run_dir / METRICS_FILE
     if jsonl.is_file():
-        rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-        config_path = run_dir / CONFIG_FILE
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        return RunHistory(history_from_rows(rows), config, str(jsonl))
+        rows, notes = read_jsonl(jsonl)
+        config, config_notes = read_config_file(run_dir / CONFIG_FILE)
+        return run_history(rows, config, str(jsonl), notes + config_notes)
     from inloop_eval.wandb_file import find_run_files, read_config, read_history
 
     files = find_run_files(run_dir)
@@ -108,7 +197,23 @@ def load_run(run_dir: str | Path) -> RunHistory:
             f"report: {run_dir} holds {len(files)} W&B runs ({', '.join(str(f.parent.name) for f in files)}); "
             "pass one run's directory"
         )
-    return RunHistory(history_from_rows(read_history(files[0])), read_config(files[0]), str(files[0]))
+    return run_history(read_history(files[0]), read_config(files[0]), str(files[0]), [])
+
+
+def run_history(
+    rows: list[dict[str, Any]], config: dict[str, Any], source: str, notes: list[str]
+) -> RunHistory:
+    """The history of `rows`, with a note added when a step was logged again with different values."""
+    series, replaced = collect_rows(rows)
+    if replaced:
+        steps = ", ".join(str(s) for s in replaced[:SHOWN_LINES])
+        more = f" and {len(replaced) - SHOWN_LINES} more" if len(replaced) > SHOWN_LINES else ""
+        notes = [
+            *notes,
+            f"{source}: {len(replaced)} step(s) logged more than once with different values (steps {steps}{more}; "
+            "a job resumed from an earlier checkpoint re-runs steps): the page shows the last value logged",
+        ]
+    return RunHistory(series, config, source, notes)
 
 
 def fitted_change(points: Series) -> float:
@@ -293,6 +398,8 @@ def write_report(
     if window < 2:
         raise ReportError(f"report: window must be >= 2 evaluations, found {window}")
     history = load_run(run_dir)
+    for note in history.notes:
+        log.warning("report: %s", note)
     out = Path(out_dir) if out_dir is not None else Path(run_dir) / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     views = task_views(history, window, min_change)
@@ -336,6 +443,7 @@ def render_html(
         f"<p>Source: <code>{e(history.source)}</code>. {len(steps)} logged steps"
         + (f", {steps[0]} to {steps[-1]}" if steps else "")
         + f". {len(views)} tasks, {len(domains)} perplexity domains.</p>",
+        *(f"<p class='flag'>Reading: {e(note)}</p>" for note in history.notes),
         f"<p>Divergence flag: over the last {window} evaluations the fitted trends of acc and acc_norm have "
         f"opposite signs and each moves by at least {min_change:g} and by at least its standard error. "
         f"{len(flagged)} task(s) flagged{': ' + e(', '.join(v.label for v in flagged)) if flagged else ''}.</p>",

@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +109,75 @@ def test_divergence_within_the_standard_error_is_not_flagged():
     assert divergence(acc, acc_norm, 4, 0.02, acc_stderr=wide, acc_norm_stderr=wide) is None
     narrow = series([0.005] * 6)  # 10,000 documents
     assert divergence(acc, acc_norm, 4, 0.02, acc_stderr=narrow, acc_norm_stderr=narrow)
+
+
+def write_run_in_progress(run: Path, config_text: str) -> None:
+    """Five good evaluations of piqa, then what a killed or still-writing run and a bad hand edit leave:
+    a line that is a list (line 3), one without a step (line 5) and a cut-off last line (line 8)."""
+    good = [
+        json.dumps({"step": step, "eval/downstream/piqa/acc": 0.5 + step / 1000, "eval/lm/books/ppl": 90.0})
+        for step in STEPS[:5]
+    ]
+    lines = [
+        *good[:2],
+        "[1, 2]",
+        good[2],
+        '{"eval/downstream/piqa/acc": 0.9}',
+        *good[3:],
+        '{"step": 500, "eval/do',
+    ]
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("\n".join(lines))
+    (run / "config.json").write_text(config_text)
+
+
+@pytest.mark.parametrize(
+    ("config_text", "config_note"),
+    [
+        ('{"evaluators": [{"task": "piqa"', "config.json: skipped, not readable as JSON"),
+        ('["piqa"]', "config.json: skipped, expected a JSON object, found list"),
+    ],
+)
+def test_report_of_a_run_in_progress_skips_what_it_cannot_read(tmp_path, config_text, config_note):
+    """Issue 13.3: every readable line is rendered; the page and stderr name each skipped line and the
+    config."""
+    importlib.import_module("matplotlib")
+    run = tmp_path / "run"
+    write_run_in_progress(run, config_text)
+    history = load_run(run)
+    assert [s for s, _ in history.tasks()["piqa"]["acc"]] == STEPS[:5]
+    assert history.config == {}
+    lines_note = (
+        "skipped 3 of 8 lines: line 3 not a JSON object; line 5 without a step (step or trainer/step, a finite number); "
+        "line 8 cut off (still being written, or the run was killed)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "inloop_eval.cli", "report", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],  # `-m` imports this checkout's package
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (run / "report" / "index.html").read_text()
+    for note in (lines_note, config_note):
+        assert note in proc.stderr
+        assert note in page
+    assert re.findall(r"<img src='([^']+)'", page) == ["task_piqa.png", "lm_books.png"]
+    assert "5 logged steps, 0 to 400" in page
+
+
+def test_a_corrupt_line_in_the_middle_is_skipped_and_counted(tmp_path):
+    """NUL bytes where a crash left a hole in the file, more lines than are listed one by one, and a step
+    that is not a finite number."""
+    run = tmp_path / "run"
+    run.mkdir()
+    bad = ["\x00" * 12] * 12
+    good = [json.dumps({"step": s, "eval/downstream/piqa/acc": 0.5}) for s in (0, 100)]
+    no_step = json.dumps({"step": float("nan"), "eval/downstream/piqa/acc": 0.1})
+    (run / "metrics.jsonl").write_text("\n".join([good[0], *bad, no_step, good[1]]) + "\n")
+    history = load_run(run)
+    assert history.tasks()["piqa"]["acc"] == [(0, 0.5), (100, 0.5)]
+    (note,) = history.notes
+    assert "skipped 13 of 15 lines: lines 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and 2 more not valid JSON; " in note
+    assert "line 14 without a step" in note
