@@ -411,13 +411,13 @@ class EvaluatorConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> EvaluatorConfig:
-        """The config of a YAML file: its top level, or its `evaluation:` section."""
-        data = read_yaml_mapping(path)
-        return cls.from_dict(data.get("evaluation", data), str(path))
+        """The config of a YAML file (`read_config_file`)."""
+        return cls.from_dict(read_config_file(path), str(path))
 
 
-def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """The mapping at the top of the YAML file `path`; ConfigError for a missing, unreadable or invalid file."""
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The evaluator settings of the YAML file `path`, as a mapping: its `evaluation:` section if it has one
+    (a demo config), else its top level. ConfigError for a missing, unreadable or invalid file."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -433,7 +433,7 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: not valid YAML ({exc})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: expected a mapping at the top, found {type(data).__name__}")
-    return data
+    return data.get("evaluation", data)
 
 
 def build_dataclass(cls: type, data: Any, where: str) -> Any:
