@@ -108,7 +108,7 @@ def describe(annotation: Any, plural: bool = False) -> str:
     if all(dataclasses.is_dataclass(o) for o in options):
         text = "mappings" if plural else "a mapping"
     else:
-        (base, bounds) = _unannotated(options[0])
+        base, bounds = _unannotated(options[0])
         if typing.get_origin(base) is list:
             text = (
                 ("lists" if plural else "a list") + " of " + describe(typing.get_args(base)[0], plural=True)
@@ -183,26 +183,32 @@ def check_value(value: Any, annotation: Any, key: str) -> Any:
     options, nullable = _split_optional(annotation)
     if value is None and nullable:
         return None
-    wrong = f"{key} must be {describe(annotation)}, found {shown(value)}"
     if all(dataclasses.is_dataclass(o) for o in options):
         if isinstance(value, tuple(options)):
             return value
         if not isinstance(value, dict):
-            raise ConfigError(wrong)
+            raise _mismatch(key, annotation, value)
         return build_dataclass(_config_class(options, value, key), value, key)
+    if len(options) != 1:
+        raise TypeError(f"config field {key}: annotation {annotation} is not one the checker knows")
     base, bounds = _unannotated(options[0])
     if typing.get_origin(base) is list:
         if base == list[str] and isinstance(value, str):
             value = [value]  # YAML `paths: a.npy` means a list of one
         if not isinstance(value, list):
-            raise ConfigError(wrong)
+            raise _mismatch(key, annotation, value)
         (item,) = typing.get_args(base)
         return [check_value(v, item, f"{key}[{i}]{_entry_name(v)}") for i, v in enumerate(value)]
     if not _fits(value, base):
-        raise ConfigError(wrong + _mismatch_hint(value, base))
+        raise _mismatch(key, annotation, value, _mismatch_hint(value, base))
     if any(value < b.minimum for b in bounds):
-        raise ConfigError(wrong)
+        raise _mismatch(key, annotation, value)
     return value
+
+
+def _mismatch(key: str, annotation: Any, value: Any, hint: str = "") -> ConfigError:
+    """`<key> must be <what the annotation takes>, found <value><hint>`."""
+    return ConfigError(f"{key} must be {describe(annotation)}, found {shown(value)}{hint}")
 
 
 def check_fields(config: Any, where: str) -> None:

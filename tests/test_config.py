@@ -190,3 +190,14 @@ def test_lm_domain_labels_refuse_dot_dot():
     """`make-lm` writes OUT/<label>/: a label `..` would replace OUT's parent."""
     with pytest.raises(ConfigError, match="not contain '..'"):
         LMDomainConfig(label="..", paths=["a.npy"])
+
+
+def test_build_dataclass_checks_any_config_dataclass(tmp_path):
+    """The demo's own sections go through the same checker: YAML 1.1 reads `3e-3` as a string."""
+    path = tmp_path / "demo.yaml"
+    path.write_text("train: {lr: 3e-3}\nlogging: {wandb: 'no'}\nevaluation: {evaluators: [{task: piqa}]}\n")
+    with pytest.raises(ConfigError, match=f"{path}: train: lr must be a number, found '3e-3'; YAML reads"):
+        DemoConfig.from_yaml(path)
+    path.write_text("train: {lr: 0.003}\nlogging: {wandb: 'no'}\nevaluation: {evaluators: [{task: piqa}]}\n")
+    with pytest.raises(ConfigError, match=f"{path}: logging: wandb must be true or false, found 'no'"):
+        DemoConfig.from_yaml(path)
