@@ -7,16 +7,18 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inloop_eval.errors import InLoopEvalError
+from inloop_eval.config import EvaluatorConfig, TaskEvalConfig, read_config_file
+from inloop_eval.distributed import all_reduce_max
+from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.files import write_text_atomically
 
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-    from inloop_eval.config import EvaluatorConfig
     from inloop_eval.downstream import PreparedTask, TaskResult
 
 log = logging.getLogger("inloop_eval")
@@ -242,6 +244,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     init_from_env()
     world_size, rank = world()
     config = evaluate_config(args)
+    outputs = {
+        flag: Path(path) for flag, path in (("--output", args.output), ("--samples", args.samples)) if path
+    }
+    check_outputs_writable(outputs, rank)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and world_size > 1:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -253,6 +259,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         bar.close()
     samples = gather_samples(evaluator) if args.samples else None
     if rank == 0:
+        # The figures first: a file that fails to write late (a full disk) must not lose them.
+        for key, value in metrics.items():
+            print(f"{key}\t{value:.6f}", flush=True)
         if args.output:
             write_json(
                 Path(args.output),
@@ -265,21 +274,50 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             )
         if samples is not None:
             write_samples(Path(args.samples), samples)
-        for key, value in metrics.items():
-            print(f"{key}\t{value:.6f}")
     if isinstance(config, EvaluatorConfig) and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0
 
 
-def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
-    from inloop_eval.config import ConfigError, EvaluatorConfig, TaskEvalConfig
+def unwritable_outputs(outputs: dict[str, Path]) -> list[str]:
+    """What stops each output file (`--output`, `--samples`) from being written, found by writing a
+    temporary file beside it (its folder is made as `evaluate` would make it); [] when all can be."""
+    problems = []
+    for flag, path in outputs.items():
+        if path.is_dir():
+            problems.append(f"{flag} {path} is a directory; name a file, e.g. {path / 'results.json'}")
+            continue
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=path.parent):
+                pass
+        except OSError as exc:
+            problems.append(
+                f"{flag} {path}: cannot write there ({exc.strerror or exc}); choose a writable path"
+            )
+    return problems
 
-    config = EvaluatorConfig.from_yaml(args.config) if args.config else EvaluatorConfig()
-    if args.tasks:
-        config.evaluators = [TaskEvalConfig(task=t.strip()) for t in args.tasks.split(",") if t.strip()]
-    if not config.evaluators:
+
+def check_outputs_writable(outputs: dict[str, Path], rank: int) -> None:
+    """Before evaluating, so that a whole evaluation is never lost to a bad path: rank 0 (the one that
+    writes) tries the output paths and every rank stops with it, none left waiting in a collective."""
+    problems = unwritable_outputs(outputs) if rank == 0 else []
+    if all_reduce_max(int(bool(problems))):
+        raise ConfigError(
+            "evaluate: " + "; ".join(problems)
+            if problems
+            else f"evaluate (rank {rank}): rank 0 cannot write the output files (see its error)"
+        )
+
+
+def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
+    tasks = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
+    if not tasks and not args.config:
         raise ConfigError("evaluate: name tasks with --tasks a,b or a --config with evaluators")
+    data = read_config_file(args.config) if args.config else {}
+    if tasks:
+        data = {**data, "evaluators": [{"task": t} for t in tasks]}
+    config = EvaluatorConfig.from_dict(data, args.config or "evaluate --tasks")
     for ev in config.evaluators:
         if args.limit is not None and isinstance(ev, TaskEvalConfig):
             ev.limit = args.limit

@@ -1,9 +1,10 @@
 """On-disk cache of tokenized request tables: tokenize once, on rank 0, and read it everywhere else.
 
-A table lives in `<INLOOP_EVAL_HOME or ~/.cache/inloop_eval>/requests/<key>.npz`. The key hashes everything
-the table depends on: the task id, the documents as the task renders them (so a change of data or of a
+A table lives in `<INLOOP_EVAL_HOME or ~/.cache/inloop_eval>/requests/<key>.npz`, always directly in that
+folder: the key is the task id made safe for a file name (`file_label`: no '/', '..' or ':', so an id such as
+`harness:../x/task.yaml` cannot name a file elsewhere) and a hash of everything the table depends on: the task id, the documents as the task renders them (so a change of data or of a
 task's prompt gives a new key), the tokenizer's fingerprint, `max_length`, `limit`, whether unconditional
-requests are built, the source of `requests.py` and `tokenizer.py`, and this module's format version.
+requests are built, the source of `pairs.py` and `tokenizer.py`, and this module's format version.
 Tokenizers without a `fingerprint` are never cached.
 
 A file is written to a temporary file in the same directory and renamed into place (`os.replace`, atomic on
@@ -17,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _META = "__meta__"
+_NOT_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 class RequestCacheError(InLoopEvalError):
@@ -55,6 +58,13 @@ def docs_digest(task: MultipleChoiceTask, docs: Sequence[Doc]) -> str:
     return h.hexdigest()
 
 
+def file_label(task_id: str) -> str:
+    """The readable part of a cache file's name: the task id with every run of characters other than
+    letters, digits, '_' and '-' replaced by '_', at most 48 characters (the hash beside it keeps ids that
+    read the same apart)."""
+    return _NOT_IN_FILE_NAMES.sub("_", task_id).strip("_-")[:48] or "task"
+
+
 def _code_digest() -> str:
     """Hash of the tokenization code (pairs and the tokenizer wrapper): a change to how requests are
     tokenized must never read tables made by the old code."""
@@ -73,7 +83,8 @@ def cache_key(
     with_uncond: bool,
     docs_sha256: str,
 ) -> str:
-    """The file name (without `.npz`) of one task's table; see the module docstring."""
+    """The file name (without `.npz`) of one task's table: `<file_label(task_id)>-<hash>`; see the module
+    docstring."""
     fields = {
         "format": FORMAT_VERSION,
         "code": _code_digest(),
@@ -85,7 +96,7 @@ def cache_key(
         "docs": docs_sha256,
     }
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
-    return f"{task_id}-{digest}"
+    return f"{file_label(task_id)}-{digest}"
 
 
 def cache_path(

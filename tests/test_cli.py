@@ -9,8 +9,10 @@ import sys
 
 import pytest
 import torch
+from workers.launch import torchrun
 
-from inloop_eval.cli import main
+from inloop_eval.cli import build_parser, evaluate_config, main
+from inloop_eval.errors import ConfigError
 from inloop_eval.pairs import encode_pair
 
 transformers = importlib.import_module("transformers")
@@ -92,3 +94,60 @@ def test_evaluate_with_a_tokenizer_that_does_not_load(hf_model_dir, data_root, t
     )
     assert code == 2
     assert str(bad) in capsys.readouterr().err
+
+
+# --- output paths checked before evaluating (issue 13, item 12) ------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--output", "--samples"])
+@pytest.mark.parametrize("where", ["under_a_file", "a_directory"])
+def test_evaluate_refuses_an_unwritable_output_before_evaluating(
+    flag, where, hf_model_dir, data_root, tmp_path, capsys
+):
+    (tmp_path / "notes.txt").write_text("a file, not a folder")
+    bad = tmp_path / "notes.txt" / "results.json" if where == "under_a_file" else tmp_path
+    args = ["evaluate", "--model", str(hf_model_dir), "--tasks", "piqa", "--limit", "2"]
+    code = main([*args, "--data-root", str(data_root), flag, str(bad)])
+    captured = capsys.readouterr()
+    assert code == 2
+    expected = "is a directory; name a file" if where == "a_directory" else "cannot write there"
+    assert f"inloop-eval: error: evaluate: {flag} {bad}" in captured.err and expected in captured.err
+    assert "eval/downstream" not in captured.out  # stopped before evaluating, not after
+
+
+def test_every_rank_stops_when_rank_0_cannot_write_the_output(hf_model_dir, data_root, tmp_path):
+    (tmp_path / "notes.txt").write_text("a file, not a folder")
+    bad = tmp_path / "notes.txt" / "results.json"
+    args = ["-m", "inloop_eval.cli", "evaluate", "--model", str(hf_model_dir), "--tasks", "piqa"]
+    args += ["--limit", "2", "--data-root", str(data_root), "--output", str(bad)]
+    with pytest.raises(AssertionError, match="exited with") as failure:  # not "did not finish": no rank hangs
+        torchrun(2, args, timeout=300)
+    output = str(failure.value)
+    assert f"inloop-eval: error: evaluate: --output {bad}: cannot write there" in output
+    assert "inloop-eval: error: evaluate (rank 1): rank 0 cannot write the output files" in output
+    assert "eval/downstream" not in output
+
+
+def test_evaluate_with_a_config_path_that_is_a_folder(hf_model_dir, tmp_path, capsys):
+    code = main(["evaluate", "--model", str(hf_model_dir), "--config", str(tmp_path)])
+    assert code == 2
+    assert f"config file {tmp_path} is a directory; name a YAML file" in capsys.readouterr().err
+
+
+def test_evaluate_tasks_fill_a_config_file_of_settings_only(tmp_path):
+    """--tasks supplies the evaluators that a config file of settings leaves out, and the file's values
+    are checked like any config's."""
+    path = tmp_path / "settings.yaml"
+    path.write_text("strict: true\neval_interval: 10\n")
+    args = build_parser().parse_args(
+        ["evaluate", "--model", "m", "--config", str(path), "--tasks", "piqa,copa"]
+    )
+    config = evaluate_config(args)
+    assert [e.task for e in config.evaluators] == ["piqa", "copa"] and config.strict is True
+    path.write_text('strict: "false"\n')
+    with pytest.raises(ConfigError, match=f"{path}: strict must be true or false, found 'false'"):
+        evaluate_config(args)
+    args = build_parser().parse_args(["evaluate", "--model", "m", "--config", str(path)])
+    path.write_text("strict: true\n")
+    with pytest.raises(ConfigError, match=f"{path}: `evaluators` lists no evaluator"):
+        evaluate_config(args)

@@ -38,7 +38,7 @@ from inloop_eval.tokenizer import Tokenizer
         ({"label": "code", "paths": ["a"], "format": "parquet"}, "format must be one of"),
         ({"label": "code", "paths": ["a"], "dtype": "int8"}, "dtype must be one of"),
         ({"label": "code", "paths": ["a"], "text_field": ""}, "text_field must not be empty"),
-        ({"label": "code", "paths": ["a"], "max_tokens": 0}, "max_tokens must be >= 1 or null"),
+        ({"label": "code", "paths": ["a"], "max_tokens": 0}, "max_tokens must be an integer >= 1 or null"),
     ],
 )
 def test_lm_domain_config_checks(kwargs, message):
@@ -55,11 +55,11 @@ CODE = {"label": "code", "paths": ["a.npy"]}
         ({"type": "downstream", "domains": [CODE]}, "type must be 'lm'"),
         ({"domains": []}, "`domains` must list at least one domain"),
         ({"domains": [CODE, CODE]}, r"domain labels must be unique; repeated: \['code'\]"),
-        ({"domains": [CODE], "seq_len": 1}, "seq_len must be >= 2"),
+        ({"domains": [CODE], "seq_len": 1}, "seq_len must be an integer >= 2"),
         ({"domains": [CODE], "seq_len": 64, "batch_tokens": 32}, "batch_tokens .32. must be >= seq_len .64."),
         ({"domains": [CODE], "seq_len": 64, "max_tokens": 10}, r"max_tokens \(10\) must be >= seq_len - 1"),
         ({"domains": [{**CODE, "max_tokens": 10}], "seq_len": 64}, r"'code': max_tokens \(10\)"),
-        ({"domains": [{**CODE, "bogus": 1}]}, r"lm domains\[0\]: unknown keys \['bogus'\]"),
+        ({"domains": [{**CODE, "bogus": 1}]}, r"domains\[0\] \(code\): unknown keys \['bogus'\]"),
     ],
 )
 def test_lm_eval_config_checks(kwargs, message):

@@ -5,7 +5,9 @@ damaged files rebuilt rather than trusted, atomic writes, and an evaluator that 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from inloop_eval.request_cache import (
     RequestCacheError,
     cache_dir,
     cache_path,
+    file_label,
     load_table,
     save_table,
 )
@@ -176,3 +179,56 @@ def test_an_unwritable_cache_is_not_fatal(data_root, neox_tokenizer, model, cach
         out = make_evaluator(data_root, neox_tokenizer).run(model)
     assert out["eval/downstream/copa/n_docs"] == 10
     assert "not written" in caplog.text
+
+
+# --- file names derived from the task id, always inside the cache (issue 13, item 8) ---------------------
+
+GOOD_YAML = """\
+task: good
+dataset_path: json
+dataset_kwargs: {data_files: {test: good.jsonl}}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: {{question}}\\nAnswer:"
+doc_to_choice: "{{choices}}"
+doc_to_target: answer
+"""
+
+
+@pytest.fixture
+def escaping_task_id(tmp_path, monkeypatch) -> str:
+    """`harness:../../../../x/good.yaml` from a working directory four levels under tmp_path: a real task
+    whose id, taken as a path below `<tmp_path>/home/requests/` (where `harness:..` is one folder), lands
+    beside the YAML in tmp_path/x."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "good.yaml").write_text(GOOD_YAML)
+    rows = [
+        {"question": f"Which is a metal ({i})?", "choices": ["iron", "wood"], "answer": 0} for i in range(4)
+    ]
+    (tmp_path / "x" / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    workdir = tmp_path / "a" / "b" / "c" / "d"
+    workdir.mkdir(parents=True)
+    monkeypatch.chdir(workdir)
+    return "harness:../../../../x/good.yaml"
+
+
+def test_cache_file_names_stay_in_the_cache_whatever_the_task_id(escaping_task_id, data_root, neox_tokenizer):
+    task = get_task(escaping_task_id)
+    docs = load_docs(task, str(data_root))
+    path = cache_path(task, docs, neox_tokenizer, max_length=512, limit=None, with_uncond=False)
+    assert path.parent == cache_dir()
+    assert re.fullmatch(r"harness_x_good_yaml-[0-9a-f]{32}\.npz", path.name), path.name
+    assert file_label("oe_eval:arc_easy:rc_5shot") == "oe_eval_arc_easy_rc_5shot"
+    assert file_label("../..") == "task" and file_label("a/" * 40).count("/") == 0
+
+
+def test_an_evaluation_writes_no_file_outside_the_cache(
+    escaping_task_id, data_root, neox_tokenizer, model, tmp_path
+):
+    config = EvaluatorConfig(
+        evaluators=[{"task": escaping_task_id, "label": "good"}], data_root=str(data_root)
+    )
+    out = InLoopEvaluator(config, tokenizer=neox_tokenizer).run(model)
+    assert out["eval/downstream/good/n_docs"] == 4
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.npz"))
+    assert len(written) == 1 and written[0].parent == cache_dir().relative_to(tmp_path), written

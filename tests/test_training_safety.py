@@ -173,4 +173,4 @@ def test_compiler_reset_after_eval_only_when_asked(data_root, neox_tokenizer, mo
 def test_compiler_reset_config_check():
     with pytest.raises(ConfigError, match="compiler_reset must be true or false, found 'yes'"):
         EvaluatorConfig(compiler_reset="yes")
-    assert EvaluatorConfig.from_dict({"compiler_reset": True}).compiler_reset is True
+    assert EvaluatorConfig.from_dict({"compiler_reset": True, "evaluators": TASKS}).compiler_reset is True
