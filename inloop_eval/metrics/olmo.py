@@ -11,8 +11,10 @@ What each request must carry (one row per (doc_id, cont_id), duplicates from sam
 
 - `ll`: sum over the continuation's tokens of log p(token | context, earlier tokens). OLMo tokenizes the
   continuation string on its own (`encode(continuation, add_special_tokens=False)`), puts BOS before the
-  context, and computes the sum in float32 (`-F.cross_entropy(logits, tokens, reduction="sum")`); it is
-  rounded to float32 here before any arithmetic, as OLMo stores it. All figures use it.
+  context, and computes the sum in the logits' dtype (`-F.cross_entropy(logits, tokens, reduction="sum")`),
+  float32 for OLMo-core's float32 LM head; it is rounded to float32 here before any arithmetic, as OLMo
+  stores it (a model whose logits are bfloat16 makes OLMo's arithmetic bfloat16, not reproduced here).
+  All figures use it.
 - `n_chars`: `len(continuation)` of the continuation string exactly as OLMo's task gives it, WITH its
   leading space (" Paris" is 6). Used by len_norm's score and by every CE loss (`ce_loss_v2` divides by
   `n_chars`, `ce_loss_v1` by `n_chars - 1`, whatever the first character is: OLMo's "no leading space"
@@ -71,7 +73,7 @@ from torch import Tensor
 
 from inloop_eval.errors import ConfigError, RequestError, TaskDataError
 
-# OLMo's constant, not math.log2(math.e): bpb must round as OLMo's does.
+# OLMo's constant; its float32 multiplication makes it indistinguishable from 1 / ln 2.
 LOG_2_OF_E = 1.44269504089
 OLMO_METRIC_TYPES: tuple[str, ...] = ("acc", "len_norm", "pmi_dc", "ce_loss", "bpb", "f1")
 # Metric types whose figures need the gold choice (OLMo's label_id).
@@ -135,7 +137,11 @@ def olmo_figures(metric_type: str) -> tuple[str, ...]:
 
 
 def olmo_core_key(label: str, figure: str) -> str:
-    """OLMo-core's W&B key of one figure of a task: `eval/downstream/<label> (<figure's words>)`."""
+    """OLMo-core's W&B key of one figure of a task: `eval/downstream/<label> (<figure's words>)`.
+
+    label: the task's name in OLMo-core's config (the olmo_eval task id, e.g. `arc_easy`), so that the
+    curves continue those of the OLMo-core run.
+    """
     if figure not in OLMO_CORE_FIGURE_NAMES:
         raise ConfigError(
             f"olmo_core_key: figure {figure!r} of task {label!r} has no OLMo-core name; "
@@ -206,11 +212,16 @@ def olmo_icl_compute(
     doc_id_R, cont_id_R: [R] one row per (doc_id, cont_id): pass the rows through `dedup_requests` first.
     is_gold_R, ll_R, n_chars_R, n_bytes_R, n_bytes_no_leading_space_R, ll_uncond_R: [R], as the module
     docstring defines them (n_bytes_no_leading_space_R defaults to n_bytes_R - 1; ll_uncond_R is needed
-    for pmi_dc only).
+    for pmi_dc only). Any device; the figures are computed on the CPU.
     """
     _check_metric_type(metric_type)
+    doc_id_R, cont_id_R, is_gold_R, ll_R = doc_id_R.cpu(), cont_id_R.cpu(), is_gold_R.cpu(), ll_R.cpu()
+    n_chars_R, n_bytes_R = n_chars_R.cpu(), n_bytes_R.cpu()
+    if ll_uncond_R is not None:
+        ll_uncond_R = ll_uncond_R.cpu()
     if n_bytes_no_leading_space_R is None:
         n_bytes_no_leading_space_R = n_bytes_R.to(torch.long) - 1
+    n_bytes_no_leading_space_R = n_bytes_no_leading_space_R.cpu()
     fields = {
         "doc_id_R": doc_id_R,
         "cont_id_R": cont_id_R,
