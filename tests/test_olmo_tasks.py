@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import importlib
 import inspect
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import datasets
 import pytest
+import torch
+import torch.nn.functional as F
 from olmo_eval import tasks as olmo_tasks
 from olmo_eval.tokenizer import HFTokenizer
 
@@ -34,6 +39,8 @@ from inloop_eval.tasks.olmo_formats import OWN_FORMATS
 from inloop_eval.tasks.olmo_mmlu import OLMO_CATEGORIES, OLMoMMLU, olmo_category_subjects
 from inloop_eval.tasks.olmo_oe_eval import OLMoOEEvalTask
 from inloop_eval.tokenizer import load_tokenizer
+
+transformers = importlib.import_module("transformers")
 
 MAX_LENGTH = 2048  # OLMo's default model_ctx_len
 N_DOCS = 8  # OLMo's `_var` MMLU labels render each question 7 times
@@ -283,3 +290,43 @@ def test_fetch_list_holds_every_split_olmo_labels_read() -> None:
         for subset in task.subsets():
             for split in splits:
                 assert (task.dataset_path, subset, split) in fetched, (label, subset, split)
+
+
+def test_loglikelihoods_equal_olmo_evals_forward(
+    hf_model_dir: Path,
+    data_root: Path,
+    olmo_tokenizer: HFTokenizer,
+    olmo_reads_data_root: None,
+    tmp_path: Path,
+) -> None:
+    """End to end: `inloop-eval evaluate --samples` on a tiny random GPT-NeoX scores each request of
+    `olmo:` labels as OLMo-core does (its batch from OLMo's `collate_fn`, one forward, `ICLMetric.update`'s
+    sum of log-probabilities), to 1e-5 relative."""
+    labels = ["arc_easy_rc_5shot", "hellaswag", "mmlu_stem_var"]
+    samples = tmp_path / "samples.jsonl"
+    cmd = [sys.executable, "-m", "inloop_eval.cli", "evaluate", "--model", str(hf_model_dir), "--strict"]
+    cmd += ["--tasks", ",".join(f"olmo:{label}" for label in labels), "--limit", str(N_DOCS)]
+    cmd += ["--data-root", str(data_root), "--samples", str(samples), "--batch-tokens", "2048"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    ours = {(s["task"], s["doc_id"], s["cont_id"]): s["ll"] for s in map(json.loads, samples.open())}
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_model_dir).eval()
+    max_length = model.config.max_position_embeddings
+    expected = {}
+    for label in labels:
+        task = olmo_tasks.build_task(label, olmo_tokenizer, model_ctx_len=max_length)
+        batch = task.collate_fn([s for s in task.samples if s["doc_id"] < N_DOCS])
+        with torch.no_grad():
+            logits = model(batch["input_ids"]).logits
+        for i, (doc_id, cont_id) in enumerate(
+            zip(batch["doc_id"].tolist(), batch["cont_id"].tolist(), strict=True)
+        ):
+            start, n = int(batch["ctx_len"][i]) - 1, int(batch["cont_len"][i])
+            cont = batch["continuation"][i][:n]
+            expected[(f"olmo:{label}", doc_id, cont_id)] = -float(
+                F.cross_entropy(logits[i, start : start + n], cont, reduction="sum")
+            )
+    assert ours.keys() == expected.keys()
+    for key, ll in expected.items():
+        assert ours[key] == pytest.approx(ll, rel=1e-5), key
