@@ -131,6 +131,7 @@ def add_make_lm_parser(data_sub: Any) -> None:
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     from inloop_eval.tasks import get_task, task_names
+    from inloop_eval.tasks.olmo import olmo_task_ids
 
     if args.describe:
         from inloop_eval.describe import describe_task
@@ -138,9 +139,10 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         print(describe_task(get_task(args.describe), args.data_root, args.doc))
         return 0
     print(
-        "Every id also takes a shot count (arc_easy_rc_5shot); oe_eval:<task>:<variant> reads OLMo's files."
+        "Every id also takes a shot count (arc_easy_rc_5shot); oe_eval:<task>:<variant> reads OLMo's files; "
+        "olmo:<label> is OLMo's in-loop task of that label."
     )
-    for name in task_names():
+    for name in [*task_names(), *olmo_task_ids()]:
         task = get_task(name)
         note = (
             "  (letter keys / shared continuation: length normalisation is a no-op, not reported)"

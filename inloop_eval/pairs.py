@@ -1,4 +1,5 @@
-"""Tokenizing (context, continuation) pairs into flat arrays, as lm-evaluation-harness splits them.
+"""Tokenizing (context, continuation) pairs into flat arrays, as lm-evaluation-harness splits them, or as
+OLMo's in-loop tasks encode them (a task's `pair_encoding`).
 
 Legend: R requests of a task, C unique contexts, P pairs to score (requests or unconditional requests).
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -84,6 +86,38 @@ def tokenize_pair(
         full_ctx = _finish_context(tokenizer, [], where)
         n_before = len(full_ctx)
     return full_ctx, n_before, cont_ids
+
+
+def tokenize_pair_olmo(
+    tokenizer: TokenizerLike, context: str, continuation: str, where: str = "request"
+) -> tuple[list[int], list[int]]:
+    """OLMo's in-loop encoding (ai2-olmo-eval's `prep_examples`): (context ids, continuation ids), each string
+    encoded on its own exactly as given (no whitespace moved, no merge across the join), the tokenizer's BOS
+    put before the context unless it already starts with it."""
+    ctx_ids = list(tokenizer.encode(context))
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is not None and (not ctx_ids or ctx_ids[0] != bos):
+        ctx_ids = [int(bos), *ctx_ids]
+    if not ctx_ids:
+        raise RequestError(
+            f"{where}: context {context!r} encodes to no tokens and the tokenizer has no BOS; OLMo's "
+            "encoding needs a context token to predict the continuation from: give the document a context"
+        )
+    cont_ids = list(tokenizer.encode(continuation))
+    if not cont_ids:
+        raise RequestError(f"{where}: continuation {continuation!r} encodes to no tokens")
+    return ctx_ids, cont_ids
+
+
+def olmo_uncond_context(tokenizer: TokenizerLike, text: str, where: str = "request") -> list[int]:
+    """OLMo's unconditional ("domain conditional") context: `text` encoded as given, without BOS."""
+    ids = list(tokenizer.encode(text))
+    if not ids:
+        raise RequestError(
+            f"{where}: unconditional context {text!r} encodes to no tokens; OLMo's PMI scores the "
+            "continuation after at least one token: give the task a non-empty unconditional context"
+        )
+    return ids
 
 
 def encode_pair(
@@ -230,6 +264,35 @@ class RequestTable:
         return np.flatnonzero(np.isin(self.doc_id, doc_ids))
 
 
+PAIR_ENCODINGS: tuple[str, ...] = ("harness", "olmo")
+
+
+class _Encoded(NamedTuple):
+    """One request tokenized: the strings as scored, the context ids (`n_before` of them precede the
+    continuation), the continuation ids, and the text whose length normalises it."""
+
+    ctx_text: str
+    cont_text: str
+    ctx_ids: list[int]
+    n_before: int
+    cont_ids: list[int]
+    length_text: str
+
+
+def _encode_request(
+    task: MultipleChoiceTask, tokenizer: TokenizerLike, context: str, choice: str, where: str
+) -> _Encoded:
+    """A (context, choice) pair as the task's pair encoding tokenizes it. OLMo normalises by the
+    continuation as scored, delimiter included (its `cont_str_len`); the harness by the choice alone."""
+    if task.pair_encoding == "olmo":
+        cont_text = task.target_delimiter + choice
+        ctx_ids, cont_ids = tokenize_pair_olmo(tokenizer, context, cont_text, where)
+        return _Encoded(context, cont_text, ctx_ids, len(ctx_ids), cont_ids, cont_text)
+    ctx_text, cont_text = move_trailing_whitespace(context, task.target_delimiter + choice)
+    ctx_ids, n_before, cont_ids = tokenize_pair(tokenizer, ctx_text, cont_text, where)
+    return _Encoded(ctx_text, cont_text, ctx_ids, n_before, cont_ids, choice)
+
+
 def build_requests(
     task: MultipleChoiceTask,
     docs: Sequence[Doc],
@@ -238,39 +301,56 @@ def build_requests(
     *,
     with_uncond: bool | None = None,
 ) -> RequestTable:
-    """Tokenize every (doc, choice) of `docs`. `with_uncond` defaults to whether the task reports PMI."""
+    """Tokenize every (doc, choice) of `docs`. `with_uncond` defaults to whether the task reports PMI.
+
+    With `task.pair_encoding == "olmo"` every pair is encoded as OLMo's in-loop tasks do
+    (`tokenize_pair_olmo`), the unconditional request is OLMo's domain-conditional context followed by the
+    same continuation tokens, and `n_chars` / `n_bytes` count the continuation as scored, target delimiter
+    included (OLMo's `cont_str_len` / `cont_byte_len`); otherwise the choice without the delimiter.
+    """
+    if task.pair_encoding not in PAIR_ENCODINGS:
+        raise RequestError(
+            f"task {task.name!r}: pair_encoding expected one of {PAIR_ENCODINGS}, found {task.pair_encoding!r}"
+        )
     if with_uncond is None:
         with_uncond = "acc_pmi" in task.metrics
     main, uncond = _PairBuilder(), _PairBuilder()
-    uncond_index: dict[tuple[int, ...], int] = {}
+    uncond_index: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    uncond_contexts: dict[str, tuple[list[int], str]] = {}
     cols: dict[str, list[int]] = {k: [] for k in ("doc_id", "cont_id", "n_choices", "n_chars", "n_bytes")}
     is_gold: list[bool] = []
     uncond_ids: list[int] = []
     ctx_texts: list[str] = []
     cont_texts: list[str] = []
-    uncond_ctx, uncond_cont_prefix = _uncond_context(task, tokenizer)
     for doc in docs:
+        uncond_texts = _doc_uncond_contexts(task, doc)
         for i, (context, choice) in enumerate(zip(doc.contexts, doc.continuations, strict=True)):
             where = f"task {task.name!r} doc {doc.index} choice {i}"
-            ctx_text, cont_text = move_trailing_whitespace(context, task.target_delimiter + choice)
-            full_ctx, n_before, cont_ids = tokenize_pair(tokenizer, ctx_text, cont_text, where)
-            main.add(full_ctx, n_before, cont_ids, max_length, where)
+            request = _encode_request(task, tokenizer, context, choice, where)
+            main.add(request.ctx_ids, request.n_before, request.cont_ids, max_length, where)
             if with_uncond:
-                u_cont = _uncond_continuation(tokenizer, uncond_ctx, uncond_cont_prefix, cont_text, where)
-                key = tuple(u_cont)
+                text = uncond_texts[i]
+                if text not in uncond_contexts:
+                    uncond_contexts[text] = _uncond_context(task, tokenizer, text, where)
+                u_ctx, u_prefix = uncond_contexts[text]
+                if task.pair_encoding == "olmo":  # the very continuation tokens, after the domain conditional
+                    u_cont = request.cont_ids
+                else:
+                    u_cont = _uncond_continuation(tokenizer, u_ctx, u_prefix, request.cont_text, where)
+                key = (tuple(u_ctx), tuple(u_cont))
                 if key not in uncond_index:
-                    uncond_index[key] = uncond.add(uncond_ctx, len(uncond_ctx), u_cont, max_length, where)
+                    uncond_index[key] = uncond.add(u_ctx, len(u_ctx), u_cont, max_length, where)
                 uncond_ids.append(uncond_index[key])
             else:
                 uncond_ids.append(-1)
             cols["doc_id"].append(doc.index)
             cols["cont_id"].append(i)
             cols["n_choices"].append(doc.n_choices)
-            cols["n_chars"].append(len(choice))
-            cols["n_bytes"].append(len(choice.encode("utf-8")))
+            cols["n_chars"].append(len(request.length_text))
+            cols["n_bytes"].append(len(request.length_text.encode("utf-8")))
             is_gold.append(i in doc.gold)
-            ctx_texts.append(ctx_text)
-            cont_texts.append(cont_text)
+            ctx_texts.append(request.ctx_text)
+            cont_texts.append(request.cont_text)
     arrays = {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}
     return RequestTable(
         task=task.name,
@@ -284,9 +364,26 @@ def build_requests(
     )
 
 
-def _uncond_context(task: MultipleChoiceTask, tokenizer: TokenizerLike) -> tuple[list[int], str]:
-    """Tokens of the unconditional context, and the text a continuation is joined to."""
-    text, _ = move_trailing_whitespace(task.uncond_context, "")
+def _doc_uncond_contexts(task: MultipleChoiceTask, doc: Doc) -> tuple[str, ...]:
+    """The unconditional context of each choice: the document's own, else the task's."""
+    if not doc.uncond_contexts:
+        return (task.uncond_context,) * doc.n_choices
+    if len(doc.uncond_contexts) != doc.n_choices:
+        raise RequestError(
+            f"task {task.name!r} doc {doc.index}: expected one unconditional context per choice "
+            f"({doc.n_choices}), found {len(doc.uncond_contexts)}"
+        )
+    return doc.uncond_contexts
+
+
+def _uncond_context(
+    task: MultipleChoiceTask, tokenizer: TokenizerLike, text: str, where: str
+) -> tuple[list[int], str]:
+    """Tokens of an unconditional context, and the text a continuation is joined to (harness encoding);
+    OLMo's encoding takes the text as given, without BOS."""
+    if task.pair_encoding == "olmo":
+        return olmo_uncond_context(tokenizer, text, where), text
+    text, _ = move_trailing_whitespace(text, "")
     ids = list(tokenizer.encode(text)) if text else []
     return _finish_context(tokenizer, ids, f"task {task.name!r} unconditional context"), text
 

@@ -52,9 +52,11 @@ def cache_dir() -> Path:
 def docs_digest(task: MultipleChoiceTask, docs: Sequence[Doc]) -> str:
     """Hash of the documents exactly as the task renders them, with the strings it adds around them."""
     h = hashlib.sha256()
-    h.update(json.dumps([task.target_delimiter, task.uncond_context]).encode())
+    h.update(json.dumps([task.target_delimiter, task.uncond_context, task.pair_encoding]).encode())
     for doc in docs:
-        h.update(json.dumps([doc.index, doc.contexts, doc.continuations, doc.gold]).encode())
+        h.update(
+            json.dumps([doc.index, doc.contexts, doc.continuations, doc.gold, doc.uncond_contexts]).encode()
+        )
     return h.hexdigest()
 
 

@@ -19,6 +19,7 @@ from inloop_eval.tasks import (  # noqa: E402, F401
     lambada,
     mmlu,
     oe_eval,
+    olmo,
     openbookqa,
     piqa,
     sciq,

@@ -28,6 +28,8 @@ class Doc:
     gold: indices of the correct choices (usually one).
     shots: the number of few-shot examples put before its prompt (fewer than the task's `num_fewshot`
         only where the few-shot split holds too few documents other than this one, see `tasks.fewshot`).
+    uncond_contexts: one unconditional (PMI) context per choice where it depends on the document (OLMo's
+        domain conditionals, e.g. HellaSwag's `ctx_b`); empty: the task's `uncond_context` for every choice.
     """
 
     index: int
@@ -35,6 +37,7 @@ class Doc:
     continuations: tuple[str, ...]
     gold: tuple[int, ...]
     shots: int = 0
+    uncond_contexts: tuple[str, ...] = ()
 
     @property
     def n_choices(self) -> int:
@@ -76,6 +79,10 @@ class MultipleChoiceTask:
     target_delimiter: str = " "
     # Context of the unconditional request for PMI; "" means the tokenizer's BOS (or EOS) token alone.
     uncond_context: str = ""
+    # How a (context, continuation) pair becomes tokens (see `inloop_eval.pairs`): "harness" (split at the
+    # common prefix of context and context + continuation) or "olmo" (OLMo's in-loop tasks: each encoded
+    # on its own, exactly as given).
+    pair_encoding: str = "harness"
     metrics: tuple[str, ...] = RC_METRICS
     # Which published format the prompt follows; shown by `inloop-eval tasks`.
     format_source: str = ""

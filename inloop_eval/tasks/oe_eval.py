@@ -97,7 +97,8 @@ class OEEvalRequestsTask(MultipleChoiceTask):
             )
         self.config = self._read_config(folder / "config.json")
         task_config = self.config.get("task_config", {})
-        offset = (task_config.get("metric_kwargs") or {}).get("uncond_docid_offset", UNCOND_DOCID_OFFSET)
+        # boolq's configs store `"uncond_docid_offset": null`: no unconditional requests, the default applies.
+        offset = (task_config.get("metric_kwargs") or {}).get("uncond_docid_offset") or UNCOND_DOCID_OFFSET
         by_doc, uncond_contexts = self._read_requests(requests_path, offset)
         if len(uncond_contexts) > 1:
             raise TaskDataError(
