@@ -33,7 +33,7 @@ from inloop_eval.errors import UnknownTaskError
 from inloop_eval.fetch import EXTRA_SPLITS, STANDARD_SPLITS
 from inloop_eval.pairs import build_requests
 from inloop_eval.request_cache import docs_digest
-from inloop_eval.tasks import Doc, get_task
+from inloop_eval.tasks import Doc, get_task, load_docs
 from inloop_eval.tasks.olmo import MMLU_LABELS, OE_EVAL_LABELS, olmo_labels
 from inloop_eval.tasks.olmo_formats import OWN_FORMATS
 from inloop_eval.tasks.olmo_mmlu import OLMO_CATEGORIES, OLMoMMLU, olmo_category_subjects
@@ -131,7 +131,7 @@ def our_requests(
 ) -> list[tuple]:
     """Our requests of the first N_DOCS documents, in the shape of `olmo_requests`."""
     task = get_task(f"olmo:{label}")
-    docs = task.load_documents(data_root, limit=N_DOCS)
+    docs = load_docs(task, data_root, limit=N_DOCS)
     assert [d.index for d in docs] == list(range(N_DOCS))
     table = build_requests(task, docs, tokenizer, max_length, with_uncond=True)
     out = []
@@ -261,7 +261,7 @@ def test_cli_lists_every_olmo_label(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_oe_eval_reads_a_config_whose_uncond_offset_is_null(data_root: Path) -> None:
     """boolq's oe-eval configs hold `"uncond_docid_offset": null` (reading them raised a TypeError)."""
-    docs = get_task("oe_eval:boolq:mc_5shot").load_documents(data_root, limit=3)
+    docs = load_docs(get_task("oe_eval:boolq:mc_5shot"), data_root, limit=3)
     assert [(d.index, d.n_choices) for d in docs] == [(0, 2), (1, 2), (2, 2)]
 
 

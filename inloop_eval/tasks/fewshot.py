@@ -19,6 +19,7 @@ lm-evaluation-harness gives it; `Doc.shots` records the number and the evaluator
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -136,5 +137,5 @@ def add_fewshot(
             out.append(doc)
             continue
         contexts = tuple(prefix + c for c in doc.contexts)
-        out.append(Doc(doc.index, contexts, doc.continuations, doc.gold, shots=len(examples)))
+        out.append(dataclasses.replace(doc, contexts=contexts, shots=len(examples)))
     return out

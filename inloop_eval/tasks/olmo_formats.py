@@ -18,15 +18,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inloop_eval.errors import UnknownTaskError
-from inloop_eval.tasks.base import (
+from inloop_eval.metrics.registry import (
     CLASSIFICATION_METRICS,
     GOLD_ONLY_METRICS,
     MC_METRICS,
     PARTIAL_METRICS,
     RC_METRICS,
-    Doc,
-    MultipleChoiceTask,
 )
+from inloop_eval.tasks.base import Doc, MultipleChoiceTask
 from inloop_eval.tasks.hellaswag import preprocess as hellaswag_preprocess
 
 # The metric types of OLMo's `ICLMetric`; ce_loss and bpb score the gold continuation alone.

@@ -145,6 +145,7 @@ class OLMoMMLU(OLMoTask):
         )
         self.mc_labels = mc_labels
         self.fast_mc = fast_mc
+        self._dev_splits: dict[Any, Sequence[Mapping[str, Any]]] = {}
         self.prompt_format = "mc" if mc_labels else "rc"
         super().__init__(metric_type)
         shown_prompts = ", ".join("zero-shot" if p is None else p for p in self.prompts)
@@ -208,35 +209,28 @@ class OLMoMMLU(OLMoTask):
                     ) from None
         return prefix
 
-    def load_documents(self, data_root: str | Path | None = None, limit: int | None = None) -> list[Doc]:
-        """Each question of the category's subjects once per prompt variation, in OLMo's order; `limit`
-        counts documents (question and variation), as OLMo's doc ids do."""
-        subjects = self.subsets()
-        dev_splits: dict[str, Sequence[Mapping[str, Any]]] = {}
-
-        def dev_rows(subject: Any) -> Sequence[Mapping[str, Any]]:
-            # OLMo finds the examples by the row's own `subject`, among the category's subjects only.
-            if subject not in subjects:
-                return []
-            if subject not in dev_splits:
-                dev_splits[subject] = load_split(
-                    self.dataset_path, subject, "dev", data_root=data_root, task=self.name
-                )
-            return dev_splits[subject]
-
+    def rows(self, subset: str | None, split: str, data_root: str | Path | None) -> list[dict[str, Any]]:
+        """Each question of the subject once per prompt variation, in OLMo's order (so `limit` counts
+        documents, question and variation, as OLMo's doc ids do), with the dev examples its prompt shows."""
         needs_dev = any(prompt is not None and _SHOTS.search(prompt) for prompt in self.prompts)
-        docs: list[Doc] = []
-        for subject in subjects:
-            rows = load_split(self.dataset_path, subject, self.split, data_root=data_root, task=self.name)
-            for raw in rows:
-                if limit is not None and len(docs) >= limit:
-                    return docs
-                base = self.make_doc(raw, len(docs))
-                examples = dev_rows(raw.get("subject")) if needs_dev else []
-                for prompt in self.prompts:
-                    if limit is not None and len(docs) >= limit:
-                        return docs
-                    prefix = self.prompt_prefix(raw, len(docs), prompt, examples)
-                    contexts = tuple(prefix + context for context in base.contexts)
-                    docs.append(dataclasses.replace(base, index=len(docs), contexts=contexts))
-        return docs
+        out: list[dict[str, Any]] = []
+        for raw in load_split(self.dataset_path, subset, split, data_root=data_root, task=self.name):
+            examples = self.dev_rows(raw.get("subject"), data_root) if needs_dev else []
+            out.extend({"raw": raw, "prompt": prompt, "examples": examples} for prompt in self.prompts)
+        return out
+
+    def dev_rows(self, subject: Any, data_root: str | Path | None) -> Sequence[Mapping[str, Any]]:
+        """The dev split OLMo takes examples from: found by the row's own `subject`, among the category's
+        subjects only; loaded once per subject."""
+        if subject not in self.subsets():
+            return []
+        if subject not in self._dev_splits:
+            self._dev_splits[subject] = load_split(
+                self.dataset_path, subject, "dev", data_root=data_root, task=self.name
+            )
+        return self._dev_splits[subject]
+
+    def make_doc(self, raw: Mapping[str, Any], index: int) -> Doc:
+        base = super().make_doc(raw["raw"], index)
+        prefix = self.prompt_prefix(raw["raw"], index, raw["prompt"], raw["examples"])
+        return dataclasses.replace(base, contexts=tuple(prefix + context for context in base.contexts))

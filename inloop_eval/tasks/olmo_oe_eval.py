@@ -45,11 +45,11 @@ class OLMoOEEvalTask(OEEvalRequestsTask):
         )
         self.uncond_context = DEFAULT_DOMAIN_CONDITIONAL
 
-    def load_documents(self, data_root: str | Path | None = None, limit: int | None = None) -> list[Doc]:
-        docs = super().load_documents(data_root, limit)
+    def rows(self, subset: str | None, split: str, data_root: str | Path | None) -> list[dict[str, Any]]:
+        rows = super().rows(subset, split, data_root)
         # The parent takes the file's unconditional context; OLMo uses its default domain conditional.
         self.uncond_context = DEFAULT_DOMAIN_CONDITIONAL
-        return docs
+        return rows
 
     def _make(self, requests: list[tuple[int, str, str, Any]], index: int, doc_id: int) -> Doc:
         if self.olmo_metric_type in GOLD_ONLY_TYPES:
