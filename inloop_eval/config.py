@@ -26,6 +26,7 @@ from inloop_eval.errors import ConfigError
 from inloop_eval.metrics.registry import ALL_METRICS, unknown_metrics
 
 EVALUATOR_TYPES = ("downstream",)
+KEY_STYLES = ("inloop", "olmo_core")
 YAML_BOOLEAN_WORDS = ("true", "false", "yes", "no", "on", "off", "y", "n")
 
 
@@ -384,9 +385,15 @@ class EvaluatorConfig:
     """Call `torch.compiler.reset()` after each evaluation, dropping every graph torch.compile holds
     (training's too: its next step recompiles). Evaluation itself runs the uncompiled module
     (`torch.compile`'s `_orig_mod`); use this when submodules compiled in place saw the eval shapes."""
+    key_style: str = "inloop"
+    """How metric keys are named: `inloop` (`eval/downstream/<label>/<metric>`), or `olmo_core`, where the OLMo
+    figures of `olmo:<label>` tasks take the keys OLMo-core's downstream callback gives them
+    (`eval/downstream/<label> (length-normalized accuracy)`, ...) so that a run moving from OLMo-core
+    continues its curves; every other figure keeps its `inloop` key."""
 
     def __post_init__(self) -> None:
         check_fields(self, "")
+        one_of(self.key_style, KEY_STYLES, "key_style")
         labels = [e.label for e in self.evaluators if isinstance(e, TaskEvalConfig)]
         duplicated = repeated(labels)
         if duplicated:

@@ -18,13 +18,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+
+import datasets
 
 from inloop_eval.errors import TaskDataError
 from inloop_eval.files import write_text_atomically
-
-if TYPE_CHECKING:
-    import datasets
 
 OE_EVAL_DIR = "oe_eval_tasks"
 TOKENIZER_DIR = "tokenizers"
@@ -230,8 +228,6 @@ def load_split(
     allow_hub: bool = False,
 ) -> datasets.Dataset:
     """Load one split from the local root; from the hub only when `allow_hub` (never during training)."""
-    import datasets
-
     root = (Path(data_root) if data_root is not None else default_data_root()).expanduser().absolute()
     local = split_dir(root, path, name, split)
     if local.is_dir():
@@ -254,8 +250,6 @@ def load_split(
 
 def _load_from_disk(root: Path, local: Path, task: str) -> datasets.Dataset:
     """`datasets.load_from_disk`, with any failure (damaged Arrow or JSON files) a TaskDataError naming them."""
-    import datasets
-
     try:
         return datasets.load_from_disk(str(local))
     except Exception as exc:  # pyarrow, json and datasets each raise their own types for a damaged file

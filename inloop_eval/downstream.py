@@ -17,11 +17,12 @@ import torch
 
 from inloop_eval.adapters import ModelAdapter
 from inloop_eval.batching import Batch, equalize_forward_calls, plan_batches
-from inloop_eval.config import TaskEvalConfig
+from inloop_eval.config import EvaluatorConfig, TaskEvalConfig
 from inloop_eval.distributed import TaskAgreement, run_agreed, world
 from inloop_eval.errors import ModelOutputError
 from inloop_eval.evaluation import EvalOutput, Evaluator
 from inloop_eval.metrics.icl import ICLMetric
+from inloop_eval.metrics.olmo import olmo_core_key, olmo_figures
 from inloop_eval.metrics.registry import needs_uncond
 from inloop_eval.pairs import PairSet, RequestTable, build_requests
 from inloop_eval.request_cache import RequestCacheError, cache_path, load_table, save_table
@@ -70,16 +71,15 @@ class DownstreamEvaluator(Evaluator):
     config: TaskEvalConfig
 
     def __init__(
-        self, config: TaskEvalConfig, *, tokenizer: TokenizerLike, data_root: str | Path | None
+        self, config: TaskEvalConfig, *, tokenizer: TokenizerLike, settings: EvaluatorConfig
     ) -> None:
-        super().__init__(config, tokenizer=tokenizer, data_root=data_root)
+        super().__init__(config, tokenizer=tokenizer, settings=settings)
         self.name = config.label
         self.prepared: PreparedTask | None = None
 
     def run(
         self, adapter: ModelAdapter, *, strict: bool, progress: Callable[[int], None] | None = None
     ) -> EvalOutput:
-        prefix = f"eval/downstream/{self.config.label}"
         max_length = adapter.max_length or DEFAULT_MAX_LENGTH
 
         def body(agreement: TaskAgreement) -> tuple[PreparedTask, TaskResult]:
@@ -89,16 +89,27 @@ class DownstreamEvaluator(Evaluator):
 
         done = run_agreed(f"task {self.config.label!r}", body, strict=strict)
         if done is None:
-            return EvalOutput({f"{prefix}/failed": 1.0})
+            return EvalOutput({f"eval/downstream/{self.config.label}/failed": 1.0})
         prepared, result = done
         metrics = dict(result.metrics)
         if "n_skipped_docs" in metrics:
             metrics["n_skipped_docs"] += prepared.dataset.n_left_out
         if prepared.n_fewshot_short_docs is not None:
             metrics["n_fewshot_short_docs"] = float(prepared.n_fewshot_short_docs)
-        return EvalOutput(
-            {f"{prefix}/{k}": v for k, v in metrics.items()}, result.scores.tokens_forwarded, result
-        )
+        return EvalOutput(self.keys(prepared.task, metrics), result.scores.tokens_forwarded, result)
+
+    def keys(self, task: MultipleChoiceTask, metrics: dict[str, float]) -> dict[str, float]:
+        """`eval/downstream/<label>/<figure>`; with `key_style: olmo_core` an `olmo:` task's OLMo figures
+        take OLMo-core's keys (`eval/downstream/<OLMo label> (accuracy)`)."""
+        olmo = set(olmo_figures(task.olmo_metric_type)) if task.olmo_metric_type else set()
+        olmo_label = self.config.task.removeprefix("olmo:")
+        out: dict[str, float] = {}
+        for figure, value in metrics.items():
+            if figure in olmo and self.settings.key_style == "olmo_core":
+                out[olmo_core_key(olmo_label, figure)] = value
+            else:
+                out[f"eval/downstream/{self.config.label}/{figure}"] = value
+        return out
 
     def prepare(self, max_length: int, agreement: TaskAgreement | None = None) -> PreparedTask:
         """Load and tokenize the task once (again only for another `max_length`); later evaluations reuse
@@ -110,8 +121,9 @@ class DownstreamEvaluator(Evaluator):
         ev = self.config
         task = get_task(ev.task)
         metrics = tuple(ev.metrics) if ev.metrics is not None else task.metrics
-        docs = load_docs(task, self.data_root, limit=ev.limit)
-        table = self.requests(task, docs, max_length, needs_uncond(metrics), agreement)
+        docs = load_docs(task, self.settings.data_root, limit=ev.limit)
+        with_uncond = needs_uncond(metrics) or task.olmo_metric_type == "pmi_dc"
+        table = self.requests(task, docs, max_length, with_uncond, agreement)
         n_docs = subset_size(table, ev.subset_num_batches, ev.batch_tokens) if ev.subset_num_batches else None
         dataset = ICLMultiChoiceTaskDataset(table, n_docs=n_docs)
         self.prepared = PreparedTask(
@@ -201,7 +213,7 @@ def evaluate(
         progress=progress,
         min_vocab=min_vocab,
     )
-    metric = ICLMetric(prepared.metrics).to(adapter.device)
+    metric = ICLMetric(prepared.metrics, prepared.task.olmo_metric_type).to(adapter.device)
     update_metric(metric, prepared.table, rows, uncond_ids, scores)
     agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
     return TaskResult(metric.compute(), rows, uncond_ids, scores)

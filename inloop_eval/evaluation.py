@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from inloop_eval.adapters import ModelAdapter
+from inloop_eval.config import EvaluatorConfig
 from inloop_eval.tokenizer import TokenizerLike
 
 
@@ -32,16 +32,17 @@ class EvalOutput:
 class Evaluator:
     """One entry of the config's `evaluators:` list.
 
+    config: the entry; settings: the whole evaluator config (data root, key style, ...).
     name: unique among the entries (a task's label; for other kinds, their own).
     Subclasses keep what they loaded between evaluations, and make the same collectives on every rank.
     """
 
     name: str
 
-    def __init__(self, config: Any, *, tokenizer: TokenizerLike, data_root: str | Path | None) -> None:
+    def __init__(self, config: Any, *, tokenizer: TokenizerLike, settings: EvaluatorConfig) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        self.data_root = data_root
+        self.settings = settings
 
     def run(
         self, adapter: ModelAdapter, *, strict: bool, progress: Callable[[int], None] | None = None

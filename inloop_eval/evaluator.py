@@ -44,7 +44,7 @@ class InLoopEvaluator:
             tokenizer = load_tokenizer(config.tokenizer)
         self.tokenizer = tokenizer
         built = [
-            EVALUATORS[type(entry)](entry, tokenizer=tokenizer, data_root=config.data_root)
+            EVALUATORS[type(entry)](entry, tokenizer=tokenizer, settings=config)
             for entry in config.evaluators
         ]
         self.evaluators: dict[str, Evaluator] = {e.name: e for e in built}

@@ -30,6 +30,10 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlparse
+
+import datasets
+from huggingface_hub import hf_hub_download
 
 from inloop_eval.data_root import (
     COMPLETE_MARKER,
@@ -44,6 +48,11 @@ from inloop_eval.files import write_text_atomically
 from inloop_eval.tasks.mmlu import DATASET_PATH as MMLU_DATASET
 from inloop_eval.tasks.mmlu import SUBJECTS as MMLU_SUBJECTS
 from inloop_eval.tasks.registry import data_splits
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: fetching runs without a lock (see `_file_lock`)
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -190,16 +199,12 @@ def _hub_unavailable_reason(allow_hub: bool) -> str | None:
 
 
 def _hub_host() -> str:
-    from urllib.parse import urlparse
-
     endpoint = os.environ.get("HF_ENDPOINT", f"https://{HUB_HOST}")
     return urlparse(endpoint).hostname or HUB_HOST
 
 
 def _fill_from_hub(staging: Path, splits: tuple[tuple[str, str | None, str], ...]) -> list[str]:
     """Save each split and tokenizer from the hub into `staging`; return descriptions of the failures."""
-    import datasets
-
     failures: list[str] = []
     for i, (path, name, split) in enumerate(splits):
         target = staging / path / (name or "none") / split
@@ -213,8 +218,6 @@ def _fill_from_hub(staging: Path, splits: tuple[tuple[str, str | None, str], ...
             log.info("hub: %d/%d splits tried, %d failed", i + 1, len(splits), len(failures))
     for filename, (_, repo_id) in TOKENIZER_FILES.items():
         try:
-            from huggingface_hub import hf_hub_download
-
             downloaded = hf_hub_download(repo_id=repo_id, filename="tokenizer.json")
             (staging / TOKENIZER_DIR).mkdir(exist_ok=True)
             shutil.copyfile(downloaded, staging / TOKENIZER_DIR / filename)
@@ -389,9 +392,7 @@ def _move_in(staging: Path, root: Path) -> None:
 @contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive `flock` on `path` (created if needed); waits for other holders."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock; the staging directory and os.replace still keep it sane
+    if fcntl is None:  # not POSIX: no lock; the staging directory and os.replace still keep it sane
         log.warning("fcntl unavailable; fetching %s without a lock", path)
         yield
         return

@@ -18,7 +18,7 @@ import torch
 
 from inloop_eval.adapters import ModelAdapter
 from inloop_eval.batching import Batch, equalize_forward_calls
-from inloop_eval.config import LMEvalConfig
+from inloop_eval.config import EvaluatorConfig, LMEvalConfig
 from inloop_eval.data_root import home
 from inloop_eval.distributed import TaskAgreement, run_agreed, world
 from inloop_eval.errors import ConfigError, LMDataError
@@ -77,10 +77,8 @@ class LMEvaluator(Evaluator):
 
     config: LMEvalConfig
 
-    def __init__(
-        self, config: LMEvalConfig, *, tokenizer: TokenizerLike, data_root: str | Path | None
-    ) -> None:
-        super().__init__(config, tokenizer=tokenizer, data_root=data_root)
+    def __init__(self, config: LMEvalConfig, *, tokenizer: TokenizerLike, settings: EvaluatorConfig) -> None:
+        super().__init__(config, tokenizer=tokenizer, settings=settings)
         self.labels = tuple(d.label for d in config.domains)
         self.name = "lm:" + ",".join(self.labels)
         self.prepared: PreparedDomains | None = None

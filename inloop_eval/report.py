@@ -19,6 +19,7 @@ job resumed from an earlier checkpoint) shows its last value for each key.
 
 from __future__ import annotations
 
+import argparse
 import html
 import json
 import logging
@@ -32,6 +33,8 @@ import numpy as np
 
 from inloop_eval.errors import InLoopEvalError
 from inloop_eval.loggers import CONFIG_FILE, CURVE_METRICS, DOWNSTREAM_PREFIX, METRICS_FILE
+from inloop_eval.tasks import get_task
+from inloop_eval.wandb_file import find_run_files, read_config, read_history
 
 LM_PREFIX = "eval/lm/"
 LM_FIGURES: tuple[str, ...] = ("ppl", "bpb", "ce")
@@ -184,8 +187,6 @@ def load_run(run_dir: str | Path) -> RunHistory:
         rows, notes = read_jsonl(jsonl)
         config, config_notes = read_config_file(run_dir / CONFIG_FILE)
         return run_history(rows, config, str(jsonl), notes + config_notes)
-    from inloop_eval.wandb_file import find_run_files, read_config, read_history
-
     files = find_run_files(run_dir)
     if not files:
         raise ReportError(
@@ -290,8 +291,6 @@ def task_ids(config: Mapping[str, Any]) -> dict[str, str]:
 
 def length_norm_is_noop(task_id: str) -> bool | None:
     """What the registry says of `task_id`; None for a task it does not know."""
-    from inloop_eval.tasks import get_task
-
     try:
         return bool(get_task(task_id).length_norm_is_noop)
     except InLoopEvalError:
@@ -504,8 +503,6 @@ def cost_paragraph(series: Mapping[str, Series]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="inloop-eval report", description=__doc__.split("\n")[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -201,3 +201,11 @@ def test_build_dataclass_checks_any_config_dataclass(tmp_path):
     path.write_text("train: {lr: 0.003}\nlogging: {wandb: 'no'}\nevaluation: {evaluators: [{task: piqa}]}\n")
     with pytest.raises(ConfigError, match=f"{path}: logging: wandb must be true or false, found 'no'"):
         DemoConfig.from_yaml(path)
+
+
+def test_key_style_is_checked():
+    assert EvaluatorConfig(evaluators=[{"task": "piqa"}], key_style="olmo_core").key_style == "olmo_core"
+    with pytest.raises(
+        ConfigError, match=r"key_style must be one of \['inloop', 'olmo_core'\].*did you mean 'olmo_core'"
+    ):
+        EvaluatorConfig(evaluators=[{"task": "piqa"}], key_style="OLMo_core")

@@ -24,13 +24,17 @@ import datasets
 import pytest
 import torch
 import torch.nn.functional as F
+from olmo_eval import metrics as olmo_metrics
 from olmo_eval import tasks as olmo_tasks
 from olmo_eval.tokenizer import HFTokenizer
 
 from inloop_eval.cli import main
+from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data_root import neox_tokenizer_path, oe_eval_dir, split_dir
 from inloop_eval.errors import UnknownTaskError
+from inloop_eval.evaluator import InLoopEvaluator
 from inloop_eval.fetch import EXTRA_SPLITS, STANDARD_SPLITS
+from inloop_eval.metrics.olmo import olmo_core_key
 from inloop_eval.pairs import build_requests
 from inloop_eval.request_cache import docs_digest
 from inloop_eval.tasks import Doc, get_task, load_docs
@@ -330,3 +334,62 @@ def test_loglikelihoods_equal_olmo_evals_forward(
     assert ours.keys() == expected.keys()
     for key, ll in expected.items():
         assert ours[key] == pytest.approx(ll, rel=1e-5), key
+
+
+# One label per OLMo metric type that OLMo's map uses: acc, len_norm (own format, oe-eval file, MMLU
+# variation), f1, ce_loss and bpb.
+FIGURE_LABELS = (
+    "piqa",
+    "hellaswag",
+    "arc_easy_rc_5shot",
+    "mmlu_stem_var",
+    "rte",
+    "arc_easy_ppl",
+    "mmlu_stem_bpb",
+)
+
+
+def test_olmo_figures_equal_olmo_evals_metric(
+    hf_model_dir: Path,
+    data_root: Path,
+    neox_tokenizer: Any,
+    olmo_tokenizer: HFTokenizer,
+    olmo_reads_data_root: None,
+) -> None:
+    """Every figure OLMo-core's downstream evaluator would log for an `olmo:` label (ai2-olmo-eval's own
+    `ICLMetric(metric_type)` over OLMo's batch and the same model's logits) equals the figure our evaluator
+    reports under OLMo-core's key (`key_style: olmo_core`): accuracies and F1 exactly, CE / BPB / soft
+    figures to 1e-5 (our loglikelihood sums are float64, OLMo's float32)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_model_dir).eval()
+    entries = [{"task": f"olmo:{label}", "limit": N_DOCS, "batch_tokens": 4096} for label in FIGURE_LABELS]
+    config = EvaluatorConfig(evaluators=entries, data_root=str(data_root), strict=True, key_style="olmo_core")
+    ours = InLoopEvaluator(config, tokenizer=neox_tokenizer).run(model)
+
+    max_length = model.config.max_position_embeddings
+    for label in FIGURE_LABELS:
+        task = olmo_tasks.build_task(label, olmo_tokenizer, model_ctx_len=max_length)
+        assert task.metric_type == get_task(f"olmo:{label}").olmo_metric_type
+        metric = olmo_metrics.ICLMetric(metric_type=task.metric_type)
+        batch = task.collate_fn([s for s in task.samples if s["doc_id"] < N_DOCS])
+        with torch.no_grad():
+            metric.update(batch, model(batch["input_ids"]).logits)
+        expected = {olmo_core_key(label, k): float(v) for k, v in metric.compute().items()}
+        assert expected, label
+        for key, value in expected.items():
+            exact = "accuracy" in key or "F1" in key
+            assert ours[key] == (value if exact else pytest.approx(value, rel=1e-5, abs=1e-6)), key
+        # Our own figures stay beside OLMo's, under our keys.
+        assert f"eval/downstream/olmo:{label}/n_docs" in ours
+    assert not any(k.startswith("eval/downstream/olmo:") and "(" in k for k in ours)
+
+
+def test_key_style_inloop_keeps_olmo_figures_under_our_keys(
+    hf_model_dir: Path, data_root: Path, neox_tokenizer: Any
+) -> None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_model_dir).eval()
+    config = EvaluatorConfig(
+        evaluators=[{"task": "olmo:piqa", "label": "piqa_olmo", "limit": 4}], data_root=str(data_root)
+    )
+    ours = InLoopEvaluator(config, tokenizer=neox_tokenizer).run(model)
+    assert {"eval/downstream/piqa_olmo/len_norm_v1", "eval/downstream/piqa_olmo/soft_log_v2"} <= set(ours)
+    assert "eval/downstream/piqa_olmo/acc" in ours and not any("(" in k for k in ours)

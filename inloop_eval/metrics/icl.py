@@ -16,6 +16,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from inloop_eval.metrics.olmo import olmo_icl_compute
 from inloop_eval.metrics.registry import METRICS, Choices, MetricDef, canonical, unknown_metrics
 
 REQUEST_FIELDS: tuple[str, ...] = (
@@ -134,6 +135,28 @@ def icl_compute(
     return out
 
 
+def olmo_compute(
+    requests: dict[str, Tensor], uncond_id_U: Tensor, uncond_ll_U: Tensor, metric_type: str
+) -> dict[str, float]:
+    """OLMo's figures for `metric_type` (ai2-olmo-eval's `ICLMetric`, see `inloop_eval.metrics.olmo`) from
+    the same requests as `icl_compute`; rows repeated by sampler padding count once."""
+    keep = dedup_requests(requests["doc_id"], requests["cont_id"])
+    r = {k: requests[k][keep] for k in REQUEST_FIELDS}
+    ll_uncond_R = None
+    if metric_type == "pmi_dc":
+        ll_uncond_R = uncond_lookup(r["uncond_id"], uncond_id_U, uncond_ll_U)
+    return olmo_icl_compute(
+        metric_type,
+        doc_id_R=r["doc_id"],
+        cont_id_R=r["cont_id"],
+        is_gold_R=r["is_gold"],
+        ll_R=r["ll"],
+        n_chars_R=r["n_chars"],
+        n_bytes_R=r["n_bytes"],
+        ll_uncond_R=ll_uncond_R,
+    )
+
+
 def figure(definition: MetricDef, choices: Choices) -> tuple[float, float]:
     """One figure over the documents, and its standard error (0.0 for kinds without one)."""
     if definition.kind == "whole":
@@ -155,9 +178,10 @@ class ICLMetric(Metric):
 
     full_state_update = False
 
-    def __init__(self, metrics: Sequence[str], **kwargs) -> None:  # noqa: ANN003
+    def __init__(self, metrics: Sequence[str], olmo_metric_type: str | None = None, **kwargs) -> None:  # noqa: ANN003
         super().__init__(**kwargs)
         self.metric_names = tuple(metrics)
+        self.olmo_metric_type = olmo_metric_type
         for name in REQUEST_FIELDS:
             self.add_state(name, default=[], dist_reduce_fx="cat")
         self.add_state("uncond_uid", default=[], dist_reduce_fx="cat")
@@ -186,11 +210,13 @@ class ICLMetric(Metric):
         return value.cpu().to(dtype)
 
     def compute(self) -> dict[str, float]:
+        """`icl_compute`'s figures, and OLMo's (under OLMo's names, e.g. `len_norm_v1`) when the metric was
+        made with an `olmo_metric_type`."""
         dtypes = {"ll": torch.float64, "is_gold": torch.bool, "is_greedy": torch.bool}
         requests = {name: self._cat(name, dtypes.get(name, torch.long)) for name in REQUEST_FIELDS}
-        return icl_compute(
-            requests,
-            self._cat("uncond_uid", torch.long),
-            self._cat("uncond_ll", torch.float64),
-            self.metric_names,
-        )
+        uncond_id_U = self._cat("uncond_uid", torch.long)
+        uncond_ll_U = self._cat("uncond_ll", torch.float64)
+        out = icl_compute(requests, uncond_id_U, uncond_ll_U, self.metric_names)
+        if self.olmo_metric_type is not None:
+            out.update(olmo_compute(requests, uncond_id_U, uncond_ll_U, self.olmo_metric_type))
+        return out

@@ -83,6 +83,9 @@ class MultipleChoiceTask:
     # common prefix of context and context + continuation) or "olmo" (OLMo's in-loop tasks: each encoded
     # on its own, exactly as given).
     pair_encoding: str = "harness"
+    # OLMo's metric type (acc, len_norm, pmi_dc, ce_loss, bpb, f1) for tasks that reproduce one of OLMo's
+    # labels (`olmo:<label>`): their OLMo figures (`inloop_eval.metrics.olmo`) are reported beside ours.
+    olmo_metric_type: str | None = None
     metrics: tuple[str, ...] = RC_METRICS
     # Which published format the prompt follows; shown by `inloop-eval tasks`.
     format_source: str = ""
