@@ -16,7 +16,8 @@ def _block(title: str, text: str) -> list[str]:
 
 def describe_task(task: MultipleChoiceTask, data_root: str | Path | None = None, doc: int = 0) -> str:
     """Settings, then document `doc` as requests: the context and each continuation as scored (the target
-    delimiter included and the context's trailing whitespace moved over, as `build_requests` does)."""
+    delimiter included; with the harness's pair encoding the context's trailing whitespace moved over, as
+    `build_requests` does), and the document's own unconditional contexts where it has them (OLMo's)."""
 
     docs = load_docs(task, data_root, doc + 1)
     if len(docs) <= doc:
@@ -27,8 +28,11 @@ def describe_task(task: MultipleChoiceTask, data_root: str | Path | None = None,
         f"format: {task.prompt_format}" + (f" ({task.format_source})" if task.format_source else ""),
         f"metrics: {', '.join(task.metrics)}",
         f"target delimiter: {task.target_delimiter!r}",
+        f"pair encoding: {task.pair_encoding}",
         f"unconditional context (PMI): {task.uncond_context or '<BOS, else EOS>'!r}",
     ]
+    if task.olmo_metric_type:
+        lines.append(f"OLMo metric type: {task.olmo_metric_type}")
     if task.num_fewshot:
         source = task.fewshot_split or f"{task.split} (the document itself excluded)"
         lines.append(
@@ -38,11 +42,15 @@ def describe_task(task: MultipleChoiceTask, data_root: str | Path | None = None,
     lines.append(f"document {d.index}: {d.n_choices} choices, gold {list(d.gold)}")
     shared = len(set(d.contexts)) == 1
     for i, (context, choice) in enumerate(zip(d.contexts, d.continuations, strict=True)):
-        ctx, cont = move_trailing_whitespace(context, task.target_delimiter + choice)
+        ctx, cont = context, task.target_delimiter + choice
+        if task.pair_encoding != "olmo":
+            ctx, cont = move_trailing_whitespace(ctx, cont)
         if shared and i == 0:
             lines += _block("context", ctx)
         elif not shared:
             lines += _block(f"context of choice {i}", ctx)
         mark = "*" if i in d.gold else " "
         lines.append(f"{mark} choice {i}: {cont!r}" + ("  (gold)" if i in d.gold else ""))
+        if d.uncond_contexts:
+            lines.append(f"  unconditional context of choice {i}: {d.uncond_contexts[i]!r}")
     return "\n".join(lines)

@@ -160,3 +160,13 @@ def test_describe_shows_a_rendered_request(data_root, capsys):
     assert main(["tasks", "--describe", "winogrande", "--doc", "2", "--data-root", str(data_root)]) == 0
     out = capsys.readouterr().out
     assert "document 2: 2 choices" in out and "--- context of choice 1 ---" in out
+
+
+def test_describe_shows_olmos_encoding_and_unconditional_contexts(data_root, capsys):
+    """An olmo: task keeps its context's trailing text as OLMo encodes it, and shows each choice's own
+    domain-conditional context."""
+    assert main(["tasks", "--describe", "olmo:hellaswag", "--data-root", str(data_root)]) == 0
+    out = capsys.readouterr().out
+    assert "pair encoding: olmo" in out and "OLMo metric type: len_norm" in out
+    assert "* choice 3: ' starts pulling up roofing on a roof.'  (gold)" in out
+    assert "  unconditional context of choice 0: 'He'" in out
