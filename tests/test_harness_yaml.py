@@ -496,14 +496,14 @@ def test_a_folder_named_as_a_yaml_file(tmp_path):
 
 def test_a_function_given_as_a_path_names_the_file_it_points_at(tmp_path, data_root):
     marker = tmp_path / "ran"
-    write(
-        tmp_path / "outside", {"evil.py": f"open({str(marker)!r}, 'w').close()\ndef f(ds):\n    return ds\n"}
-    )
+    evil = f"open({str(marker)!r}, 'w').close()\ndef f(ds):\n    return ds\n"
+    write(tmp_path / "outside", {"evil.py": evil})
     task = local_task(with_rows(tmp_path / "named"), extra="process_docs: !function ../outside/evil.f\n")
     with pytest.raises(ConfigError) as info:
         load_docs(task, data_root)
-    assert (
-        f"'../outside/evil.f' is a path to {tmp_path / 'outside' / 'evil.py'} (outside the task folder"
-        in str(info.value)
-    )
-    assert "expected a dotted name module.function" in str(info.value) and not marker.exists()
+    expected = f"'../outside/evil.f' would run {tmp_path / 'outside' / 'evil.py'}, outside the task folder"
+    assert expected in str(info.value) and not marker.exists()
+    # A path inside the named folder is the file it names, as in the harness.
+    write(tmp_path / "named" / "sub", {"helpers.py": "def f(ds):\n    return ds.select(range(2))\n"})
+    task = local_task(tmp_path / "named", extra="process_docs: !function sub/helpers.f\n")
+    assert len(load_docs(task, data_root)) == 2

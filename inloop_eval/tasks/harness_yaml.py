@@ -75,21 +75,20 @@ class FunctionRef:
     def resolve(self, trusted_root: Path, task: str) -> Callable[..., Any]:
         root = trusted_root.resolve()
         module_name, _, function = self.name.rpartition(".")
-        if re.search(r"[/\\]", module_name):  # a path, not a module: name the file it points at
-            meant = (self.yaml_dir / (module_name + ".py")).resolve()
-            where = "outside" if not meant.is_relative_to(root) else "inside"
+        if re.search(r"[/\\]", module_name):  # a path, which the harness also takes: the file it names
+            module_path = (self.yaml_dir / (module_name + ".py")).resolve()
+        else:
+            module_parts = module_name.split(".")
+            if not all(module_parts):
+                raise ConfigError(
+                    f"task {task!r}: !function {self.name!r}: expected a dotted name module.function, as "
+                    "`!function utils.process_docs`"
+                )
+            module_path = (self.yaml_dir / ("/".join(module_parts) + ".py")).resolve()
+        if not function:
             raise ConfigError(
-                f"task {task!r}: !function {self.name!r} is a path to {meant} ({where} the task folder {root}); "
-                "expected a dotted name module.function of a .py file in the task folder, as "
-                "`!function utils.process_docs`; functions run only from the folder you name"
+                f"task {task!r}: !function {self.name!r}: expected module.function, as `!function utils.process_docs`"
             )
-        module_parts = module_name.split(".")
-        if not module_name or not function or not all(part.isidentifier() for part in module_parts):
-            raise ConfigError(
-                f"task {task!r}: !function {self.name!r}: expected a dotted name module.function, as "
-                "`!function utils.process_docs`"
-            )
-        module_path = (self.yaml_dir / ("/".join(module_parts) + ".py")).resolve()
         if not module_path.is_relative_to(root):
             raise ConfigError(
                 f"task {task!r}: !function {self.name!r} would run {module_path}, outside the task folder {root} "
