@@ -432,6 +432,13 @@ def test_templates_that_would_compute_for_long_are_refused(tmp_path, data_root, 
     assert template.strip("'")[:20] in message and fragment in message
 
 
+def test_a_description_is_bounded_and_named_too(tmp_path, data_root):
+    task = local_task(with_rows(tmp_path), extra="description: '{{ 9 ** 9999 }}'\n")
+    with pytest.raises(TaskDataError) as info:
+        load_docs(task, data_root)
+    assert "description '{{ 9 ** 9999 }}': template failed (TemplateBudgetError: 9 ** 9999" in str(info.value)
+
+
 def test_a_refused_template_fails_only_its_task(tmp_path, data_root, neox_tokenizer, caplog):
     """In the evaluator, the refused template is `failed = 1` for its task, with the template named."""
     task_yaml = with_rows(tmp_path) / "t.yaml"
