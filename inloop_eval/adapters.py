@@ -48,6 +48,8 @@ class ModelAdapter:
     max_length: int | None = None
     # Rows of the input embedding, when known: token ids at or beyond it cannot be fed.
     vocab_size: int | None = None
+    # The width of the model's logits once `probe_vocab_size` has measured it.
+    probed_vocab_size: int | None = None
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -77,11 +79,14 @@ def _identity(x: Tensor) -> Tensor:
 
 
 class LogitsAdapter(ModelAdapter):
-    """Any module or callable mapping input_ids [B, T] to logits [B, T, V] (or an object with `.logits`)."""
+    """Any module or callable mapping input_ids [B, T] to logits [B, T, V] (or an object with `.logits`).
+    A module's vocabulary is the size of its input embedding (`input_embedding_rows`); a plain callable's
+    is unknown, and `probe_vocab_size` measures its logits instead."""
 
     def __init__(self, model: Any, max_length: int | None = None) -> None:
         super().__init__(model)
         self.max_length = max_length
+        self.vocab_size = input_embedding_rows(model)
 
     def features(
         self,
@@ -187,6 +192,34 @@ class SoftCappedHead:
 
     def __call__(self, x: Tensor) -> Tensor:
         return torch.tanh(self.head(x) / self.cap) * self.cap
+
+
+def input_embedding_rows(model: Any) -> int | None:
+    """The number of token ids `model` can embed: the rows of `get_input_embeddings()` where the model has
+    one, else of its first `nn.Embedding` (in registration order the token embedding, ahead of position
+    embeddings, in the common GPT layouts); None for a callable that is not a module."""
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        embedding = get() if callable(get) else None
+    except NotImplementedError:  # Hugging Face's base class, for a model that does not say
+        embedding = None
+    if embedding is None and isinstance(model, nn.Module):
+        embedding = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    rows = getattr(embedding, "num_embeddings", None)
+    return rows if isinstance(rows, int) else None
+
+
+def probe_vocab_size(adapter: ModelAdapter) -> int:
+    """The width of the model's logits: the bound on token ids for a model whose input embedding is
+    unknown. Measured once per adapter by a forward of one row of token 0 (every rank makes it), as wide as
+    `pad_to_multiple` so that a compiled model sees no new shape."""
+    if adapter.probed_vocab_size is None:
+        width = max(1, min(adapter.pad_to_multiple, adapter.max_length or adapter.pad_to_multiple))
+        ids = torch.zeros((1, width), dtype=torch.long, device=adapter.device)
+        zero = torch.zeros(1, dtype=torch.long, device=adapter.device)
+        features, head = adapter.features(ids, zero, zero)
+        adapter.probed_vocab_size = int(head(features).shape[-1])
+    return adapter.probed_vocab_size
 
 
 def hf_supports_packing(config: Any) -> bool:

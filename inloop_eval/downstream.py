@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inloop_eval.adapters import ModelAdapter
+from inloop_eval.adapters import ModelAdapter, probe_vocab_size
 from inloop_eval.batching import Batch, equalize_forward_calls, plan_batches
 from inloop_eval.config import EvaluatorConfig, TaskEvalConfig
 from inloop_eval.distributed import TaskAgreement, run_agreed, world
@@ -203,7 +203,7 @@ def evaluate(
     """
     rows, uncond_ids = assign_work(prepared)
     pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
-    check_vocabulary(adapter, prepared, pair_ids)
+    check_vocabulary(adapter, prepared, pair_ids, min_vocab=min_vocab)
     batches = equalize_forward_calls(plan(adapter, prepared, pair_ids), agreement)
     scores = run_batches(
         adapter,
@@ -244,19 +244,38 @@ def assign_work(prepared: PreparedTask) -> tuple[np.ndarray, np.ndarray]:
     return rows, uncond_ids
 
 
-def check_vocabulary(adapter: ModelAdapter, prepared: PreparedTask, pair_ids: np.ndarray) -> None:
-    """Token ids the model cannot embed are an error naming the first document that holds one."""
+def check_vocabulary(
+    adapter: ModelAdapter, prepared: PreparedTask, pair_ids: np.ndarray, *, min_vocab: int = 0
+) -> None:
+    """Token ids the model cannot take are an error naming the first document that holds one, raised
+    before the first forward: fed to the model, such an id fails inside the embedding (on CUDA a
+    device-side assert that ends the process). The bound is the model's input embedding where it is
+    known, else the width of its logits from a one-token probe (made on every rank alike).
+
+    min_vocab: the tokenizer's vocabulary size, named when the probed logits are narrower.
+    """
     vocab = adapter.vocab_size
-    if vocab is None or prepared.pairs.max_token_id() < vocab:
+    probed = vocab is None
+    if vocab is None:
+        vocab = probe_vocab_size(adapter)
+    if prepared.pairs.max_token_id() < vocab:
         return
     for p in pair_ids:
         p = int(p)
         tokens = np.concatenate([prepared.pairs.context(p), prepared.pairs.continuation(p)])
-        if tokens.size and tokens.max() >= vocab:
+        if not tokens.size or tokens.max() < vocab:
+            continue
+        top = int(tokens.max())
+        if probed:
             raise ModelOutputError(
-                f"{describe_pair(prepared, p)}: token id {int(tokens.max())} is beyond the model's "
-                f"vocabulary of {vocab}; the tokenizer does not match the model"
+                f"{describe_pair(prepared, p)}: expected logits over at least {max(min_vocab, top + 1)} "
+                f"tokens (the tokenizer's vocabulary), found {vocab}; token id {top} cannot be fed to the "
+                "model; the model and the tokenizer do not match"
             )
+        raise ModelOutputError(
+            f"{describe_pair(prepared, p)}: token id {top} is beyond the model's "
+            f"vocabulary of {vocab} (its input embedding); the tokenizer does not match the model"
+        )
 
 
 def read_request_cache(path: Path | None) -> RequestTable | None:

@@ -127,6 +127,11 @@ def resolve_paths(label: str, patterns: Iterable[str]) -> list[Path]:
                 )
         else:
             path = Path(expanded)
+            if path.is_dir():
+                raise LMDataError(
+                    f"label {label!r}: {path} is a folder; expected a file, or a pattern for the folder's "
+                    f"files in `paths`, e.g. {str(path / '*.npy')!r}"
+                )
             if not path.is_file():
                 raise LMDataError(
                     f"label {label!r}: file {path} does not exist; make the domain set first "

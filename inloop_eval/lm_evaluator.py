@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inloop_eval.adapters import ModelAdapter
+from inloop_eval.adapters import ModelAdapter, probe_vocab_size
 from inloop_eval.batching import Batch, equalize_forward_calls
 from inloop_eval.config import EvaluatorConfig, LMEvalConfig
 from inloop_eval.data_root import home
@@ -213,14 +213,6 @@ def usable_domains(
         log.error("in-loop lm eval: %s", error)
         failed[domain.label] = str(error)
     return usable, failed
-
-
-def probe_vocab_size(adapter: ModelAdapter) -> int:
-    """The width of the model's logits, from a one-token forward (every rank makes it)."""
-    one = torch.zeros((1, 1), dtype=torch.long, device=adapter.device)
-    zero = torch.zeros(1, dtype=torch.long, device=adapter.device)
-    features, head = adapter.features(one, zero, zero)
-    return int(head(features).shape[-1])
 
 
 def assign_work(domains: list[DomainSet]) -> Shard:

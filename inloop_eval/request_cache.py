@@ -40,6 +40,10 @@ _META = "__meta__"
 _NOT_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9_-]+")
 
 
+# What happens to a file that does not read back: the evaluator never trusts it and replaces it.
+_REBUILT = "not used: the evaluator tokenizes the task again and rewrites the file, nothing to do"
+
+
 class RequestCacheError(InLoopEvalError):
     """A request cache file is unreadable, truncated or of another format (it is rebuilt, not trusted)."""
 
@@ -187,7 +191,7 @@ def load_table(path: Path) -> RequestTable | None:
         return None
     except Exception as exc:  # zipfile, NumPy and OS errors all mean "not a usable file"
         raise RequestCacheError(
-            f"request cache {path}: unreadable ({type(exc).__name__}: {exc}); delete it to rebuild"
+            f"request cache {path}: unreadable ({type(exc).__name__}: {exc}); {_REBUILT}"
         ) from None
     try:
         meta = json.loads(arrays.pop(_META).tobytes().decode())
@@ -200,7 +204,7 @@ def load_table(path: Path) -> RequestTable | None:
     except (KeyError, ValueError, TypeError) as exc:
         raise RequestCacheError(
             f"request cache {path}: not a request table of this version ({type(exc).__name__}: {exc}); "
-            "delete it to rebuild"
+            f"{_REBUILT}"
         ) from None
 
 

@@ -384,3 +384,133 @@ def test_the_readmes_own_task_example_runs(tmp_path, monkeypatch, data_root, neo
     for label in ("science", "my_science", "arc_easy_olmes"):
         assert out[f"eval/downstream/{label}/n_docs"] == 6, sorted(out)
     assert "eval/downstream/science/acc_mutual_info" in out
+
+
+# ---- bounded templates, data files and messages (issue 13, items 11 and 14)
+
+LOCAL_YAML = """\
+task: local
+dataset_path: json
+dataset_kwargs: {{data_files: {{validation: {files}}}{extra_kwargs}}}
+output_type: multiple_choice
+validation_split: validation
+doc_to_text: {text}
+doc_to_target: 0
+doc_to_choice: ["yes", "no"]
+{extra}"""
+
+
+def local_task(
+    folder: Path, *, text: str = '"{{q}}"', files: str = "rows.jsonl", extra: str = "", kwargs: str = ""
+):
+    write(folder, {"t.yaml": LOCAL_YAML.format(text=text, files=files, extra=extra, extra_kwargs=kwargs)})
+    return get_task(f"harness:{folder / 't.yaml'}")
+
+
+def with_rows(folder: Path, n: int = 3) -> Path:
+    return write(folder, {"rows.jsonl": "".join(json.dumps({"q": f"q{i}?"}) + "\n" for i in range(n))})
+
+
+@pytest.mark.parametrize(
+    ("template", "fragment"),
+    [
+        # 9 ** (9 ** 5) computes at once, but the same rule refuses 9 ** (9 ** 9), which runs for minutes
+        ("'{{ (9 ** (9 ** 5)) % 7 }}'", "9 ** 59049 would have about"),
+        ("'{{ \"ab\" * 10 ** 6 }}'", "repeating a str of length 2 1000000 times"),
+        (
+            "'{% for i in range(2000) %}{% for j in range(2000) %}{% endfor %}{% endfor %}{{q}}'",
+            "more than 1000000 operations in one rendering",
+        ),
+    ],
+)
+def test_templates_that_would_compute_for_long_are_refused(tmp_path, data_root, template, fragment):
+    task = local_task(with_rows(tmp_path), text=template)
+    with pytest.raises(TaskDataError) as info:
+        load_docs(task, data_root, limit=2)
+    message = str(info.value)
+    assert "doc 0: doc_to_text" in message and "template failed (TemplateBudgetError" in message
+    assert template.strip("'")[:20] in message and fragment in message
+
+
+def test_a_description_is_bounded_and_named_too(tmp_path, data_root):
+    task = local_task(with_rows(tmp_path), extra="description: '{{ 9 ** 9999 }}'\n")
+    with pytest.raises(TaskDataError) as info:
+        load_docs(task, data_root)
+    assert "description '{{ 9 ** 9999 }}': template failed (TemplateBudgetError: 9 ** 9999" in str(info.value)
+
+
+def test_a_refused_template_fails_only_its_task(tmp_path, data_root, neox_tokenizer, caplog):
+    """In the evaluator, the refused template is `failed = 1` for its task, with the template named."""
+    task_yaml = with_rows(tmp_path) / "t.yaml"
+    local_task(tmp_path, text="'{{ (9 ** (9 ** 9)) % 7 }}'")
+    config = EvaluatorConfig(
+        evaluators=[{"task": f"harness:{task_yaml}", "label": "slow"}, {"task": "copa", "limit": 4}],
+        data_root=str(data_root),
+    )
+    out = InLoopEvaluator(config, tokenizer=neox_tokenizer).run(load_script("pin_scores").pinned_model())
+    assert out["eval/downstream/slow/failed"] == 1.0 and out["eval/downstream/copa/n_docs"] == 4
+    assert "doc_to_text '{{ (9 ** (9 ** 9)) % 7 }}': template failed" in caplog.text
+
+
+def test_the_templates_harness_tasks_use_still_render(tmp_path, data_root):
+    template = (
+        "'{% for c in choices %}{{ loop.index }}. {{ c.upper() }} {% endfor %}{{ 2 ** 10 }} {{ \"-\" * 3 }}'"
+    )
+    write(tmp_path, {"rows.jsonl": json.dumps({"q": "x", "choices": ["a", "b"]}) + "\n"})
+    (doc,) = load_docs(local_task(tmp_path, text=template), data_root)
+    assert doc.contexts[0] == "1. A 2. B 1024 ---"
+
+
+def test_a_yaml_does_not_choose_where_datasets_writes(tmp_path, data_root, caplog):
+    elsewhere = tmp_path / "elsewhere"
+    task = local_task(with_rows(tmp_path / "t"), kwargs=f", cache_dir: {elsewhere}")
+    assert len(load_docs(task, data_root)) == 3
+    assert not elsewhere.exists()
+    assert "dataset_kwargs.cache_dir ignored" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (b'{"q": "fine"}\n{"q": "caf\xe9"}\n', "rows.jsonl line 2: not UTF-8 (byte 0xe9 at column 11)"),
+        (b"", "rows.jsonl is empty; expected json rows"),
+        (b"\n  \n", "rows.jsonl is empty; expected json rows"),
+        (None, "rows.jsonl is a folder; expected a json file"),
+    ],
+)
+def test_bad_local_data_files_are_named(tmp_path, data_root, content, fragment):
+    data = tmp_path / "rows.jsonl"
+    if content is None:
+        data.mkdir()
+    else:
+        data.write_bytes(content)
+    with pytest.raises(TaskDataError, match="task 'harness:.*t.yaml': data file /") as info:
+        load_docs(local_task(tmp_path), data_root)
+    assert fragment in str(info.value)
+
+
+def test_a_folder_named_as_a_yaml_file(tmp_path):
+    write(tmp_path, {"t.yaml": "include: base\ntask: t\n"})
+    (tmp_path / "base").mkdir()
+    with pytest.raises(
+        ConfigError, match=r"harness YAML .*/base \(named by `include:` in .*t.yaml\) is a folder"
+    ):
+        get_task(f"harness:{tmp_path / 't.yaml'}")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="the folder .*/empty holds no .yaml files"):
+        get_task(f"harness:{tmp_path / 'empty'}")
+
+
+def test_a_function_given_as_a_path_names_the_file_it_points_at(tmp_path, data_root):
+    marker = tmp_path / "ran"
+    evil = f"open({str(marker)!r}, 'w').close()\ndef f(ds):\n    return ds\n"
+    write(tmp_path / "outside", {"evil.py": evil})
+    task = local_task(with_rows(tmp_path / "named"), extra="process_docs: !function ../outside/evil.f\n")
+    with pytest.raises(ConfigError) as info:
+        load_docs(task, data_root)
+    expected = f"'../outside/evil.f' would run {tmp_path / 'outside' / 'evil.py'}, outside the task folder"
+    assert expected in str(info.value) and not marker.exists()
+    # A path inside the named folder is the file it names, as in the harness.
+    write(tmp_path / "named" / "sub", {"helpers.py": "def f(ds):\n    return ds.select(range(2))\n"})
+    task = local_task(tmp_path / "named", extra="process_docs: !function sub/helpers.f\n")
+    assert len(load_docs(task, data_root)) == 2

@@ -112,7 +112,9 @@ def test_damaged_or_foreign_files_raise(copa, tmp_path):
     path = tmp_path / "t.npz"
     save_table(table, path)
     path.write_bytes(path.read_bytes()[:200])  # truncated
-    with pytest.raises(RequestCacheError, match=r"t\.npz: unreadable .* delete it to rebuild"):
+    with pytest.raises(
+        RequestCacheError, match=r"t\.npz: unreadable .* not used: the evaluator tokenizes the task again"
+    ):
         load_table(path)
     save_table(table, path)
     path.rename(tmp_path / "other.npz")  # a file under another key
@@ -169,6 +171,8 @@ def test_a_damaged_cache_file_is_rebuilt(data_root, neox_tokenizer, model, caplo
         again = make_evaluator(data_root, neox_tokenizer).run(model)
     assert again == first
     assert "unreadable" in caplog.text and "tokenizing again" in caplog.text
+    # the rebuild is automatic: the warning must not ask for a deletion
+    assert "rewrites the file, nothing to do" in caplog.text and "delete" not in caplog.text
     assert load_table(path) is not None  # rewritten whole
 
 

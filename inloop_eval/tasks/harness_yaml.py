@@ -12,7 +12,10 @@ seeded sampling, not the harness's sequence-dependent one), `metric_list`.
 
 Safety: loading a task never runs code from a dataset repository (no hub loading, `trust_remote_code` is
 dropped), and `!function` references run only from `.py` files inside the folder the user named (the
-`trusted_root`); templates render in Jinja's sandbox.
+`trusted_root`); templates render in Jinja's sandbox with the work of each rendering bounded
+(`BoundedSandbox`), and `dataset_kwargs.cache_dir` is ignored, so a YAML file does not choose where files are
+written. Local data files are checked before loading (a folder, an empty file, bytes that are not UTF-8 are
+errors naming the file and line).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import logging
+import math
 import re
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +35,9 @@ from typing import Any
 import datasets
 import yaml
 from datasets.table import InMemoryTable
-from jinja2 import BaseLoader, StrictUndefined
+from jinja2 import BaseLoader, StrictUndefined, Template
+from jinja2.exceptions import SecurityError
+from jinja2.runtime import Context
 from jinja2.sandbox import SandboxedEnvironment
 
 from inloop_eval.data_root import load_split
@@ -67,11 +73,22 @@ class FunctionRef:
     yaml_dir: Path
 
     def resolve(self, trusted_root: Path, task: str) -> Callable[..., Any]:
-        *module_parts, function = self.name.split(".")
-        if not module_parts or not function:
-            raise ConfigError(f"task {task!r}: !function {self.name!r}: expected module.function")
-        module_path = (self.yaml_dir / ("/".join(module_parts) + ".py")).resolve()
         root = trusted_root.resolve()
+        module_name, _, function = self.name.rpartition(".")
+        if re.search(r"[/\\]", module_name):  # a path, which the harness also takes: the file it names
+            module_path = (self.yaml_dir / (module_name + ".py")).resolve()
+        else:
+            module_parts = module_name.split(".")
+            if not all(module_parts):
+                raise ConfigError(
+                    f"task {task!r}: !function {self.name!r}: expected a dotted name module.function, as "
+                    "`!function utils.process_docs`"
+                )
+            module_path = (self.yaml_dir / ("/".join(module_parts) + ".py")).resolve()
+        if not function:
+            raise ConfigError(
+                f"task {task!r}: !function {self.name!r}: expected module.function, as `!function utils.process_docs`"
+            )
         if not module_path.is_relative_to(root):
             raise ConfigError(
                 f"task {task!r}: !function {self.name!r} would run {module_path}, outside the task folder {root} "
@@ -120,6 +137,11 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         config = yaml.load(path.read_text(), Loader=_loader_for(path))  # noqa: S506 (a SafeLoader subclass)
     except FileNotFoundError:
         raise ConfigError(f"harness YAML {path} does not exist") from None
+    except IsADirectoryError:
+        via = f" (named by `include:` in {_seen[-1]})" if _seen else ""
+        raise ConfigError(
+            f"harness YAML {path}{via} is a folder; expected a YAML file, e.g. {path / 'task.yaml'}"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"harness YAML {path}: not valid YAML ({exc})") from None
     if not isinstance(config, dict):
@@ -137,20 +159,96 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return merged
 
 
-def _render_template(template: str, doc: Mapping[str, Any]) -> str:
+# What one rendering may do. The sandbox bounds attribute access, not work: these bound the work a YAML
+# file can ask for (a power with a huge result, a huge repetition, endless loops over `range`).
+MAX_TEMPLATE_OPS = 1_000_000  # calls, attribute and item lookups, operators and range items per rendering
+MAX_POWER_BITS = 4096  # `a ** b` on integers: refused when the result would need more bits
+MAX_REPEAT_LENGTH = 1_000_000  # `s * n` on a string or list: refused when the result would be longer
 
-    global _ENV
-    if _ENV is None:
-        _ENV = SandboxedEnvironment(
-            loader=BaseLoader(), undefined=StrictUndefined, keep_trailing_newline=True
-        )
-        _ENV.filters["regex_replace"] = lambda s, pattern, repl, count=0: re.sub(
+
+class TemplateBudgetError(SecurityError):
+    """A template asked for more work than one rendering may do."""
+
+
+class BoundedSandbox(SandboxedEnvironment):
+    """Jinja's sandbox with the work of each rendering bounded: every call, lookup, `**`, `*` and range
+    item counts against `MAX_TEMPLATE_OPS`, and powers and repetitions with huge results are refused
+    before they are computed. (A loop whose body does none of these counts only through its iterable.)"""
+
+    intercepted_binops = frozenset({"**", "*"})
+
+    def __init__(self) -> None:
+        super().__init__(loader=BaseLoader(), undefined=StrictUndefined, keep_trailing_newline=True)
+        self.ops_left = MAX_TEMPLATE_OPS
+        self.compiled: dict[str, Template] = {}
+        self.globals["range"] = self.bounded_range
+        self.filters["regex_replace"] = lambda s, pattern, repl, count=0: re.sub(
             pattern, repl, s, count=count
         )
-    return _ENV.from_string(template).render(**doc)
+
+    def render(self, template: str, doc: Mapping[str, Any]) -> str:
+        """`template` rendered with the fields of `doc`, within a fresh budget."""
+        self.ops_left = MAX_TEMPLATE_OPS
+        if template not in self.compiled:  # operators are intercepted, so compiling folds no constant
+            self.compiled[template] = self.from_string(template)
+        return self.compiled[template].render(**doc)
+
+    def spend(self, n: int = 1) -> None:
+        self.ops_left -= n
+        if self.ops_left < 0:
+            raise TemplateBudgetError(
+                f"the template does more than {MAX_TEMPLATE_OPS} operations in one rendering"
+            )
+
+    def bounded_range(self, *args: int) -> range:
+        items = range(*args)
+        self.spend(len(items))
+        return items
+
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
+        self.spend()
+        if operator == "**" and _int(left) and _int(right) and right > 0 and abs(left) > 1:
+            bits = math.inf if right.bit_length() > 256 else right * math.log2(abs(left))
+            if bits > MAX_POWER_BITS:
+                raise TemplateBudgetError(
+                    f"{left} ** {right} would have about {bits:.3g} bits; at most {MAX_POWER_BITS} are allowed"
+                )
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and _int(n) and len(seq) * n > MAX_REPEAT_LENGTH:
+                    raise TemplateBudgetError(
+                        f"repeating a {type(seq).__name__} of length {len(seq)} {n} times is longer than "
+                        f"{MAX_REPEAT_LENGTH}"
+                    )
+        return super().call_binop(context, operator, left, right)
+
+    def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.spend()
+        return super().call(context, obj, *args, **kwargs)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        self.spend()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        self.spend()
+        return super().getitem(obj, argument)
 
 
-_ENV: Any = None
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_ENV: BoundedSandbox | None = None
+
+
+def _render_template(template: str, doc: Mapping[str, Any]) -> str:
+    """A harness template rendered in the bounded sandbox (one environment per process, each template
+    compiled once)."""
+    global _ENV
+    if _ENV is None:
+        _ENV = BoundedSandbox()
+    return _ENV.render(template, doc)
 
 
 class HarnessYamlTask(MultipleChoiceTask):
@@ -303,7 +401,15 @@ class HarnessYamlTask(MultipleChoiceTask):
 
     def description_for(self, raw: Mapping[str, Any], subset: str | None) -> str:
         description = self.config.get("description")
-        return _render_template(description, raw) if description else ""
+        if not description:
+            return ""
+        try:
+            return _render_template(description, raw)
+        except Exception as exc:  # as in _template: the template does not fit the row
+            raise TaskDataError(
+                f"task {self.name!r}: description {shown(description)}: template failed "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
 
     # ---- data
 
@@ -320,7 +426,13 @@ class HarnessYamlTask(MultipleChoiceTask):
                     f"task {self.name!r} ({self.source}): dataset_path {self.dataset_path!r} needs dataset_kwargs.data_files"
                 )
             files = self._local_files(files)
+            check_local_files(self.name, self.dataset_path, files)
             kwargs.pop("revision", None)
+            if kwargs.pop("cache_dir", None) is not None:  # a YAML file does not choose where we write
+                log.warning(
+                    "task %r: dataset_kwargs.cache_dir ignored: the datasets library's own cache is used",
+                    self.name,
+                )
             try:
                 loaded = datasets.load_dataset(
                     self.dataset_path, self.dataset_name, data_files=files, split=split, **kwargs
@@ -369,6 +481,47 @@ class HarnessYamlTask(MultipleChoiceTask):
         return rows
 
 
+def check_local_files(task: str, builder: str, files: Any) -> None:
+    """Each named local data file exists as a file, is not empty, and (JSON, CSV) is UTF-8 text: an
+    error naming the file and line, which the datasets library would give only as a bare exception
+    (or, for invalid UTF-8, only when the row is read). Patterns (`*`) are left to the library."""
+    if isinstance(files, Mapping):
+        named = [f for v in files.values() for f in ([v] if isinstance(v, str) else v)]
+    else:
+        named = [files] if isinstance(files, str) else list(files)
+    for name in named:
+        path = Path(name)
+        if any(c in name for c in "*?[") or "://" in name or not path.exists():
+            continue  # globs, URLs and missing files: the library's own error names them
+        if path.is_dir():
+            raise TaskDataError(
+                f"task {task!r}: data file {path} is a folder; expected a {builder} file, "
+                f"or a pattern such as {path / '*'}"
+            )
+        blank = path.stat().st_size == 0 or (builder in ("json", "csv") and not check_utf8(task, path))
+        if blank:
+            raise TaskDataError(
+                f"task {task!r}: data file {path} is empty; expected {builder} rows (write them, or "
+                "leave the file out of data_files)"
+            )
+
+
+def check_utf8(task: str, path: Path) -> bool:
+    """Whether a text data file has a line with more than whitespace; raises naming the file, line and
+    byte when it does not decode as UTF-8."""
+    nonblank = False
+    with path.open("rb") as f:
+        for line_no, line in enumerate(f, start=1):
+            try:
+                nonblank = bool(line.decode("utf-8").strip()) or nonblank
+            except UnicodeDecodeError as exc:
+                raise TaskDataError(
+                    f"task {task!r}: data file {path} line {line_no}: not UTF-8 (byte {line[exc.start]:#04x} "
+                    f"at column {exc.start + 1}); re-encode the file as UTF-8"
+                ) from None
+    return nonblank
+
+
 def _in_memory(dataset: Any) -> Any:
     """The same rows without backing files, so that `process_docs`'s `map` writes no cache files beside the
     data root's splits (or anywhere else)."""
@@ -396,6 +549,10 @@ class HarnessSuite:
             )
         suite = cls(path.parent if path.is_file() else path)
         files = [path] if path.is_file() else sorted(path.rglob("*.yaml"))
+        if not files:
+            raise ConfigError(
+                f"harness tasks: the folder {path} holds no .yaml files; name a task YAML file or a folder of them"
+            )
         for file in files:
             config = load_yaml(file)
             task = config.get("task")
