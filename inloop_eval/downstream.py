@@ -285,7 +285,7 @@ def read_request_cache(path: Path | None) -> RequestTable | None:
     try:
         return load_table(path)
     except RequestCacheError as exc:
-        log.warning("%s; tokenizing again", exc)
+        log.warning("%s", exc)
         return None
 
 
