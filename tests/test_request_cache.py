@@ -170,7 +170,7 @@ def test_a_damaged_cache_file_is_rebuilt(data_root, neox_tokenizer, model, caplo
     with caplog.at_level(logging.WARNING):
         again = make_evaluator(data_root, neox_tokenizer).run(model)
     assert again == first
-    assert "unreadable" in caplog.text and "tokenizing again" in caplog.text
+    assert "unreadable" in caplog.text and "tokenizes the task again" in caplog.text
     # the rebuild is automatic: the warning must not ask for a deletion
     assert "rewrites the file, nothing to do" in caplog.text and "delete" not in caplog.text
     assert load_table(path) is not None  # rewritten whole
