@@ -20,6 +20,12 @@ What this guarantees, for a failure on some ranks only:
   blocked inside a collective of that forward that the failing rank will never reach; no in-process
   protocol can release them, and only the process group's timeout (`init_process_group(timeout=...)`,
   NCCL's watchdog) ends the job.
+
+Failures per item. Where one item of an evaluator may fail while the others go on (a perplexity domain
+whose file is missing on one node), `agree_failures` all-reduces one failure flag per item, in an order
+every rank shares, so that every rank drops the same items before planning any work. A rank that raised for
+an item still joins that all-reduce; with `strict`, every rank then raises and `TaskAgreement.failure_agreed`
+keeps `report_failure` from joining a point the others will not reach.
 """
 
 from __future__ import annotations
@@ -123,6 +129,11 @@ class TaskAgreement:
             )
         return value_max
 
+    def failure_agreed(self) -> None:
+        """Record that every rank already knows of this task's failure, from a collective of the caller's own
+        (`agree_failures`), so that `report_failure` joins nothing more on any rank."""
+        self.closed = True
+
     def report_failure(self) -> None:
         """On a rank whose own evaluation raised: join the next point with the failure flag, so that the
         other ranks stop there too. A no-op after the last point or when a failure was already agreed."""
@@ -131,6 +142,14 @@ class TaskAgreement:
         self.closed = True
         _, rank = world()
         all_reduce_max_many([0, rank + 1])
+
+
+def agree_failures(failed: Sequence[bool]) -> list[int | None]:
+    """For each item (the same items in the same order on every rank: an evaluator's domain labels), the
+    lowest rank on which it failed, or None where it failed on none. One all-reduce; every rank calls it."""
+    world_size, rank = world()
+    top = all_reduce_max_many([world_size - rank if f else 0 for f in failed])
+    return [world_size - t if t else None for t in top]
 
 
 def run_agreed(name: str, body: Callable[[TaskAgreement], _T], *, strict: bool) -> _T | None:

@@ -10,6 +10,16 @@ Two kinds of source, one `DomainSet` for both:
   most `seq_len` tokens overlapping by one, so every token of the text is predicted exactly once; a
   document's bytes are the UTF-8 bytes of its text.
 
+The token cache (`<cache_dir>/<label>-<key>/`, the key a hash of the source files' paths, sizes and mtimes,
+the tokenizer and the windowing) is checked whenever it is opened: `meta.json` records the key and the size
+and SHA-256 of `tokens.bin` and `sequences.npy`. A folder that does not match (cut short, overwritten,
+emptied) is rebuilt with a warning, never trusted; where the cache location cannot be written the tokens are
+kept in memory, with a warning.
+
+Under torch.distributed, `load_domains` makes every rank end with the same labels: a label that fails on
+any rank (a file missing on one node, an I/O error) is dropped on every rank, agreed by one all-reduce of a
+failure flag per label, before any forward pass.
+
 A sequence of L tokens predicts its last L - 1; `n_tokens` and `n_bytes` count those.
 Legend: S sequences, L tokens in a sequence, V tokenizer vocabulary.
 """
@@ -23,22 +33,25 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+import shutil
+import tempfile
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 
-from inloop_eval.config import LMDomainConfig
-from inloop_eval.distributed import all_reduce_max, world
+from inloop_eval.config import LMDomainConfig, LMEvalConfig
+from inloop_eval.distributed import TaskFailedOnAnotherRank, agree_failures, world
 from inloop_eval.errors import LMDataError
 from inloop_eval.files import build_directory_atomically
 from inloop_eval.tokenizer import TokenizerLike, start_token_id
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: meta.json records the key and the size and SHA-256 of each file
+_CACHE_FILES = ("tokens.bin", "sequences.npy")
 # Rows of a memmap file scanned at once when checking token ids and counting bytes.
 _SCAN_ROWS = 4096
 _NPY_MAGIC = b"\x93NUMPY"
@@ -142,13 +155,35 @@ def resolve_paths(label: str, patterns: Iterable[str]) -> list[Path]:
     return list(files)
 
 
+def unreadable(label: str, path: Path | str, exc: BaseException) -> LMDataError:
+    """The error for a file that the operating system would not read (gone, no permission, an I/O error)."""
+    reason = getattr(exc, "strerror", None) or exc
+    return LMDataError(
+        f"label {label!r} file {path}: cannot be read ({type(exc).__name__}: {reason}); check that it exists "
+        "and is readable on every node"
+    )
+
+
 def open_token_file(label: str, path: Path, dtype: str) -> np.ndarray:
     """A memmap token file as a flat read-only array: raw `dtype` ids, or an `np.save` file's own dtype."""
+    try:
+        return _token_array(label, path, dtype)
+    except OSError as exc:
+        raise unreadable(label, path, exc) from exc
+
+
+def _token_array(label: str, path: Path, dtype: str) -> np.ndarray:
     size = path.stat().st_size
     with path.open("rb") as f:
         magic = f.read(len(_NPY_MAGIC))
     if magic == _NPY_MAGIC:
-        tokens = np.load(path, mmap_mode="r")
+        try:
+            tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as exc:  # NumPy's own words for a cut or garbled header
+            raise LMDataError(
+                f"label {label!r} file {path}: not a readable .npy file ({exc}); remake it (`np.save`) or "
+                "drop it from `paths`"
+            ) from None
         if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
             raise LMDataError(
                 f"label {label!r} file {path}: expected a 1-D array of integer token ids, found "
@@ -265,6 +300,8 @@ def read_documents(domain: LMDomainConfig, files: list[Path]) -> Iterator[tuple[
                 f"label {domain.label!r} file {path}: not valid UTF-8 ({exc.reason} at byte {exc.start}); "
                 "convert it to UTF-8 or drop it from `paths`"
             ) from None
+        except (OSError, EOFError) as exc:  # gone, unreadable, an I/O error, a damaged .gz
+            raise unreadable(domain.label, path, exc) from exc
 
 
 def _jsonl_text(domain: LMDomainConfig, path: Path, n: int, line: str) -> str:
@@ -340,18 +377,46 @@ def cache_key(
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def build_text_cache(
-    domain: LMDomainConfig,
-    files: list[Path],
-    tokenizer: TokenizerLike,
-    seq_len: int,
-    byte_table: np.ndarray | None,
-    out: Path,
-) -> None:
-    """Tokenize a label's documents into `out`: `tokens.bin` (raw ids), `sequences.npy` [S, 5] int64
-    (start, length, bytes, file index, document number) and `meta.json`."""
+class TokenCacheError(LMDataError):
+    """A text domain's token cache folder is unreadable, cut short or not what its `meta.json` records (it is
+    rebuilt, never trusted)."""
+
+
+@dataclass
+class TextSource:
+    """A text domain's files, and the folder of its token cache (`<cache_dir>/<label>-<key>`)."""
+
+    domain: LMDomainConfig
+    files: list[Path]
+    key: str
+    target: Path
+
+
+@dataclass
+class TextTokens:
+    """A text domain tokenized. tokens: the windows' ids end to end [N] (uint16 or uint32; a memmap when read
+    from the cache); rows [S, 5] int64: start, length, bytes, file index and document number of each."""
+
+    tokens: np.ndarray
+    rows: np.ndarray
+
+
+def locate_text_domain(
+    domain: LMDomainConfig, seq_len: int, tokenizer: TokenizerLike, cache_dir: Path
+) -> TextSource:
+    """A label's JSONL or text files (each must exist) and where their tokens are cached."""
+    files = resolve_paths(domain.label, domain.paths)
+    key = cache_key(domain, files, tokenizer, seq_len, prefix_token(tokenizer, domain.label))
+    return TextSource(domain, files, key, cache_dir / f"{domain.label}-{key}")
+
+
+def tokenize_text_domain(
+    source: TextSource, tokenizer: TokenizerLike, seq_len: int, byte_table: np.ndarray | None
+) -> TextTokens:
+    """Every document of a label cut into windows (`document_windows`), in file and document order."""
+    domain = source.domain
     prefix = prefix_token(tokenizer, domain.label)
-    located: list[tuple[int, int, str]] = list(read_documents(domain, files))
+    located: list[tuple[int, int, str]] = list(read_documents(domain, source.files))
     encoded = encode_texts(tokenizer, [text for _, _, text in located])
     windows: list[np.ndarray] = []
     rows: list[tuple[int, int, int, int, int]] = []
@@ -366,42 +431,140 @@ def build_text_cache(
             start += len(w)
     if not rows:
         raise LMDataError(
-            f"label {domain.label!r}: its files hold no text to score: {[str(f) for f in files]}; "
+            f"label {domain.label!r}: its files hold no text to score: {[str(f) for f in source.files]}; "
             "add documents or drop the label"
         )
     tokens = np.concatenate(windows)
     dtype = np.uint16 if int(tokens.max()) < 2**16 else np.uint32
-    tokens.astype(dtype).tofile(out / "tokens.bin")
-    np.save(out / "sequences.npy", np.asarray(rows, dtype=np.int64))
-    meta = {
-        "label": domain.label,
-        "dtype": np.dtype(dtype).name,
-        "files": [str(f) for f in files],
-        "n_documents": len({(f, n) for _, _, _, f, n in rows}),
-        "n_sequences": len(rows),
-        "n_tokens": int(sum(r[1] - 1 for r in rows)),
-        "n_bytes": int(sum(r[2] for r in rows)),
-    }
-    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    return TextTokens(tokens.astype(dtype), np.asarray(rows, dtype=np.int64))
 
 
-def build_once(target: Path, build: Callable[[Path], None], label: str) -> None:
-    """Make the directory `target` with `build` unless it exists: rank 0 builds while the others wait on
-    one collective (every rank calls this); a rank that then cannot see it (a node-local disk) builds its
-    own copy. Each build fills a staging directory that is renamed into place whole."""
-    world_size, rank = world()
-    error: BaseException | None = None
-    if rank == 0 and not target.is_dir():
-        try:
-            build_directory_atomically(target, build)
-        except Exception as exc:  # re-raised after the collective so no rank waits forever
-            error = exc
-    if world_size > 1 and all_reduce_max(int(error is not None)) and error is None:
-        raise LMDataError(f"label {label!r}: rank 0 failed to build the token cache {target}; see its log")
-    if error is not None:
-        raise error
-    if not target.is_dir():
-        build_directory_atomically(target, build)
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_token_cache(source: TextSource, text: TextTokens) -> None:
+    """Write `text` to the cache folder, whole or not at all: `tokens.bin` (raw ids), `sequences.npy` and
+    `meta.json` (the key, the source files, and the size and SHA-256 of the other two files)."""
+
+    def build(out: Path) -> None:
+        text.tokens.tofile(out / "tokens.bin")
+        np.save(out / "sequences.npy", text.rows)
+        rows = text.rows
+        meta = {
+            "version": CACHE_VERSION,
+            "key": source.key,
+            "label": source.domain.label,
+            "dtype": text.tokens.dtype.name,
+            "files": [str(f) for f in source.files],
+            "n_documents": len({(int(f), int(n)) for f, n in rows[:, 3:5]}),
+            "n_sequences": len(rows),
+            "n_tokens": int((rows[:, 1] - 1).sum()),
+            "n_bytes": int(rows[:, 2].sum()),
+            "checks": {
+                name: {"bytes": (out / name).stat().st_size, "sha256": _sha256(out / name)}
+                for name in _CACHE_FILES
+            },
+        }
+        (out / "meta.json").write_text(json.dumps(meta, indent=1))
+
+    build_directory_atomically(source.target, build)
+
+
+def read_token_cache(source: TextSource) -> TextTokens | None:
+    """The cached tokens of `source`, checked against `meta.json`; None when there is no cache folder.
+    Raises TokenCacheError for a folder that is not exactly what was written."""
+    target = source.target
+    if not target.exists():
+        return None
+    try:
+        meta = json.loads((target / "meta.json").read_text())
+        if not isinstance(meta, dict) or (meta.get("version"), meta.get("key")) != (
+            CACHE_VERSION,
+            source.key,
+        ):
+            raise ValueError(f"meta.json is not the record of version {CACHE_VERSION} and key {source.key!r}")
+        for name in _CACHE_FILES:
+            size, expected = (target / name).stat().st_size, meta["checks"][name]
+            if size != expected["bytes"]:
+                raise ValueError(f"{name} holds {size} bytes, meta.json records {expected['bytes']}")
+            if _sha256(target / name) != expected["sha256"]:
+                raise ValueError(f"{name} is not the file that was written (its SHA-256 differs)")
+        rows = np.load(target / "sequences.npy", allow_pickle=False)
+        tokens = np.memmap(target / "tokens.bin", dtype=np.dtype(meta["dtype"]), mode="r")
+        if rows.ndim != 2 or rows.shape[1] != 5 or rows.dtype != np.int64 or not len(rows):
+            raise ValueError(f"sequences.npy holds {rows.shape} of {rows.dtype}, expected [S, 5] int64")
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # each means "not the cache that was written"
+        raise TokenCacheError(
+            f"label {source.domain.label!r}: the token cache {target} is damaged ({type(exc).__name__}: {exc})"
+        ) from None
+    return TextTokens(tokens, rows)
+
+
+def _discard(target: Path) -> None:
+    """Delete a damaged cache folder: first moved aside whole, so that no reader finds half of it."""
+    trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.damaged-", dir=target.parent))
+    try:
+        os.rename(target, trash / "old")
+    except FileNotFoundError:  # another process moved it first
+        pass
+    finally:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def cached_text_tokens(
+    source: TextSource, tokenizer: TokenizerLike, seq_len: int, byte_table: np.ndarray | None
+) -> TextTokens:
+    """The tokens of a text domain: read from its cache folder; else tokenized and written there (a damaged
+    folder is replaced, with a warning). Where the cache location cannot be written they stay in memory,
+    with a warning. Makes no collective."""
+    damaged = False
+    try:
+        cached = read_token_cache(source)
+    except TokenCacheError as exc:
+        log.warning("%s; rebuilding it", exc)
+        cached, damaged = None, True
+    if cached is not None:
+        return cached
+    text = tokenize_text_domain(source, tokenizer, seq_len, byte_table)
+    try:
+        if damaged:
+            _discard(source.target)
+        write_token_cache(source, text)
+    except OSError as exc:
+        log.warning(
+            "label %r: cannot write the token cache %s (%s: %s); working from memory, so each process "
+            "tokenizes this label at each start; make `cache_dir` writable to keep the tokens",
+            source.domain.label,
+            source.target,
+            type(exc).__name__,
+            exc,
+        )
+    return text
+
+
+def text_domain(source: TextSource, text: TextTokens, max_tokens: int | None) -> DomainSet:
+    """A text domain's sequences (capped) over its tokens."""
+    rows = text.rows
+    full = DomainSet(
+        source.domain.label,
+        "document",
+        [text.tokens],
+        np.zeros(len(rows), dtype=np.int64),
+        rows[:, 0],
+        rows[:, 1],
+        rows[:, 2],
+        source.files,
+        rows[:, 3],
+        rows[:, 4],
+        -1,
+        -1,
+    )
+    return full.select(select_under_cap(full.length_S, max_tokens))
 
 
 def load_text_domain(
@@ -412,30 +575,96 @@ def load_text_domain(
     max_tokens: int | None,
     cache_dir: Path,
 ) -> DomainSet:
-    """A label's JSONL or text files, tokenized once into `cache_dir` and read back as a DomainSet."""
-    files = resolve_paths(domain.label, domain.paths)
-    prefix = prefix_token(tokenizer, domain.label)
-    target = cache_dir / f"{domain.label}-{cache_key(domain, files, tokenizer, seq_len, prefix)}"
-    build_once(
-        target,
-        lambda out: build_text_cache(domain, files, tokenizer, seq_len, byte_table, out),
-        domain.label,
-    )
-    meta = json.loads((target / "meta.json").read_text())
-    rows = np.load(target / "sequences.npy")
-    tokens = np.memmap(target / "tokens.bin", dtype=meta["dtype"], mode="r")
-    full = DomainSet(
-        domain.label,
-        "document",
-        [tokens],
-        np.zeros(len(rows), dtype=np.int64),
-        rows[:, 0],
-        rows[:, 1],
-        rows[:, 2],
-        files,
-        rows[:, 3],
-        rows[:, 4],
-        -1,
-        -1,
-    )
-    return full.select(select_under_cap(full.length_S, max_tokens))
+    """A label's JSONL or text files, tokenized once into `cache_dir` and read back as a DomainSet, by this
+    process alone (`load_domains` coordinates the ranks)."""
+    source = locate_text_domain(domain, seq_len, tokenizer, cache_dir)
+    return text_domain(source, cached_text_tokens(source, tokenizer, seq_len, byte_table), max_tokens)
+
+
+# --- every rank alike ----------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedDomains:
+    """Labels loaded on every rank. domains: label -> its sequences, in config order. errors: label -> why it
+    is not loaded: this rank's own error, or TaskFailedOnAnotherRank where it failed on another rank only."""
+
+    domains: dict[str, DomainSet]
+    errors: dict[str, Exception]
+
+
+def domain_error(label: str, exc: Exception) -> LMDataError:
+    """`exc`, raised while loading `label`, as an LMDataError that names the label (and the file, where the
+    operating system named one)."""
+    if isinstance(exc, LMDataError):
+        return exc
+    if isinstance(exc, OSError) and exc.filename is not None:
+        error = unreadable(label, exc.filename, exc)
+    else:
+        error = LMDataError(f"label {label!r}: loading failed ({type(exc).__name__}: {exc})")
+    error.__cause__ = exc
+    return error
+
+
+def load_domains(
+    ev: LMEvalConfig,
+    labels: Collection[str],
+    tokenizer: TokenizerLike,
+    byte_table: np.ndarray | None,
+    cache_dir: Path,
+) -> LoadedDomains:
+    """Load the domains of `ev` named in `labels` (every rank passes the same) so that every rank ends with
+    the same ones. Every rank calls this and makes the same collectives whatever fails where: one all-reduce
+    of a failure flag per label after reading the files (while rank 0 also reads or builds the text caches),
+    and, when text domains remain, one more after every rank has opened their caches."""
+    _, rank = world()
+    configs = [d for d in ev.domains if d.label in labels]
+    domains: dict[str, DomainSet] = {}
+    texts: dict[str, tuple[TextSource, TextTokens | None]] = {}
+    errors: dict[str, Exception] = {}
+    for d in configs:
+        try:
+            if d.format == "memmap":
+                domains[d.label] = load_memmap_domain(d, ev.seq_len, byte_table, ev.cap(d))
+            else:
+                source = locate_text_domain(d, ev.seq_len, tokenizer, cache_dir)
+                # Rank 0 reads or builds the cache while the others wait in the agreement below.
+                text = cached_text_tokens(source, tokenizer, ev.seq_len, byte_table) if rank == 0 else None
+                texts[d.label] = (source, text)
+        except Exception as exc:  # agreed below: a rank that raised here must still join every collective
+            errors[d.label] = domain_error(d.label, exc)
+    _agree([d.label for d in configs], errors, domains, texts)
+    if texts:  # the same labels on every rank once the failures are agreed
+        opened = list(texts)
+        for label, (source, text) in texts.items():
+            try:
+                if text is None:  # rank 0's cache, or this rank's own where it cannot see rank 0's
+                    text = cached_text_tokens(source, tokenizer, ev.seq_len, byte_table)
+                domains[label] = text_domain(source, text, ev.cap(source.domain))
+            except Exception as exc:
+                errors[label] = domain_error(label, exc)
+        _agree(opened, errors, domains, {})
+    ordered = {d.label: domains[d.label] for d in configs if d.label in domains}
+    return LoadedDomains(ordered, {d.label: errors[d.label] for d in configs if d.label in errors})
+
+
+def _agree(
+    labels: list[str],
+    errors: dict[str, Exception],
+    domains: dict[str, DomainSet],
+    texts: dict[str, tuple[TextSource, TextTokens | None]],
+) -> None:
+    """Agree which of `labels` failed on some rank; drop those from `domains` and `texts`, and record the
+    ones that failed elsewhere only in `errors`."""
+    for label, rank in zip(labels, agree_failures([label in errors for label in labels]), strict=True):
+        if rank is None:
+            continue
+        domains.pop(label, None)
+        texts.pop(label, None)
+        errors.setdefault(
+            label,
+            TaskFailedOnAnotherRank(
+                f"label {label!r}: could not be loaded on rank {rank} (its log has the reason); every rank "
+                "leaves it out of this evaluation and tries it again at the next"
+            ),
+        )

@@ -20,10 +20,10 @@ from inloop_eval.adapters import ModelAdapter, probe_vocab_size
 from inloop_eval.batching import Batch, equalize_forward_calls
 from inloop_eval.config import EvaluatorConfig, LMEvalConfig
 from inloop_eval.data_root import home
-from inloop_eval.distributed import TaskAgreement, run_agreed, world
+from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, run_agreed, world
 from inloop_eval.errors import ConfigError, LMDataError
 from inloop_eval.evaluation import EvalOutput, Evaluator
-from inloop_eval.lm_domains import DomainSet, load_memmap_domain, load_text_domain
+from inloop_eval.lm_domains import DomainSet, load_domains
 from inloop_eval.metrics.perplexity import FIGURES, PerplexityMetric
 from inloop_eval.scoring import run_batches
 from inloop_eval.token_bytes import token_byte_lengths
@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PreparedDomains:
-    """An `lm` entry's domain sets, loaded once; `failed` holds the labels that could not be (label ->
-    reason), in the config's order with the loaded ones."""
+    """An `lm` entry's domain sets for one evaluation, in the config's order; `failed` holds the labels that
+    could not be loaded this time (label -> reason)."""
 
     config: LMEvalConfig
     domains: list[DomainSet]
@@ -73,7 +73,8 @@ class DomainsResult:
 
 
 class LMEvaluator(Evaluator):
-    """A `type: lm` entry: perplexity per domain label; keeps its loaded domain sets between evaluations."""
+    """A `type: lm` entry: perplexity per domain label; keeps the domain sets it loaded between evaluations
+    (`loaded`, label -> sequences, the same labels on every rank) and tries the others again at each."""
 
     config: LMEvalConfig
 
@@ -81,6 +82,7 @@ class LMEvaluator(Evaluator):
         super().__init__(config, tokenizer=tokenizer, settings=settings)
         self.labels = tuple(d.label for d in config.domains)
         self.name = "lm:" + ",".join(self.labels)
+        self.loaded: dict[str, DomainSet] = {}
         self.prepared: PreparedDomains | None = None
 
     def run(
@@ -90,7 +92,7 @@ class LMEvaluator(Evaluator):
         (every label when the evaluation itself failed), unless `strict`."""
 
         def body(agreement: TaskAgreement) -> tuple[PreparedDomains, DomainsResult]:
-            prepared = self.prepare(strict=strict)
+            prepared = self.prepare(agreement, strict=strict)
             agreement.agree()
             return prepared, self.evaluate(adapter, prepared, progress, agreement, strict=strict)
 
@@ -105,31 +107,30 @@ class LMEvaluator(Evaluator):
             out.update({f"eval/lm/{label}/{k}": v for k, v in result.figures.get(label, {}).items()})
         return EvalOutput(out, result.tokens_forwarded, result)
 
-    def prepare(self, *, strict: bool = False) -> PreparedDomains:
-        """Load (and for text, tokenize and cache) every domain once. A domain that cannot be loaded is
-        recorded as failed (the same on every rank: they read the same files) unless `strict`."""
-        if self.prepared is not None:
-            return self.prepared
+    def prepare(self, agreement: TaskAgreement | None = None, *, strict: bool = False) -> PreparedDomains:
+        """The domain sets to evaluate: those loaded at an earlier evaluation, and the others loaded (for text,
+        tokenized and cached) now. Every rank ends with the same labels: a label that failed on any rank is
+        dropped on all (`load_domains` agrees it), logged, reported as failed, and tried again at the next
+        evaluation (a file back after a file system's hiccup). With `strict` such a failure raises on every
+        rank: its own error where it failed, TaskFailedOnAnotherRank elsewhere."""
         ev = self.config
-        byte_table = token_byte_lengths(self.tokenizer)
-        domains: list[DomainSet] = []
+        pending = [d.label for d in ev.domains if d.label not in self.loaded]
         failed: dict[str, str] = {}
-        cache_dir = Path(ev.cache_dir).expanduser() if ev.cache_dir else home() / "lm_cache"
-        for d in ev.domains:
-            try:
-                if d.format == "memmap":
-                    domains.append(load_memmap_domain(d, ev.seq_len, byte_table, ev.cap(d)))
-                else:
-                    domains.append(
-                        load_text_domain(d, ev.seq_len, self.tokenizer, byte_table, ev.cap(d), cache_dir)
-                    )
-            except LMDataError as exc:
-                if strict:
-                    raise
+        if pending:
+            cache_dir = Path(ev.cache_dir).expanduser() if ev.cache_dir else home() / "lm_cache"
+            result = load_domains(ev, pending, self.tokenizer, token_byte_lengths(self.tokenizer), cache_dir)
+            for domain in result.domains.values():
+                log.info("lm domain %r: %d sequences, %d tokens", domain.label, len(domain), domain.n_tokens)
+            self.loaded.update(result.domains)
+            for exc in result.errors.values():
                 log.error("in-loop lm eval: %s", exc)
-                failed[d.label] = str(exc)
-        for domain in domains:
-            log.info("lm domain %r: %d sequences, %d tokens", domain.label, len(domain), domain.n_tokens)
+            if result.errors and strict:
+                if agreement is not None:
+                    agreement.failure_agreed()  # every rank raises here, so none may wait at another point
+                own = [e for e in result.errors.values() if not isinstance(e, TaskFailedOnAnotherRank)]
+                raise (own or list(result.errors.values()))[0]
+            failed = {label: str(exc) for label, exc in result.errors.items()}
+        domains = [self.loaded[d.label] for d in ev.domains if d.label in self.loaded]
         self.prepared = PreparedDomains(ev, domains, failed)
         return self.prepared
 
