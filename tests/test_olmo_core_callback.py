@@ -57,13 +57,14 @@ def test_trainer_records_the_figures_at_eval_steps_once(single_runs):
     into OLMo-core's throughput figure; max_length is the train module's sequence length."""
     logged = single_runs["dropout_cb"]["logged"]
     assert [s for s, m in logged.items() if downstream(m)] == EVAL_STEPS
+    assert single_runs["dropout_cb"]["evaluations"] == {step: 1 for step in EVAL_STEPS}
     for step in EVAL_STEPS:
         metrics = logged[step]
         for task in TASKS:
             assert metrics[f"eval/downstream/{task}/n_docs"] == LIMIT
             assert 0.0 <= metrics[f"eval/downstream/{task}/acc"] <= 1.0
         assert metrics[TOKENS_KEY] > 0
-        # One evaluation per step: a second at the last step would have summed into the throughput time.
+        # The throughput figure holds this evaluation's time (merged by sum with OLMo-core's own evaluators).
         assert metrics[OLMO_CORE_EVAL_TIME_KEY] == metrics[SECONDS_KEY] > 0
     assert single_runs["dropout_cb"]["max_lengths"] == {task: SEQ_LEN for task in TASKS}
 

@@ -28,6 +28,7 @@ from olmo_core.train import Duration, Trainer, TrainerConfig
 from olmo_core.train.callbacks import Callback
 from olmo_core.train.train_module import TransformerDataParallelConfig, TransformerTrainModuleConfig
 
+from inloop_eval.integrations import SECONDS_KEY
 from inloop_eval.integrations.olmo_core import InLoopEvalCallbackConfig
 
 SEQ_LEN = 128
@@ -43,9 +44,12 @@ class MetricsCollector(Callback):
 
     def __init__(self) -> None:
         self.logged: dict[int, dict[str, float]] = {}
+        self.evaluations: dict[int, int] = {}  # deliveries holding an evaluation's figures, per step
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         self.logged.setdefault(step, {}).update(metrics)
+        if SECONDS_KEY in metrics:
+            self.evaluations[step] = self.evaluations.get(step, 0) + 1
 
 
 def write_tokens(path: Path, n_tokens: int) -> Path:
@@ -131,6 +135,7 @@ def train(
         max_lengths = {name: e.prepared.max_length for name, e in evaluator.evaluators.items()}
     result = {
         "logged": {str(step): metrics for step, metrics in sorted(collector.logged.items())},
+        "evaluations": {str(step): n for step, n in sorted(collector.evaluations.items())},
         "max_lengths": max_lengths,
         "params_sha": hashlib.sha256(params.numpy().tobytes()).hexdigest(),
     }
