@@ -9,6 +9,8 @@ Legend: B batch, T time, N selected positions, D width, V vocabulary.
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 
-from inloop_eval.errors import ModelOutputError
+from inloop_eval.errors import ConfigError, ModelOutputError
 
 Head = Callable[[Tensor], Tensor]
 
@@ -183,6 +185,76 @@ class HFCausalLMAdapter(ModelAdapter):
         return logits_BTV[rows_N, cols_N], _identity
 
 
+class OLMoCoreAdapter(ModelAdapter):
+    """An OLMo-core `Transformer` (`olmo_core.nn.transformer`), called through `__call__` so that FSDP's hooks
+    run. Its forward takes `logits_to_keep` [B, K] (positions per row), so the output head projects only
+    the positions read. Never packed: the forward accepts unknown keyword arguments and ignores them, so an
+    attention mask and position ids would be dropped without an error and packed rows scored wrongly.
+
+    max_length: the context length it was trained at (the train module's `max_sequence_length`); the model
+        does not record it, and RoPE would run past it without complaint.
+    """
+
+    supports_packing = False
+
+    def __init__(self, model: Any, max_length: int) -> None:
+        super().__init__(model)
+        self.max_length = max_length
+        self.vocab_size = int(model.vocab_size)
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def features(
+        self,
+        input_ids_BT: Tensor,
+        rows_N: Tensor,
+        cols_N: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> tuple[Tensor, Head]:
+        if attention_mask is not None or position_ids is not None:
+            raise ValueError(
+                "OLMoCoreAdapter: packed rows were planned, but OLMo-core models are never packed"
+            )
+        if not self.keeps_logits:
+            logits_BTV = self.model(input_ids_BT)
+            _check_logits(logits_BTV, input_ids_BT.shape[0], input_ids_BT.shape[1])
+            return logits_BTV[rows_N, cols_N], _identity
+        keep_BK, slot_N = positions_to_keep(rows_N, cols_N, input_ids_BT.shape[0])
+        logits_BKV = self.model(input_ids_BT, logits_to_keep=keep_BK)
+        _check_logits(logits_BKV, keep_BK.shape[0], keep_BK.shape[1])
+        return logits_BKV[rows_N, slot_N], _identity
+
+
+def positions_to_keep(rows_N: Tensor, cols_N: Tensor, n_rows: int) -> tuple[Tensor, Tensor]:
+    """The positions of each row to project, as OLMo-core's `logits_to_keep` takes them: keep [B, K] (K the
+    most positions any row needs; a row needing fewer repeats position 0), and the slot of each selected
+    position within its row's K [N]."""
+    order_N = torch.argsort(rows_N, stable=True)
+    rows_sorted_N = rows_N[order_N]
+    count_B = torch.bincount(rows_N, minlength=n_rows)
+    start_B = torch.cumsum(count_B, 0) - count_B
+    slot_sorted_N = torch.arange(rows_N.shape[0], device=rows_N.device) - start_B[rows_sorted_N]
+    slot_N = torch.empty_like(slot_sorted_N)
+    slot_N[order_N] = slot_sorted_N
+    width = max(int(count_B.max()) if n_rows else 0, 1)
+    keep_BK = torch.zeros(n_rows, width, dtype=torch.long, device=rows_N.device)
+    keep_BK[rows_N, slot_N] = cols_N.long()
+    return keep_BK, slot_N
+
+
+def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:
+    """ModelOutputError unless `logits_BXV` is a tensor [n_rows, n_positions, V]."""
+    if (
+        not isinstance(logits_BXV, Tensor)
+        or logits_BXV.dim() != 3
+        or tuple(logits_BXV.shape[:2]) != (n_rows, n_positions)
+    ):
+        found = tuple(logits_BXV.shape) if isinstance(logits_BXV, Tensor) else type(logits_BXV).__name__
+        raise ModelOutputError(
+            f"OLMo-core model output: expected logits of shape [{n_rows}, {n_positions}, V], found {found}"
+        )
+
+
 class SoftCappedHead:
     """`cap * tanh(head(x) / cap)`, in the order and dtype Gemma 2 and 3 apply it to their logits."""
 
@@ -245,13 +317,23 @@ def unwrap(model: Any) -> Any:
 
 
 def make_adapter(model: Any, max_length: int | None = None) -> ModelAdapter:
-    """Pick the adapter for `model`: an adapter as is, a Hugging Face causal LM, a model that shows its hidden states (`HiddenStatesAdapter`: the reference GPT), or any
-    callable returning logits. FSDP2 modules are called through `__call__` (logits), keeping what the
+    """Pick the adapter for `model`: an adapter as is, an OLMo-core Transformer (`max_length` required), a
+    Hugging Face causal LM, a model that shows its hidden states (`HiddenStatesAdapter`: the reference GPT),
+    or any callable returning logits. Other FSDP2 modules are called through `__call__` (logits), keeping what the
     adapter for their type knows (context length, vocabulary): their hooks unshard the parameters and
     lazily initialise the root, which reaching past `forward` would skip."""
     if isinstance(model, ModelAdapter):
         return model
     model = unwrap(model)
+    if _is_olmo_core_transformer(model):
+        if max_length is None:
+            raise ConfigError(
+                f"evaluator: the OLMo-core model {type(model).__name__} does not record the context length "
+                "it was trained at; set `max_length:` in the evaluator config to the train module's "
+                "max_sequence_length (the OLMo-core callback, inloop_eval.integrations.olmo_core, reads it)"
+            )
+        # Called through __call__ already: FSDP2's hooks run, no fallback to plain logits is needed.
+        return OLMoCoreAdapter(model, max_length)
     if _is_hf_causal_lm(model):
         adapter: ModelAdapter = HFCausalLMAdapter(model)
     elif _shows_hidden_states(model):
@@ -269,6 +351,13 @@ def make_adapter(model: Any, max_length: int | None = None) -> ModelAdapter:
         through_hooks.vocab_size = adapter.vocab_size
         return through_hooks
     return adapter
+
+
+def _is_olmo_core_transformer(model: Any) -> bool:
+    # Looked up, not imported: a model can be an OLMo-core Transformer only if olmo_core is loaded, and
+    # importing it (seconds) for every other model would be waste.
+    module = sys.modules.get("olmo_core.nn.transformer.model")
+    return module is not None and isinstance(model, module.Transformer)
 
 
 def _is_fsdp2(model: Any) -> bool:

@@ -1,0 +1,250 @@
+"""An OLMo-core trainer callback that runs the in-loop evaluator every `eval_interval` steps.
+
+    trainer_config = trainer_config.with_callback(
+        "inloop_eval",
+        InLoopEvalCallbackConfig(tasks=["piqa", "arc_easy_rc_5shot"], tokenizer=tokenizer_config, eval_interval=1000),
+    )
+
+`InLoopEvalCallbackConfig` holds plain fields only, so `TrainerConfig.with_callback`'s deep copy and the saved
+trainer config keep it whole; the evaluator is built in `build`, when the trainer exists. The callback takes
+the tokenizer from OLMo's `TokenizerConfig` (its BOS and EOS ids included), the context length from the train
+module, runs the model under the train module's autocast, and records the figures through
+`trainer.record_metric` (already synced across ranks: recorded without reduction) plus its wall time in
+OLMo-core's `throughput/in-loop eval time (s)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from olmo_core.data import TokenizerConfig
+from olmo_core.train.callbacks import Callback, CallbackConfig
+from olmo_core.train.common import MetricMergeStrategy
+
+from inloop_eval.config import KEY_STYLES, EvaluatorConfig, TaskEvalConfig, one_of, read_config_file
+from inloop_eval.data_root import TOKENIZER_DIR, default_data_root
+from inloop_eval.errors import ConfigError, TokenizerError
+from inloop_eval.evaluator import InLoopEvaluator
+from inloop_eval.fetch import TOKENIZER_FILES
+from inloop_eval.integrations import SECONDS_KEY, run_and_log
+from inloop_eval.tokenizer import Tokenizer, load_tokenizer
+
+# OLMo-core's own evaluator callback adds its time here (merged by sum), so both kinds of in-loop evaluation
+# show in one throughput figure.
+OLMO_CORE_EVAL_TIME_KEY = "throughput/in-loop eval time (s)"
+# OLMo's tokenizer identifiers (Hugging Face repositories) -> the file `inloop-eval data fetch` writes.
+FETCHED_TOKENIZERS: dict[str, str] = {repo: filename for filename, (_, repo) in TOKENIZER_FILES.items()}
+DEFAULT_BATCH_TOKENS = TaskEvalConfig.__dataclass_fields__["batch_tokens"].default
+
+
+@dataclass
+class InLoopEvalCallbackConfig(CallbackConfig):
+    """The OLMo-core callback config of the in-loop evaluator: what to evaluate and when, in plain fields.
+    Name either `tasks` or a `config` file."""
+
+    tasks: list[str] | None = None
+    """Task ids (`inloop-eval tasks` lists them; `olmo:<label>` for OLMo's labels), each evaluated with
+    `limit` and `batch_tokens`."""
+    config: str | None = None
+    """Path of an evaluator YAML config (`configs/`), instead of `tasks`; its `eval_interval` is replaced by
+    this config's."""
+    tokenizer: TokenizerConfig | None = None
+    """OLMo's tokenizer config: its `identifier` is a local tokenizer file or directory, or one that
+    `inloop-eval data fetch` materialises; its BOS and EOS ids are used as given. None: the config file's
+    `tokenizer:`."""
+    eval_interval: int = 1000
+    """Evaluate after every step divisible by this."""
+    limit: int | None = None
+    """Evaluate only the first `limit` documents of each of `tasks`."""
+    batch_tokens: int = DEFAULT_BATCH_TOKENS
+    """Token budget of one forward pass for each of `tasks`."""
+    eval_on_startup: bool = False
+    """Evaluate before the first step (at the step a resumed run starts from)."""
+    eval_on_finish: bool = False
+    """Evaluate after the last step (unless that step was just evaluated)."""
+    enabled: bool = True
+    """False: `build` returns no callback."""
+    key_style: str = "inloop"
+    """Metric key names: `inloop`, or `olmo_core` (an `olmo:` task's OLMo figures under OLMo-core's keys)."""
+    data_root: str | None = None
+    """Task data and fetched tokenizers; default `$INLOOP_EVAL_DATA` or `~/.cache/inloop_eval/data`."""
+
+    def __post_init__(self) -> None:
+        where = "InLoopEvalCallbackConfig"
+        if (self.tasks is None) == (self.config is None):
+            raise ConfigError(
+                f"{where}: name either `tasks` (e.g. tasks=['piqa']) or `config` (an evaluator YAML file), "
+                f"found tasks={self.tasks!r}, config={self.config!r}"
+            )
+        if self.config is not None and (
+            self.limit is not None or self.batch_tokens != DEFAULT_BATCH_TOKENS or self.key_style != "inloop"
+        ):
+            raise ConfigError(
+                f"{where}: `limit`, `batch_tokens` and `key_style` apply to `tasks`; with config={self.config!r} "
+                "set them in that file"
+            )
+        if self.tasks is not None and not self.tasks:
+            raise ConfigError(f"{where}: `tasks` lists no task; name at least one, e.g. tasks=['piqa']")
+        if self.tokenizer is None and self.config is None:
+            raise ConfigError(
+                f"{where}: `tokenizer` is required with `tasks`: OLMo's TokenizerConfig of the model, e.g. "
+                "TokenizerConfig.gpt_neox_olmo_dolma_v1_5()"
+            )
+        one_of(self.key_style, KEY_STYLES, f"{where}: key_style")
+
+    def evaluator_config(self, max_sequence_length: int | None) -> EvaluatorConfig:
+        """The `EvaluatorConfig` this callback config describes, its `max_length` the train module's
+        sequence length (a config file may only lower it)."""
+        if self.config is not None:
+            data = dict(read_config_file(self.config))
+            data["eval_interval"] = self.eval_interval
+            if self.data_root is not None:
+                data["data_root"] = self.data_root
+            config = EvaluatorConfig.from_dict(data, self.config)
+        else:
+            entries = [
+                {"task": t, "limit": self.limit, "batch_tokens": self.batch_tokens} for t in self.tasks or []
+            ]
+            settings: dict[str, Any] = {"eval_interval": self.eval_interval, "data_root": self.data_root}
+            # key_style is passed on only where EvaluatorConfig has the field (older versions lack it).
+            if any(f.name == "key_style" for f in dataclasses.fields(EvaluatorConfig)):
+                settings["key_style"] = self.key_style
+            config = EvaluatorConfig.from_dict(
+                {"evaluators": entries, **settings}, "InLoopEvalCallbackConfig"
+            )
+        if max_sequence_length is not None:
+            if config.max_length is not None and config.max_length > max_sequence_length:
+                raise ConfigError(
+                    f"{self.config}: max_length {config.max_length} is longer than the train module's "
+                    f"max_sequence_length {max_sequence_length}, past the positions the model was trained on; "
+                    "lower it or leave it out"
+                )
+            config.max_length = config.max_length or max_sequence_length
+        return config
+
+    def build(self, trainer: Any) -> Callback | None:
+        if not self.enabled:
+            return None
+        train_module = trainer.train_module
+        spec = getattr(train_module, "eval_batch_spec", None)
+        config = self.evaluator_config(getattr(spec, "max_sequence_length", None))
+        root = Path(self.data_root).expanduser() if self.data_root else default_data_root()
+        tokenizer = olmo_tokenizer(self.tokenizer, root) if self.tokenizer is not None else None
+        evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
+        return InLoopEvalCallback(
+            evaluator,
+            autocast=getattr(train_module, "autocast_precision", None),
+            eval_on_startup=self.eval_on_startup,
+            eval_on_finish=self.eval_on_finish,
+        )
+
+
+class InLoopEvalCallback(Callback):
+    """Evaluates the train module's model after every step that `evaluator.should_run` accepts, and before
+    the first / after the last step when asked; never twice at one step.
+
+    autocast: the train module's autocast dtype; the evaluator's forward runs under it, as training's does.
+    """
+
+    def __init__(
+        self,
+        evaluator: InLoopEvaluator,
+        *,
+        autocast: torch.dtype | None = None,
+        eval_on_startup: bool = False,
+        eval_on_finish: bool = False,
+    ) -> None:
+        self.evaluator = evaluator
+        self.autocast = autocast
+        self.eval_on_startup = eval_on_startup
+        self.eval_on_finish = eval_on_finish
+        self.last_step: int | None = None
+
+    def pre_train(self) -> None:
+        if self.eval_on_startup:
+            self.evaluate()
+
+    def post_step(self) -> None:
+        if self.evaluator.should_run(self.step):
+            self.evaluate()
+
+    def post_train(self) -> None:
+        if self.eval_on_finish:
+            self.evaluate()
+
+    def evaluate(self) -> None:
+        """Run the evaluator at the trainer's step and record every figure for that step."""
+        step = self.step
+        if step == self.last_step:
+            return
+        self.last_step = step
+        model = self.trainer.train_module.model
+        with self.autocast_context():
+            metrics = run_and_log(self.evaluator, model, step)
+        for key, value in metrics.items():
+            # Synced across ranks by the evaluator already: OLMo-core must not reduce them again.
+            self.trainer.record_metric(key, value, reduce_type=None)
+        self.trainer.record_metric(
+            OLMO_CORE_EVAL_TIME_KEY, metrics[SECONDS_KEY], merge_strategy=MetricMergeStrategy.sum
+        )
+
+    @contextlib.contextmanager
+    def autocast_context(self) -> Iterator[None]:
+        """The train module's autocast (as its `model_forward` enters it), or nothing."""
+        if self.autocast is None:
+            yield
+            return
+        with torch.autocast(self.trainer.device.type, dtype=self.autocast):
+            yield
+
+
+def olmo_tokenizer(config: TokenizerConfig, data_root: Path) -> Tokenizer:
+    """The tokenizer OLMo's `config` names, with its BOS and EOS ids: `identifier` is a local tokenizer
+    file or Hugging Face tokenizer directory, or an identifier whose file `inloop-eval data fetch` put in
+    `<data_root>/tokenizers/` (no network while training)."""
+    identifier = config.identifier
+    if not identifier:
+        raise TokenizerError(
+            "OLMo TokenizerConfig: `identifier` is empty; set it to a local tokenizer.json (or a directory "
+            f"holding one) or one of {sorted(FETCHED_TOKENIZERS)}"
+        )
+    local = Path(identifier).expanduser()
+    if local.exists():
+        path = local
+    elif identifier in FETCHED_TOKENIZERS:
+        path = data_root / TOKENIZER_DIR / FETCHED_TOKENIZERS[identifier]
+        if not path.is_file():
+            raise TokenizerError(
+                f"OLMo TokenizerConfig identifier {identifier!r}: expected the fetched file {path}, found none; "
+                f"run `inloop-eval data fetch --root {data_root}` once (with network) before training"
+            )
+    else:
+        raise TokenizerError(
+            f"OLMo TokenizerConfig identifier {identifier!r}: not a local path, and not one that `inloop-eval "
+            f"data fetch` materialises ({sorted(FETCHED_TOKENIZERS)}); download its tokenizer.json beforehand "
+            f"(e.g. `hf download {identifier} tokenizer.json --local-dir DIR`) and set identifier=DIR"
+        )
+    base = load_tokenizer(path)
+    for name in ("bos_token_id", "eos_token_id"):
+        token = getattr(config, name)
+        if token is not None and not 0 <= token < base.vocab_size:
+            raise TokenizerError(
+                f"OLMo TokenizerConfig {identifier!r}: {name} {token} is outside the vocabulary of {path} "
+                f"({base.vocab_size} tokens); the config and the tokenizer file do not match"
+            )
+    special = json.dumps([config.bos_token_id, config.eos_token_id]).encode()
+    return Tokenizer(
+        base.backend,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        fingerprint=hashlib.sha256(base.fingerprint.encode() + special).hexdigest()[:16],
+        name=identifier,
+    )
