@@ -584,6 +584,7 @@ class LabelRun:
     tokens: int  # as the evaluator counts them: OLMo-core's callback, our `tokens_forwarded`
     tokens_at_embedding: int
     minimum: int  # each context once plus every continuation, for the same requests
+    tokens_if_packed: int | None  # ours: what the planner would forward for a model that takes packed rows
     wall_s: float
     forward_s: float  # of wall_s, inside the model's forward (OLMo-core: `eval_batch`, its loss included)
     prep_s: float
@@ -707,6 +708,7 @@ def run_olmo_core(
         tokens,
         int(m["tokens"]),
         olmo_minimum(samples),
+        None,
         m["wall_s"],
         forward_s,
         prep_s,
@@ -757,6 +759,9 @@ def run_ours_olmo(
     )["score"]
     keys = zip(table.doc_id[rows].tolist(), table.cont_id[rows].tolist(), strict=True)
     pair_ids = np.concatenate([rows, len(table) + result.uncond_ids])
+    # Planned only (no forward): what a model that takes packed rows (an adapter showing hidden states)
+    # would be sent, each context once per row with its continuations after it.
+    packed = plan_batches(prepared.pairs, pair_ids, bt, packing=True, max_length=MAX_LENGTH)
     return LabelRun(
         label,
         "ours",
@@ -765,6 +770,7 @@ def run_ours_olmo(
         evaluator.tokens_forwarded,
         int(m["tokens"]),
         minimum_tokens(prepared.pairs, pair_ids),
+        sum(b.n_tokens for b in packed),
         m["wall_s"],
         forward.seconds,
         prep_s,
@@ -811,7 +817,7 @@ def print_label_runs(runs: list[LabelRun], comparisons: dict[str, dict[str, Any]
             extra = f"{c['token_ratio']:>6.2f} {c['speedup']:>6.2f} {same:>10} {fig:>9.1e}"
         print(
             f"{r.label:20} {r.engine:10} {r.n_docs:>5} {r.batches:>7} {r.tokens:>9} {r.tokens_at_embedding:>9} "
-            f"{r.minimum:>9} {r.wall_s:>7.2f} {r.forward_s:>7.2f} {r.prep_s:>7.2f} {extra}"
+            f"{r.minimum:>9} {r.tokens_if_packed or '':>9} {r.wall_s:>7.2f} {r.forward_s:>7.2f} {r.prep_s:>7.2f} {extra}"
         )
 
 
