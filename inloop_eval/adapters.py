@@ -52,6 +52,8 @@ class ModelAdapter:
     vocab_size: int | None = None
     # The width of the model's logits once `probe_vocab_size` has measured it.
     probed_vocab_size: int | None = None
+    # Tokens that probe forwarded (counted in the evaluator's tokens forwarded).
+    tokens_probed: int = 0
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -291,6 +293,7 @@ def probe_vocab_size(adapter: ModelAdapter) -> int:
         zero = torch.zeros(1, dtype=torch.long, device=adapter.device)
         features, head = adapter.features(ids, zero, zero)
         adapter.probed_vocab_size = int(head(features).shape[-1])
+        adapter.tokens_probed += ids.numel()
     return adapter.probed_vocab_size
 
 

@@ -49,6 +49,7 @@ class InLoopEvaluator:
         ]
         self.evaluators: dict[str, Evaluator] = {e.name: e for e in built}
         self.last_outputs: dict[str, EvalOutput] = {}
+        self._tokens_probed = 0
 
     @classmethod
     def from_yaml(cls, path: str | Path, **kwargs: Any) -> InLoopEvaluator:
@@ -69,6 +70,7 @@ class InLoopEvaluator:
         if self.config.pad_to_multiple > 1:
             adapter.pad_to_multiple = self.config.pad_to_multiple
         outputs: dict[str, EvalOutput] = {}
+        probed_before = adapter.tokens_probed  # an adapter passed in keeps its probe across runs
         try:
             with training_untouched(adapter.model):
                 for name, evaluator in self.evaluators.items():
@@ -77,6 +79,7 @@ class InLoopEvaluator:
             if self.config.compiler_reset:
                 torch.compiler.reset()
         self.last_outputs = outputs
+        self._tokens_probed = adapter.tokens_probed - probed_before
         metrics = {key: value for output in outputs.values() for key, value in output.metrics.items()}
         if step is not None:
             log.info("step %d: %s", step, {k: round(v, 4) for k, v in metrics.items()})
@@ -85,7 +88,8 @@ class InLoopEvaluator:
     @property
     def tokens_forwarded(self) -> int:
         """Tokens this rank sent through the model in the latest `run`, padding and dummies included."""
-        return sum(output.tokens_forwarded for output in self.last_outputs.values())
+        outputs = sum(output.tokens_forwarded for output in self.last_outputs.values())
+        return outputs + self._tokens_probed  # the vocabulary probe of a model of unknown vocabulary
 
     def detail(self, name: str) -> Any:
         """The latest result object of the evaluator `name` (scores per request or sequence), or None
