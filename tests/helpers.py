@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,10 +16,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def load_script(name: str) -> ModuleType:
-    """Import `scripts/<name>.py` (scripts are not a package)."""
+    """Import `scripts/<name>.py` once (scripts are not a package; registered in sys.modules so that its
+    dataclasses resolve their module)."""
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

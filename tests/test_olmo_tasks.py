@@ -11,26 +11,26 @@ that the comparison is of rendering and tokenization only.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import importlib
 import inspect
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import datasets
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import load_script
 from olmo_eval import metrics as olmo_metrics
 from olmo_eval import tasks as olmo_tasks
 from olmo_eval.tokenizer import HFTokenizer
 
 from inloop_eval.cli import main
 from inloop_eval.config import EvaluatorConfig
-from inloop_eval.data_root import neox_tokenizer_path, oe_eval_dir, split_dir
+from inloop_eval.data_root import neox_tokenizer_path
 from inloop_eval.errors import UnknownTaskError
 from inloop_eval.evaluator import InLoopEvaluator
 from inloop_eval.fetch import EXTRA_SPLITS, STANDARD_SPLITS
@@ -86,26 +86,11 @@ def olmo_tokenizer(data_root: Path) -> HFTokenizer:
 
 
 @pytest.fixture
-def olmo_reads_data_root(data_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Point OLMo's two data loaders at our data root, keeping the first rows / doc ids that the compared
-    documents come from (OLMo's dev splits whole, for its few-shot prompts)."""
-
-    def load_hf_dataset(path: str, name: str | None, split: str) -> datasets.Dataset:
-        dataset = datasets.load_from_disk(str(split_dir(data_root, path, name, split)))
-        return dataset if split == "dev" else dataset.select(range(min(N_DOCS, len(dataset))))
-
-    def load_oe_eval_requests(
-        path: str, name: str | None = None, split: str | None = None
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        folder = oe_eval_dir(data_root) / path / (name or "")
-        gz = folder / "requests.jsonl.gz"
-        opener = gzip.open(gz, "rt", encoding="utf-8") if gz.is_file() else open(folder / "requests.jsonl")
-        with opener as lines:
-            requests = [r for r in map(json.loads, lines) if r["doc_id"] < N_DOCS]
-        return json.loads((folder / "config.json").read_text()), requests
-
-    monkeypatch.setattr(olmo_tasks, "load_hf_dataset", load_hf_dataset)
-    monkeypatch.setattr(olmo_tasks, "load_oe_eval_requests", load_oe_eval_requests)
+def olmo_reads_data_root(data_root: Path) -> Iterator[None]:
+    """Point OLMo's data loaders at our data root, keeping the first N_DOCS documents (OLMo's dev splits
+    whole, for its few-shot prompts): the benchmark's own redirection."""
+    with load_script("bench").olmo_eval_reads(data_root, N_DOCS):
+        yield
 
 
 def olmo_requests(label: str, tokenizer: HFTokenizer, max_length: int = MAX_LENGTH) -> list[tuple]:
