@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
-from lm_helpers import lm_entry, tiny_gpt, write_domains
+from lm_helpers import join_or_fail, lm_entry, tiny_gpt, write_domains
 
 from inloop_eval.data_root import neox_tokenizer_path
 
@@ -102,12 +102,7 @@ def run_world(world_size: int, workdir: Path, tokenizer_path: str) -> list[dict]
         join=False,
         start_method="forkserver",
     )
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
-        if time.monotonic() >= deadline:
-            for process in ctx.processes:
-                process.kill()
-            pytest.fail(f"world size {world_size}: the processes did not finish in {TIMEOUT_S}s (a hang?)")
+    join_or_fail(ctx, TIMEOUT_S, f"world size {world_size}: the processes")
     return [json.loads((workdir / f"out-{world_size}-{r}.json").read_text()) for r in range(world_size)]
 
 

@@ -11,14 +11,13 @@ import math
 import multiprocessing
 import os
 import shutil
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch.multiprocessing as mp
-from lm_helpers import lm_entry, tiny_gpt, write_domains
+from lm_helpers import join_or_fail, lm_entry, tiny_gpt, write_domains
 from workers.launch import free_port
 
 from inloop_eval.config import EvaluatorConfig, LMDomainConfig
@@ -257,12 +256,7 @@ def run_two_ranks(workdir: Path, tokenizer_path: str) -> list[dict]:
         join=False,
         start_method="forkserver",
     )
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
-        if time.monotonic() >= deadline:
-            for process in ctx.processes:
-                process.kill()
-            pytest.fail(f"the two processes did not finish in {TIMEOUT_S}s (a hang?)")
+    join_or_fail(ctx, TIMEOUT_S, "the two processes")
     return [json.loads((workdir / f"out-{r}.json").read_text()) for r in range(2)]
 
 
