@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inloop_eval.config import EvaluatorConfig, TaskEvalConfig, read_config_file
+from inloop_eval.config import EvaluatorConfig, TaskEvalConfig, check_lm_label, read_config_file
 from inloop_eval.distributed import all_reduce_max
 from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.files import write_text_atomically
@@ -199,9 +199,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_make_lm(args: argparse.Namespace) -> int:
-    from inloop_eval.config import check_lm_label
     from inloop_eval.data_root import default_data_root, neox_tokenizer_path
-    from inloop_eval.errors import ConfigError
     from inloop_eval.make_lm import glob_documents, make_domain_set, oe_eval_passages
     from inloop_eval.tokenizer import load_tokenizer
 
@@ -239,7 +237,6 @@ def cmd_make_lm(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
-    from inloop_eval.config import EvaluatorConfig
     from inloop_eval.distributed import init_from_env, world
     from inloop_eval.evaluator import InLoopEvaluator
 
@@ -335,7 +332,6 @@ def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
 
 
 def load_hf_model(path: str, device: Any) -> Any:
-    from inloop_eval.errors import ConfigError
 
     try:
         from transformers import AutoModelForCausalLM
