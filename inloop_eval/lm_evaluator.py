@@ -83,7 +83,6 @@ class LMEvaluator(Evaluator):
         self.labels = tuple(d.label for d in config.domains)
         self.name = "lm:" + ",".join(self.labels)
         self.loaded: dict[str, DomainSet] = {}
-        self.prepared: PreparedDomains | None = None
 
     def run(
         self, adapter: ModelAdapter, *, strict: bool, progress: Callable[[int], None] | None = None
@@ -131,8 +130,7 @@ class LMEvaluator(Evaluator):
                 raise (own or list(result.errors.values()))[0]
             failed = {label: str(exc) for label, exc in result.errors.items()}
         domains = [self.loaded[d.label] for d in ev.domains if d.label in self.loaded]
-        self.prepared = PreparedDomains(ev, domains, failed)
-        return self.prepared
+        return PreparedDomains(ev, domains, failed)
 
     def evaluate(
         self,
