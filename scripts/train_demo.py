@@ -4,7 +4,7 @@
 
 import sys
 
-from inloop_eval.demo import main
+from inloop_eval.demo.run import main
 
 if __name__ == "__main__":
     sys.exit(main())

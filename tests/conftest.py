@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
-from inloop_eval.data_root import default_data_root
+# Shared helpers (helpers, reference, workers, ...) live in tests/support, importable by name from every test folder.
+sys.path.insert(0, str(Path(__file__).parent / "support"))
+
+from inloop_eval.data.root import default_data_root
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +21,7 @@ def data_root() -> Path:
     env = os.environ.get("INLOOP_EVAL_DATA")
     if env and Path(env).is_dir():
         return Path(env)
-    from inloop_eval.fetch import fetch
+    from inloop_eval.data.fetch import fetch
 
     return fetch(default_data_root())
 
@@ -25,8 +29,8 @@ def data_root() -> Path:
 @pytest.fixture(scope="session")
 def neox_tokenizer(data_root: Path):
     """The real GPT-NeoX-20B BPE tokenizer (no BOS; EOS `<|endoftext|>` = 0)."""
-    from inloop_eval.data_root import neox_tokenizer_path
-    from inloop_eval.tokenizer import load_tokenizer
+    from inloop_eval.data.root import neox_tokenizer_path
+    from inloop_eval.data.tokenizer import load_tokenizer
 
     return load_tokenizer(neox_tokenizer_path(data_root))
 
@@ -36,7 +40,7 @@ def hf_model_dir(tmp_path_factory, data_root: Path) -> Path:
     """A random GPT-NeoX-shaped model saved with its tokenizer, as a user's checkpoint would be."""
     from helpers import tiny_neox
 
-    from inloop_eval.data_root import neox_tokenizer_path
+    from inloop_eval.data.root import neox_tokenizer_path
 
     model = tiny_neox()
     out = tmp_path_factory.mktemp("hf") / "tiny-neox"

@@ -30,12 +30,12 @@ from olmo_core.train.callbacks import Callback, CallbackConfig
 from olmo_core.train.common import MetricMergeStrategy
 
 from inloop_eval.config import KEY_STYLES, EvaluatorConfig, TaskEvalConfig, one_of, read_config_file
-from inloop_eval.data_root import TOKENIZER_DIR, default_data_root
+from inloop_eval.data.fetch import TOKENIZER_FILES
+from inloop_eval.data.root import TOKENIZER_DIR, default_data_root
+from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer
 from inloop_eval.errors import ConfigError, TokenizerError
-from inloop_eval.evaluator import InLoopEvaluator
-from inloop_eval.fetch import TOKENIZER_FILES
+from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import SECONDS_KEY, run_and_log
-from inloop_eval.tokenizer import Tokenizer, load_tokenizer
 
 # OLMo-core's own evaluator callback adds its time here (merged by sum), so both kinds of in-loop evaluation
 # show in one throughput figure.

@@ -7,22 +7,22 @@ from inloop_eval.tasks.registry import get_task, register, task_names
 __all__ = ["Doc", "MultipleChoiceTask", "get_task", "load_docs", "register", "task_names"]
 
 # Built-in task families; importing each registers its task ids.
-from inloop_eval.tasks import (  # noqa: E402, F401
+from inloop_eval.tasks import oe_eval  # noqa: E402, F401
+from inloop_eval.tasks.harness import task as harness_task  # noqa: E402, F401
+from inloop_eval.tasks.native import (  # noqa: E402, F401
     arc,
     boolq,
     classification,
     commonsense_qa,
     copa,
     gold_only,
-    harness_yaml,
     hellaswag,
     lambada,
     mmlu,
-    oe_eval,
-    olmo,
     openbookqa,
     piqa,
     sciq,
     social_iqa,
     winogrande,
 )
+from inloop_eval.tasks.olmo import labels as olmo_labels  # noqa: E402, F401

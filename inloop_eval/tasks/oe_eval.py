@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from inloop_eval.data_root import default_data_root, oe_eval_dir
+from inloop_eval.data.root import default_data_root, oe_eval_dir
 from inloop_eval.errors import TaskDataError, UnknownTaskError
 from inloop_eval.metrics.registry import GOLD_ONLY_METRICS, MC_METRICS, PARTIAL_METRICS, RC_METRICS
 from inloop_eval.tasks.base import Doc, MultipleChoiceTask, shown

@@ -1,0 +1,2 @@
+"""The demo: a small GPT trained on generated text with in-loop evaluation, logged to JSONL and W&B
+(`run`)."""

@@ -1,0 +1,330 @@
+"""The demo run: train the reference GPT on real English text, evaluating in the loop, then write the report.
+
+Text: the reading-comprehension passages (CoQA stories, DROP passages, SQuAD backgrounds) that the fetched
+oe-eval request files carry; none of them is an evaluation task of the demo. The last `heldout_passages` of
+each source are kept out of training and written to `<out_dir>/heldout/<source>.jsonl`, the perplexity
+domains of the `lm` evaluator in configs/demo.yaml. Tokenizer: GPT-NeoX-20B.
+
+Runs under `torchrun` with any number of processes (DDP; gloo on CPU, NCCL on GPUs), one by default.
+Rank 0 logs to W&B (offline unless `$WANDB_MODE` or the config says otherwise) and to
+`<out_dir>/metrics.jsonl`, and writes `<out_dir>/report/index.html` at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+
+from inloop_eval.config import ConfigError, EvaluatorConfig, build_dataclass
+from inloop_eval.data.fetch import fetch
+from inloop_eval.data.files import write_text_atomically
+from inloop_eval.data.root import default_data_root, neox_tokenizer_path, oe_eval_dir
+from inloop_eval.data.tokenizer import load_tokenizer
+from inloop_eval.engine.distributed import init_from_env, world
+from inloop_eval.errors import InLoopEvalError
+from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY, run_and_log
+from inloop_eval.loggers import JSONLLogger, MetricsLogger, MultiLogger, WandbLogger, is_rank_zero
+from inloop_eval.models.gpt import GPT, GPTConfig
+from inloop_eval.report import write_report
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+HELDOUT_DIR = "heldout"
+
+# Source name -> oe-eval request file and the field of its `doc` holding a passage.
+CORPUS_FILES: dict[str, tuple[str, str]] = {
+    "coqa": ("coqa/bpb_0shot/requests.jsonl.gz", "story"),
+    "drop": ("drop/bpb_5shot/requests.jsonl.gz", "passage"),
+    "squad": ("squad/bpb_5shot/requests.jsonl.gz", "query"),
+}
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """How the demo trains."""
+
+    steps: int = 300
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Sequences per step over all processes (each of N processes takes batch_size / N)."""
+    seq_len: int = 128
+    """Tokens per training sequence."""
+    lr: float = 3e-3
+    """AdamW learning rate (cosine decay to 10%)."""
+    seed: int = 0
+    """Seeds the model's initialisation and the order of training windows."""
+    heldout_passages: int = 40
+    """Passages of each source kept out of training: the perplexity domains (0: none held out)."""
+    log_every: int = 20
+    """Log the training loss every this many steps."""
+    out_dir: str = "runs/demo"
+    """The run directory: metrics.jsonl, config.json, wandb/, heldout/, report/."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, found {getattr(self, name)}")
+        if self.heldout_passages < 0:
+            raise ConfigError(f"train.heldout_passages must be >= 0, found {self.heldout_passages}")
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    """Where the demo's figures go (rank 0 only)."""
+
+    wandb: bool = True
+    """Log to a W&B run in `<out_dir>/wandb/`."""
+    wandb_mode: str | None = None
+    """`offline`, `online` or `disabled`; null: `$WANDB_MODE`, else `offline` (no account needed)."""
+    wandb_project: str = "inloop-eval-demo"
+    """W&B project (used when the run is synced or online)."""
+    report: bool = True
+    """Write `<out_dir>/report/index.html` at the end (needs matplotlib: `pip install 'inloop_eval[report]'`)."""
+
+
+@dataclass(kw_only=True)
+class DemoConfig:
+    """configs/demo.yaml: model shape, training, logging, and the evaluator."""
+
+    model: GPTConfig = field(default_factory=GPTConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    evaluation: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> DemoConfig:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"demo config {path} does not exist") from None
+        unknown = sorted(set(data) - {"model", "train", "logging", "evaluation"})
+        if unknown:
+            raise ConfigError(f"{path}: unknown sections {unknown}; known: model, train, logging, evaluation")
+        return cls(
+            model=build_dataclass(GPTConfig, data.get("model", {}), f"{path}: model"),
+            train=build_dataclass(TrainConfig, data.get("train", {}), f"{path}: train"),
+            logging=build_dataclass(LoggingConfig, data.get("logging", {}), f"{path}: logging"),
+            evaluation=EvaluatorConfig.from_dict(data.get("evaluation", {})),
+        )
+
+
+def load_passages(root: Path) -> dict[str, list[str]]:
+    """Unique passages of each source, in file order (a passage in two sources counts for the first)."""
+    seen: set[str] = set()
+    out: dict[str, list[str]] = {}
+    for source, (rel, key) in CORPUS_FILES.items():
+        out[source] = []
+        with gzip.open(oe_eval_dir(root) / rel, "rt") as f:
+            for line in f:
+                text = str(json.loads(line)["doc"].get(key, "")).strip()
+                if text and text not in seen:
+                    seen.add(text)
+                    out[source].append(text)
+    return out
+
+
+def split_heldout(passages: dict[str, list[str]], n: int) -> tuple[list[str], dict[str, list[str]]]:
+    """(training passages, held-out passages per source): the last `n` of each source are held out."""
+    train: list[str] = []
+    heldout: dict[str, list[str]] = {}
+    for source, texts in passages.items():
+        cut = max(0, len(texts) - n)
+        train.extend(texts[:cut])
+        if n:
+            heldout[source] = texts[cut:]
+    return train, heldout
+
+
+def write_heldout(out_dir: Path, heldout: dict[str, list[str]]) -> None:
+    """`<out_dir>/heldout/<source>.jsonl`, rewritten only when the content changed (the lm cache keys on
+    the file's modification time)."""
+    directory = out_dir / HELDOUT_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    for source, texts in heldout.items():
+        path = directory / f"{source}.jsonl"
+        content = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts)
+        if not path.is_file() or path.read_text(encoding="utf-8") != content:
+            write_text_atomically(path, content)
+
+
+def resolve_run_paths(evaluation: EvaluatorConfig, out_dir: Path) -> None:
+    """Relative `lm` domain paths and cache directories are inside the run directory."""
+    for ev in evaluation.evaluators:
+        if getattr(ev, "type", "") != "lm":
+            continue
+        if ev.cache_dir and not Path(ev.cache_dir).expanduser().is_absolute():
+            ev.cache_dir = str(out_dir / ev.cache_dir)
+        for domain in ev.domains:
+            domain.paths = [
+                p if Path(p).expanduser().is_absolute() else str(out_dir / p) for p in domain.paths
+            ]
+
+
+def token_stream(texts: list[str], tokenizer: Any) -> np.ndarray:
+    """All passages tokenized and joined with EOS, as one int64 array."""
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    for encoded in tokenizer.encode_batch(texts):
+        ids.extend(encoded)
+        ids.append(eos)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def barrier() -> None:
+    if world()[0] > 1:
+        dist.barrier()
+
+
+def make_logger(config: DemoConfig, out_dir: Path) -> MetricsLogger:
+    loggers: list[MetricsLogger] = [JSONLLogger(out_dir)]
+    if config.logging.wandb:
+        loggers.append(
+            WandbLogger(
+                project=config.logging.wandb_project,
+                name=out_dir.name,
+                dir=out_dir,
+                mode=config.logging.wandb_mode,
+                step_globs=("train/*",),
+            )
+        )
+    logger = MultiLogger(loggers)
+    logger.log_config({**asdict(config), "world_size": world()[0]})
+    return logger
+
+
+def train(config: DemoConfig, data_root: Path) -> list[dict[str, float]]:
+    """Train, evaluating every `eval_interval` steps and logging; returns the evaluations' figures."""
+    tc = config.train
+    device = init_from_env()
+    world_size, rank = world()
+    if tc.batch_size % world_size:
+        raise ConfigError(
+            f"train.batch_size {tc.batch_size} must be divisible by the number of processes {world_size}"
+        )
+    out_dir = Path(tc.out_dir).absolute()
+    tokenizer = load_tokenizer(config.evaluation.tokenizer or neox_tokenizer_path(data_root))
+    passages, heldout = split_heldout(load_passages(data_root), tc.heldout_passages)
+    if is_rank_zero():
+        write_heldout(out_dir, heldout)
+    barrier()
+    stream = token_stream(passages, tokenizer)
+    log.info("training text: %d passages, %d tokens; %d processes", len(passages), len(stream), world_size)
+
+    torch.manual_seed(tc.seed)
+    model = GPT(config.model).to(device)
+    trained: torch.nn.Module = model
+    if world_size > 1:
+        trained = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=0.1)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, tc.steps, eta_min=tc.lr / 10)
+
+    evaluation = config.evaluation
+    evaluation.data_root = evaluation.data_root or str(data_root)
+    resolve_run_paths(evaluation, out_dir)
+    evaluator = InLoopEvaluator(evaluation, tokenizer=tokenizer)
+    logger = make_logger(config, out_dir)
+    rng = np.random.default_rng([tc.seed, rank])
+    per_rank = tc.batch_size // world_size
+    evaluations: list[dict[str, float]] = []
+    try:
+        for step in range(tc.steps + 1):
+            if evaluator.should_run(step):
+                metrics = run_and_log(evaluator, trained, step, logger)
+                evaluations.append(metrics)
+                if is_rank_zero():
+                    print(summary(step, metrics), flush=True)
+            if step == tc.steps:
+                break
+            starts = rng.integers(0, len(stream) - tc.seq_len - 1, size=per_rank)
+            batch = torch.from_numpy(np.stack([stream[s : s + tc.seq_len + 1] for s in starts])).to(device)
+            logits = trained(batch[:, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)
+            )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            if step % tc.log_every == 0:
+                mean_loss = mean_over_ranks(loss.detach())
+                logger.log({"train/loss": mean_loss, "train/lr": schedule.get_last_lr()[0]}, step)
+                if is_rank_zero():
+                    print(f"step {step:5d}  train loss {mean_loss:.3f}", flush=True)
+    finally:
+        logger.finish()
+    return evaluations
+
+
+def mean_over_ranks(value: torch.Tensor) -> float:
+    if world()[0] > 1:
+        value = value.clone()
+        dist.all_reduce(value)
+        value /= world()[0]
+    return float(value.item())
+
+
+def summary(step: int, metrics: dict[str, float]) -> str:
+    parts = [f"step {step:5d}  eval"]
+    for key, value in metrics.items():
+        if key.endswith(("/acc", "/acc_norm")):
+            parts.append(f"{key.removeprefix('eval/downstream/')}={value:.3f}")
+        elif key.startswith("eval/lm/") and key.endswith("/ppl"):
+            parts.append(f"{key.removeprefix('eval/lm/').removesuffix('/ppl')}/ppl={value:.0f}")
+    parts.append(f"({metrics[SECONDS_KEY]:.1f}s, {metrics[TOKENS_KEY] / 1e3:.0f}k tokens)")
+    return "  ".join(parts)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="demo YAML (default configs/demo.yaml)")
+    parser.add_argument("--steps", type=int, help="override train.steps")
+    parser.add_argument("--out", help="override train.out_dir (the run directory)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fetch the data if needed, train with in-loop evaluation, write the report; prints where it is."""
+    started = time.perf_counter()
+    # The demo prints a one-line summary of each evaluation; the evaluator's full dict is for debugging.
+    logging.getLogger("inloop_eval.evaluators.orchestrator").setLevel(logging.WARNING)
+    config = DemoConfig.from_yaml(args.config)
+    if args.steps is not None:
+        config.train.steps = args.steps
+        config.train.__post_init__()
+    if args.out:
+        config.train.out_dir = args.out
+    root = fetch(Path(config.evaluation.data_root) if config.evaluation.data_root else default_data_root())
+    train(config, root)
+    if is_rank_zero():
+        out_dir = Path(config.train.out_dir).absolute()
+        print(f"metrics: {out_dir / 'metrics.jsonl'}")
+        if config.logging.report:
+            print(f"report: {write_report(out_dir)}")
+        print(f"demo finished in {time.perf_counter() - started:.0f}s")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="train_demo.py", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return run(args)
+    except InLoopEvalError as exc:
+        print(f"train_demo.py: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,410 @@
+"""Planning forward passes: pairs to rows, rows to token-budget batches, at the token minimum.
+
+Pairs that read the same context tokens (same `ctx_id`, `ctx_start`, `ctx_end`) form a group. A row holds
+a group's context once, followed by *pieces*: a piece is `continuation[:-1]` of one pair (its last token is
+only predicted, never fed). The logits at the context's last position predict every pair's first
+continuation token, those at a piece's positions the rest. So a one-token continuation adds nothing to a
+row: all choices of a letter-key document are read off the last position of one context-only row.
+
+- Packed rows (models that take an attention mask and position ids): the context once and every piece of
+  its group after it. Each piece sees the context and itself, causally, not the other pieces
+  (`attention_mask_B1TT`), and its position ids restart after the context, so every pair gets the numbers
+  of its own unshared row. A group too long for one row (`max_length`) is cut into several rows, each
+  repeating the context; a piece always fits alone (requests.py truncates contexts so that it does).
+- Plain rows (models that take `input_ids` only): at most one piece per row, i.e. context +
+  continuation[:-1] as lm-evaluation-harness builds it; one-token continuations ride on a row of their group.
+
+Rows are sorted by length (longest first) and cut into batches of at most `batch_tokens` padded tokens
+where padding plus a fixed cost per forward pass is least; nothing is padded to fixed multiples unless
+`pad_to_multiple` asks for bucketed shapes (torch.compile).
+Batch arrays are built with NumPy over all tokens at once; Python loops run per batch, never per token.
+
+Legend: P pairs scored, Q the same pairs in group order, G context groups, R rows, K pieces, S spans of
+rows (contexts and pieces), M tokens of all rows, B rows in a batch, T its longest row, N continuation tokens (targets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from inloop_eval.engine.distributed import AgreedSequence, TaskAgreement
+from inloop_eval.requests.pairs import PairSet
+
+# A packed row's pieces may span at least this many tokens (or the context's length, if longer) before the
+# group is cut into another row: attention over one long row costs more than repeating a short context.
+MIN_PACK_SPAN = 256
+
+# What one forward pass costs beyond its tokens, in padded tokens: batches are cut where padding plus this
+# per batch is least, so a few rows of different lengths share a pass rather than each taking its own.
+# Tuned for CPU; it only trades padding against the number of passes, never changes a score.
+FORWARD_COST_TOKENS = 64
+
+# Segment ids in `Batch.segment_BT`: 0 is the context, k > 0 a piece, PAD_SEGMENT padding.
+PAD_SEGMENT = -1
+
+
+@dataclass
+class Batch:
+    """One forward pass.
+
+    input_ids_BT: right-padded token ids (padding is never attended to by a real position).
+    rows_N, cols_N: the positions whose logits predict target_N.
+    pair_N: index (into the scored pair list) of the pair each target belongs to.
+    position_ids_BT, segment_BT: set for packed batches only (None: plain causal rows, positions 0..T-1).
+        segment_BT is 0 on contexts, a piece's id (> 0) on its tokens, PAD_SEGMENT on padding.
+    """
+
+    input_ids_BT: np.ndarray
+    rows_N: np.ndarray
+    cols_N: np.ndarray
+    target_N: np.ndarray
+    pair_N: np.ndarray
+    position_ids_BT: np.ndarray | None = None
+    segment_BT: np.ndarray | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens forwarded, padding included."""
+        return int(self.input_ids_BT.size)
+
+
+def attention_mask_B1TT(segment_BT: Tensor) -> Tensor:
+    """Boolean mask (True = may attend) for a packed batch: causal, and a position sees the context
+    (segment 0) and its own segment only. Padding sees itself and earlier padding, so no row of the
+    mask is empty (no NaN from a softmax over nothing); no real position sees padding (it comes last).
+    """
+    T = segment_BT.shape[1]
+    causal_TT = torch.ones(T, T, dtype=torch.bool, device=segment_BT.device).tril_()
+    key_B1T = segment_BT[:, None, :]
+    same_BTT = (key_B1T == 0) | (key_B1T == segment_BT[:, :, None])
+    return (same_BTT & causal_TT)[:, None]
+
+
+def row_lengths(pairs: PairSet, pair_ids: np.ndarray) -> np.ndarray:
+    """Length of each pair's own unshared row: context + continuation[:-1]."""
+    return (pairs.ctx_len[pair_ids] + pairs.cont_len[pair_ids] - 1).astype(np.int64)
+
+
+def minimum_tokens(pairs: PairSet, pair_ids: np.ndarray) -> int:
+    """The token minimum: each distinct context once plus every continuation."""
+    group_P = pairs.context_groups(pair_ids)
+    ctx_len_P = pairs.ctx_len[pair_ids]
+    first_G = np.unique(group_P, return_index=True)[1]
+    return int(ctx_len_P[first_G].sum() + pairs.cont_len[pair_ids].sum())
+
+
+@dataclass
+class RowLayout:
+    """Where every pair is read: rows (a context and its pieces) before they are cut into batches.
+
+    ctx_pair_R: a pair (index into the scored list) whose context row r holds.
+    length_R: tokens of row r.
+    n_pieces_R: pieces in row r (a row with at most one is a plain causal row).
+    row_P: the row of each pair.
+    col_P: the column where a pair's piece starts (-1 for one-token continuations, which have none).
+    """
+
+    ctx_pair_R: np.ndarray
+    length_R: np.ndarray
+    n_pieces_R: np.ndarray
+    row_P: np.ndarray
+    col_P: np.ndarray
+
+
+def layout_rows(pairs: PairSet, pair_ids: np.ndarray, *, packing: bool, max_length: int | None) -> RowLayout:
+    """Assign every pair a row and, if it has a piece, a column (see the module docstring)."""
+    n_pairs = len(pair_ids)
+    ctx_len_P = pairs.ctx_len[pair_ids].astype(np.int64)
+    extra_P = pairs.cont_len[pair_ids].astype(np.int64) - 1  # a piece's length (0: no piece)
+    group_P = pairs.context_groups(pair_ids)
+    order = np.argsort(group_P, kind="stable")  # pairs by group, then by scored order
+    group_Q = group_P[order]
+    n_groups = int(group_Q[-1]) + 1 if n_pairs else 0
+    first_G = np.searchsorted(group_Q, np.arange(n_groups))
+    ctx_len_G = ctx_len_P[order[first_G]] if n_pairs else np.zeros(0, dtype=np.int64)
+    extra_Q = extra_P[order]
+    has_piece_Q = extra_Q > 0
+
+    # Rank of each piece within its group, and the tokens of the pieces before it.
+    piece_rank_Q = _exclusive_cumsum_by_group(has_piece_Q.astype(np.int64), first_G, group_Q)
+    before_Q = _exclusive_cumsum_by_group(extra_Q, first_G, group_Q)
+    n_pieces_G = np.bincount(group_Q, weights=has_piece_Q, minlength=n_groups).astype(np.int64)
+
+    sub_row_Q = np.zeros(n_pairs, dtype=np.int64)
+    col_Q = np.full(n_pairs, -1, dtype=np.int64)
+    if packing:
+        sub_rows_G = np.ones(n_groups, dtype=np.int64)
+        col_Q[has_piece_Q] = ctx_len_G[group_Q[has_piece_Q]] + before_Q[has_piece_Q]
+        span_G = _pack_span(ctx_len_G, extra_Q, group_Q, n_groups, max_length)
+        total_G = np.bincount(group_Q, weights=extra_Q, minlength=n_groups).astype(np.int64)
+        for g in np.flatnonzero(total_G > span_G):
+            sub_rows_G[g] = _cut_group(
+                slice(first_G[g], first_G[g] + _group_size(first_G, g, n_pairs)),
+                extra_Q,
+                int(span_G[g]),
+                int(ctx_len_G[g]),
+                sub_row_Q,
+                col_Q,
+            )
+    else:
+        # One piece per row; pairs without a piece ride on the group's first row.
+        sub_row_Q[has_piece_Q] = piece_rank_Q[has_piece_Q]
+        col_Q[has_piece_Q] = ctx_len_G[group_Q[has_piece_Q]]
+        sub_rows_G = np.maximum(n_pieces_G, 1)
+
+    row_base_G = np.concatenate([[0], np.cumsum(sub_rows_G)[:-1]]).astype(np.int64)
+    row_Q = row_base_G[group_Q] + sub_row_Q
+    n_rows = int(sub_rows_G.sum())
+    group_R = np.repeat(np.arange(n_groups), sub_rows_G)
+    length_R = ctx_len_G[group_R] + np.bincount(row_Q, weights=extra_Q, minlength=n_rows).astype(np.int64)
+    n_pieces_R = np.bincount(row_Q, weights=has_piece_Q, minlength=n_rows).astype(np.int64)
+    row_P = np.empty(n_pairs, dtype=np.int64)
+    col_P = np.empty(n_pairs, dtype=np.int64)
+    row_P[order] = row_Q
+    col_P[order] = col_Q
+    return RowLayout(order[first_G][group_R] if n_pairs else group_R, length_R, n_pieces_R, row_P, col_P)
+
+
+def _exclusive_cumsum_by_group(values_Q: np.ndarray, first_G: np.ndarray, group_Q: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sum of `values_Q` restarting at each group."""
+    if values_Q.size == 0:
+        return values_Q.copy()
+    inclusive = np.cumsum(values_Q)
+    exclusive = inclusive - values_Q
+    return exclusive - exclusive[first_G][group_Q]
+
+
+def _group_size(first_G: np.ndarray, g: int, n_pairs: int) -> int:
+    return int((first_G[g + 1] if g + 1 < len(first_G) else n_pairs) - first_G[g])
+
+
+def _pack_span(
+    ctx_len_G: np.ndarray, extra_Q: np.ndarray, group_Q: np.ndarray, n_groups: int, max_length: int | None
+) -> np.ndarray:
+    """Most piece tokens one packed row of each group may hold: at least MIN_PACK_SPAN (or the context's
+    length), at most what `max_length` leaves after the context, never less than the longest piece."""
+    longest_G = np.zeros(n_groups, dtype=np.int64)
+    np.maximum.at(longest_G, group_Q, extra_Q)
+    span_G = np.maximum(ctx_len_G, MIN_PACK_SPAN)
+    if max_length is not None:
+        span_G = np.minimum(span_G, max_length - ctx_len_G)
+    return np.maximum(span_G, longest_G)
+
+
+def _cut_group(
+    members: slice, extra_Q: np.ndarray, span: int, ctx_len: int, sub_row_Q: np.ndarray, col_Q: np.ndarray
+) -> int:
+    """Greedily cut one group's pieces into rows of at most `span` piece tokens; returns the row count."""
+    row, used = 0, 0
+    for q in range(members.start, members.stop):
+        extra = int(extra_Q[q])
+        if extra == 0:
+            continue  # read off the first row's context
+        if used + extra > span:
+            row, used = row + 1, 0
+        sub_row_Q[q] = row
+        col_Q[q] = ctx_len + used
+        used += extra
+    return row + 1
+
+
+def plan_batches(
+    pairs: PairSet,
+    pair_ids: np.ndarray,
+    batch_tokens: int,
+    pad_id: int = 0,
+    *,
+    packing: bool = False,
+    max_length: int | None = None,
+    pad_to_multiple: int = 1,
+) -> list[Batch]:
+    """Batches scoring `pairs[pair_ids]`; `Batch.pair_N` indexes into `pair_ids`.
+
+    packing: share each context among its continuations (the model must accept a mask and position ids).
+    max_length: longest row a packed group may form (the model's context length).
+    pad_to_multiple: round every batch's width up to a multiple of this (bucketed shapes for torch.compile),
+        but not past `max_length` (a row never gets positions the model does not have).
+    """
+    if pad_to_multiple < 1:
+        raise ValueError(f"plan_batches: pad_to_multiple must be >= 1 (1 = off), found {pad_to_multiple}")
+    pair_ids = np.asarray(pair_ids, dtype=np.int64)
+    layout = layout_rows(pairs, pair_ids, packing=packing, max_length=max_length)
+    width_R = -(-layout.length_R // pad_to_multiple) * pad_to_multiple
+    if max_length is not None:
+        width_R = np.maximum(layout.length_R, np.minimum(width_R, max_length))
+    batch_R, slot_R, widths = cut_batches(width_R, batch_tokens)
+    tokens = _row_tokens(pairs, pair_ids, layout, batch_R, len(widths))
+    targets = _targets(pairs, pair_ids, layout, batch_R, len(widths))
+    return _assemble(tokens, targets, layout, batch_R, slot_R, widths, packing, pad_id)
+
+
+def cut_batches(width_R: np.ndarray, batch_tokens: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Rows, longest first, into batches of at most `batch_tokens` padded tokens (a row longer than that
+    goes alone), cut where padded tokens + FORWARD_COST_TOKENS per batch is least (dynamic programming over
+    the sorted rows). Returns (batch of each row, its slot in the batch, batch widths)."""
+    order_R = np.argsort(-width_R, kind="stable")
+    sorted_R = width_R[order_R].astype(np.int64)
+    n_rows = len(sorted_R)
+    cost = np.full(n_rows + 1, np.inf)  # cost[j]: least cost of batching the first j sorted rows
+    cost[0] = 0.0
+    start = np.zeros(n_rows + 1, dtype=np.int64)  # start[j]: first row of the batch that ends at j
+    for i in range(n_rows):
+        width = int(sorted_R[i])
+        stop = min(n_rows, i + max(1, batch_tokens // max(width, 1)))
+        candidate = cost[i] + FORWARD_COST_TOKENS + width * np.arange(1, stop - i + 1)
+        better = candidate < cost[i + 1 : stop + 1]
+        cost[i + 1 : stop + 1][better] = candidate[better]
+        start[i + 1 : stop + 1][better] = i
+    bounds = [n_rows]
+    while bounds[-1] > 0:
+        bounds.append(int(start[bounds[-1]]))
+    bounds.reverse()
+    batch_R = np.empty(n_rows, dtype=np.int64)
+    slot_R = np.empty(n_rows, dtype=np.int64)
+    widths: list[int] = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        batch_R[order_R[lo:hi]] = len(widths)
+        slot_R[order_R[lo:hi]] = np.arange(hi - lo)
+        widths.append(int(sorted_R[lo]))
+    return batch_R, slot_R, widths
+
+
+@dataclass
+class _Flat:
+    """Values at (row, col) positions, in batch order: batch b owns elements [bounds[b], bounds[b + 1])."""
+
+    row: np.ndarray
+    col: np.ndarray
+    values: dict[str, np.ndarray]
+    bounds: np.ndarray
+
+
+def _expand(
+    lengths: np.ndarray, batch_of_span: np.ndarray, n_batches: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Spans of `lengths` elements, laid out batch by batch: (span of each element, offset of each element in
+    its span, bounds [n_batches + 1] of each batch's elements)."""
+    per_batch = np.bincount(batch_of_span, weights=lengths, minlength=n_batches).astype(np.int64)
+    order = np.argsort(batch_of_span, kind="stable")
+    lengths = lengths[order]
+    span_M = np.repeat(order, lengths)
+    offset_M = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return span_M, offset_M, np.concatenate([[0], np.cumsum(per_batch)])
+
+
+def _row_tokens(
+    pairs: PairSet, pair_ids: np.ndarray, layout: RowLayout, batch_R: np.ndarray, n_batches: int
+) -> _Flat:
+    """Every token of every row: contexts at column 0, pieces at their columns, positions restarting."""
+    ctx_pair_R = pair_ids[layout.ctx_pair_R]
+    ctx_len_R = pairs.ctx_len[ctx_pair_R]
+    piece_K = np.flatnonzero(layout.col_P >= 0)
+    row_K = layout.row_P[piece_K]
+    pool = np.concatenate([pairs.ctx_tokens, pairs.cont_tokens])
+    n_rows = len(ctx_len_R)
+    src_S = np.concatenate(
+        [
+            pairs.ctx_offsets[pairs.ctx_id[ctx_pair_R]] + pairs.ctx_start[ctx_pair_R],
+            len(pairs.ctx_tokens) + pairs.cont_offsets[pair_ids[piece_K]],
+        ]
+    )
+    len_S = np.concatenate([ctx_len_R, pairs.cont_len[pair_ids[piece_K]] - 1])
+    row_S = np.concatenate([np.arange(n_rows), row_K])
+    col_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), layout.col_P[piece_K]])
+    pos_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), ctx_len_R[row_K]])
+    seg_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), np.arange(1, len(piece_K) + 1)])
+    span_M, offset_M, bounds = _expand(len_S, batch_R[row_S], n_batches)
+    return _Flat(
+        row=row_S[span_M],
+        col=col_S[span_M] + offset_M,
+        values={
+            "input_ids": pool[src_S[span_M] + offset_M],
+            "position_ids": pos_S[span_M] + offset_M,
+            "segment": seg_S[span_M],
+        },
+        bounds=bounds,
+    )
+
+
+def _targets(
+    pairs: PairSet, pair_ids: np.ndarray, layout: RowLayout, batch_R: np.ndarray, n_batches: int
+) -> _Flat:
+    """Every continuation token, with the position whose logits predict it."""
+    n_P = pairs.cont_len[pair_ids].astype(np.int64)
+    pair_N, j_N, bounds = _expand(n_P, batch_R[layout.row_P], n_batches)
+    row_N = layout.row_P[pair_N]
+    ctx_len_R = pairs.ctx_len[pair_ids[layout.ctx_pair_R]]
+    col_N = np.where(j_N == 0, ctx_len_R[row_N] - 1, layout.col_P[pair_N] + j_N - 1)
+    return _Flat(
+        row=row_N,
+        col=col_N,
+        values={"target": pairs.cont_tokens[pairs.cont_offsets[pair_ids][pair_N] + j_N], "pair": pair_N},
+        bounds=bounds,
+    )
+
+
+def _assemble(
+    tokens: _Flat,
+    targets: _Flat,
+    layout: RowLayout,
+    batch_R: np.ndarray,
+    slot_R: np.ndarray,
+    widths: list[int],
+    packing: bool,
+    pad_id: int,
+) -> list[Batch]:
+    """One Batch per width: scatter each batch's tokens into [B, T] arrays."""
+    n_batches = len(widths)
+    n_rows_B = np.bincount(batch_R, minlength=n_batches)
+    packed_B = np.bincount(batch_R, weights=layout.n_pieces_R > 1, minlength=n_batches) > 0
+    tok_slot, tgt_slot = slot_R[tokens.row], slot_R[targets.row]
+    batches: list[Batch] = []
+    for b, width in enumerate(widths):
+        mine = slice(tokens.bounds[b], tokens.bounds[b + 1])
+        slot, col = tok_slot[mine], tokens.col[mine]
+        shape = (int(n_rows_B[b]), width)
+        input_ids_BT = np.full(shape, pad_id, dtype=np.int64)
+        input_ids_BT[slot, col] = tokens.values["input_ids"][mine]
+        position_ids_BT = segment_BT = None
+        if packing and packed_B[b]:
+            position_ids_BT = np.zeros(shape, dtype=np.int64)
+            position_ids_BT[slot, col] = tokens.values["position_ids"][mine]
+            segment_BT = np.full(shape, PAD_SEGMENT, dtype=np.int64)
+            segment_BT[slot, col] = tokens.values["segment"][mine]
+        picked = slice(targets.bounds[b], targets.bounds[b + 1])
+        batches.append(
+            Batch(
+                input_ids_BT,
+                tgt_slot[picked],
+                targets.col[picked],
+                targets.values["target"][picked],
+                targets.values["pair"][picked],
+                position_ids_BT,
+                segment_BT,
+            )
+        )
+    return batches
+
+
+def dummy_batch(pad_id: int = 0) -> Batch:
+    """A one-token forward whose result is discarded: keeps ranks' forward counts equal."""
+    empty = np.zeros(0, dtype=np.int64)
+    return Batch(
+        np.full((1, 1), pad_id, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.full(1, pad_id, dtype=np.int64),
+        empty,
+    )
+
+
+def equalize_forward_calls(batches: list[Batch], agreement: TaskAgreement) -> AgreedSequence[Batch]:
+    """Pad with dummy forwards so every rank makes the same number of model calls. The count is agreed at
+    the planning point, where a failure on any rank so far stops every rank before its first forward;
+    iterating the result joins a point between forward passes."""
+    n = agreement.agree(len(batches))
+    return AgreedSequence(batches + [dummy_batch() for _ in range(n - len(batches))], agreement)

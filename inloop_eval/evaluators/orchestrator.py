@@ -1,0 +1,98 @@
+"""The trainer-facing hook: `if evaluator.should_run(step): metrics = evaluator.run(model, step=step)`.
+
+`InLoopEvaluator` only orchestrates: it builds one evaluator per entry of the config (`EVALUATORS` maps each
+config type to its class: downstream tasks, per-domain perplexity), and at each evaluation runs them in
+order on one model adapter, with training state left as it was, and merges their metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
+from inloop_eval.data.tokenizer import TokenizerLike, load_tokenizer
+from inloop_eval.engine.adapters import make_adapter
+from inloop_eval.engine.training_state import training_untouched
+from inloop_eval.errors import ConfigError
+from inloop_eval.evaluators.base import EvalOutput, Evaluator
+from inloop_eval.evaluators.downstream import DownstreamEvaluator
+from inloop_eval.evaluators.perplexity import LMEvaluator
+
+log = logging.getLogger(__name__)
+
+# The evaluator class of each kind of config entry.
+EVALUATORS: dict[type, type[Evaluator]] = {TaskEvalConfig: DownstreamEvaluator, LMEvalConfig: LMEvaluator}
+
+
+class InLoopEvaluator:
+    """Runs the configured evaluators on a model and returns `{metric key: float}`.
+
+    evaluators: one per config entry, by name (a task's label; `lm:<labels>` for a perplexity entry).
+    last_outputs: each evaluator's `EvalOutput` of the latest `run`, by name.
+    """
+
+    def __init__(self, config: EvaluatorConfig, *, tokenizer: TokenizerLike | None = None) -> None:
+        self.config = config
+        if tokenizer is None:
+            if not config.tokenizer:
+                raise ConfigError("evaluator: set `tokenizer:` in the config or pass tokenizer=")
+            tokenizer = load_tokenizer(config.tokenizer)
+        self.tokenizer = tokenizer
+        built = [
+            EVALUATORS[type(entry)](entry, tokenizer=tokenizer, settings=config)
+            for entry in config.evaluators
+        ]
+        self.evaluators: dict[str, Evaluator] = {e.name: e for e in built}
+        self.last_outputs: dict[str, EvalOutput] = {}
+        self._tokens_probed = 0
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **kwargs: Any) -> InLoopEvaluator:
+        return cls(EvaluatorConfig.from_yaml(path), **kwargs)
+
+    def should_run(self, step: int) -> bool:
+        return step % self.config.eval_interval == 0
+
+    def run(
+        self, model: Any, step: int | None = None, progress: Callable[[int], None] | None = None
+    ) -> dict[str, float]:
+        """Run every evaluator; returns their metrics merged (`eval/downstream/...`, `eval/lm/...`).
+
+        Under torch.distributed every rank calls this with its part of the model; training state is left
+        as it was (`training_untouched`), and `compiler_reset` drops torch.compile's graphs afterwards.
+        """
+        adapter = make_adapter(model, self.config.max_length)
+        if self.config.pad_to_multiple > 1:
+            adapter.pad_to_multiple = self.config.pad_to_multiple
+        outputs: dict[str, EvalOutput] = {}
+        probed_before = adapter.tokens_probed  # an adapter passed in keeps its probe across runs
+        try:
+            with training_untouched(adapter.model):
+                for name, evaluator in self.evaluators.items():
+                    outputs[name] = evaluator.run(adapter, strict=self.config.strict, progress=progress)
+        finally:
+            if self.config.compiler_reset:
+                torch.compiler.reset()
+        self.last_outputs = outputs
+        self._tokens_probed = adapter.tokens_probed - probed_before
+        metrics = {key: value for output in outputs.values() for key, value in output.metrics.items()}
+        if step is not None:
+            log.info("step %d: %s", step, {k: round(v, 4) for k, v in metrics.items()})
+        return metrics
+
+    @property
+    def tokens_forwarded(self) -> int:
+        """Tokens this rank sent through the model in the latest `run`, padding and dummies included."""
+        outputs = sum(output.tokens_forwarded for output in self.last_outputs.values())
+        return outputs + self._tokens_probed  # the vocabulary probe of a model of unknown vocabulary
+
+    def detail(self, name: str) -> Any:
+        """The latest result object of the evaluator `name` (scores per request or sequence), or None
+        when it failed or has not run."""
+        output = self.last_outputs.get(name)
+        return output.detail if output is not None else None

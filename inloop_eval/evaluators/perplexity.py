@@ -1,0 +1,266 @@
+"""Perplexity per domain label, the evaluator of type `lm`: `eval/lm/<label>/<ce|ppl|bpb>`.
+
+One evaluation reads top to bottom: every label's sequences, this rank's share of them, token-budget batches
+(as many on every rank), per-token log-probabilities in float32 summed per sequence, one metric per label
+updated and synced in the config's order.
+Legend: S sequences, G sequences of all labels together, B rows in a batch, T longest row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from inloop_eval.config import EvaluatorConfig, LMEvalConfig
+from inloop_eval.data.perplexity.domains import DomainSet, load_domains
+from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
+from inloop_eval.data.root import home
+from inloop_eval.data.tokenizer import TokenizerLike
+from inloop_eval.engine.adapters import ModelAdapter, probe_vocab_size
+from inloop_eval.engine.batching import Batch, equalize_forward_calls
+from inloop_eval.engine.distributed import TaskAgreement, TaskFailedOnAnotherRank, run_agreed, world
+from inloop_eval.engine.scoring import run_batches
+from inloop_eval.errors import ConfigError, LMDataError
+from inloop_eval.evaluators.base import EvalOutput, Evaluator
+from inloop_eval.metrics.perplexity import FIGURES, PerplexityMetric
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PreparedDomains:
+    """An `lm` entry's domain sets for one evaluation, in the config's order; `failed` holds the labels that
+    could not be loaded this time (label -> reason)."""
+
+    config: LMEvalConfig
+    domains: list[DomainSet]
+    failed: dict[str, str]
+
+
+@dataclass
+class Shard:
+    """This rank's sequences: label index and sequence index of each, in a fixed global order."""
+
+    domain_S: np.ndarray
+    seq_S: np.ndarray
+
+
+@dataclass
+class DomainsResult:
+    """One evaluation of an `lm` entry.
+
+    figures: label -> {ce, ppl, bpb} over all ranks (labels without tokens are absent).
+    totals: label -> (Σ nll, Σ tokens, Σ bytes) over all ranks.
+    domains: the domain sets evaluated; failed: label -> reason for those the model could not take.
+    shard, nll_S: this rank's sequences (indexing `domains`) and the summed NLL of each (nats, float64).
+    forward_calls: batches this rank forwarded, dummies included (the same on every rank).
+    tokens_forwarded: tokens this rank sent through the model, padding and dummies included.
+    """
+
+    figures: dict[str, dict[str, float]]
+    totals: dict[str, tuple[float, int, int]]
+    domains: list[DomainSet]
+    failed: dict[str, str]
+    shard: Shard
+    nll_S: np.ndarray
+    forward_calls: int
+    tokens_forwarded: int
+
+
+class LMEvaluator(Evaluator):
+    """A `type: lm` entry: perplexity per domain label; keeps the domain sets it loaded between evaluations
+    (`loaded`, label -> sequences, the same labels on every rank) and tries the others again at each."""
+
+    config: LMEvalConfig
+
+    def __init__(self, config: LMEvalConfig, *, tokenizer: TokenizerLike, settings: EvaluatorConfig) -> None:
+        super().__init__(config, tokenizer=tokenizer, settings=settings)
+        self.labels = tuple(d.label for d in config.domains)
+        self.name = "lm:" + ",".join(self.labels)
+        self.loaded: dict[str, DomainSet] = {}
+
+    def run(
+        self, adapter: ModelAdapter, *, strict: bool, progress: Callable[[int], None] | None = None
+    ) -> EvalOutput:
+        """`eval/lm/<label>/<figure>` for every label; `eval/lm/<label>/failed = 1` for a label that failed
+        (every label when the evaluation itself failed), unless `strict`."""
+
+        def body(agreement: TaskAgreement) -> tuple[PreparedDomains, DomainsResult]:
+            prepared = self.prepare(agreement, strict=strict)
+            agreement.agree()
+            return prepared, self.evaluate(adapter, prepared, progress, agreement, strict=strict)
+
+        done = run_agreed(f"lm {','.join(self.labels)}", body, strict=strict)
+        if done is None:
+            return EvalOutput({f"eval/lm/{label}/failed": 1.0 for label in self.labels})
+        prepared, result = done
+        out: dict[str, float] = {}
+        for label in self.labels:
+            if label in prepared.failed or label in result.failed:
+                out[f"eval/lm/{label}/failed"] = 1.0
+            out.update({f"eval/lm/{label}/{k}": v for k, v in result.figures.get(label, {}).items()})
+        return EvalOutput(out, result.tokens_forwarded, result)
+
+    def prepare(self, agreement: TaskAgreement | None = None, *, strict: bool = False) -> PreparedDomains:
+        """The domain sets to evaluate: those loaded at an earlier evaluation, and the others loaded (for text,
+        tokenized and cached) now. Every rank ends with the same labels: a label that failed on any rank is
+        dropped on all (`load_domains` agrees it), logged, reported as failed, and tried again at the next
+        evaluation (a file back after a file system's hiccup). With `strict` such a failure raises on every
+        rank: its own error where it failed, TaskFailedOnAnotherRank elsewhere."""
+        ev = self.config
+        pending = [d.label for d in ev.domains if d.label not in self.loaded]
+        failed: dict[str, str] = {}
+        if pending:
+            cache_dir = Path(ev.cache_dir).expanduser() if ev.cache_dir else home() / "lm_cache"
+            result = load_domains(ev, pending, self.tokenizer, token_byte_lengths(self.tokenizer), cache_dir)
+            for domain in result.domains.values():
+                log.info("lm domain %r: %d sequences, %d tokens", domain.label, len(domain), domain.n_tokens)
+            self.loaded.update(result.domains)
+            for exc in result.errors.values():
+                log.error("in-loop lm eval: %s", exc)
+            if result.errors and strict:
+                if agreement is not None:
+                    agreement.failure_agreed()  # every rank raises here, so none may wait at another point
+                own = [e for e in result.errors.values() if not isinstance(e, TaskFailedOnAnotherRank)]
+                raise (own or list(result.errors.values()))[0]
+            failed = {label: str(exc) for label, exc in result.errors.items()}
+        domains = [self.loaded[d.label] for d in ev.domains if d.label in self.loaded]
+        return PreparedDomains(ev, domains, failed)
+
+    def evaluate(
+        self,
+        adapter: ModelAdapter,
+        prepared: PreparedDomains,
+        progress: Callable[[int], None] | None = None,
+        agreement: TaskAgreement | None = None,
+        *,
+        strict: bool = False,
+    ) -> DomainsResult:
+        """Score this rank's share of every domain the model can take and compute each label's figures over
+        all ranks."""
+        agreement = agreement or TaskAgreement("lm")
+        domains, failed = usable_domains(adapter, prepared, strict=strict)
+        shard = assign_work(domains)
+        planned = plan_sequence_batches(
+            domains,
+            shard,
+            prepared.config.batch_tokens,
+            adapter.pad_to_multiple,
+            prepared.config.seq_len,
+        )
+        batches = equalize_forward_calls(planned, agreement)
+        scores = run_batches(
+            adapter,
+            batches,
+            len(shard.seq_S),
+            describe=lambda p: domains[int(shard.domain_S[p])].describe(int(shard.seq_S[p])),
+            progress=progress,
+        )
+        nll_S = -scores.ll
+        agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
+        figures: dict[str, dict[str, float]] = {}
+        totals: dict[str, tuple[float, int, int]] = {}
+        # Every rank updates and computes every label, in order, zeros included: the same collectives.
+        for d, domain in enumerate(domains):
+            mine = shard.domain_S == d
+            seqs = shard.seq_S[mine]
+            metric = PerplexityMetric().to(adapter.device)
+            metric.update(
+                torch.from_numpy(nll_S[mine]),
+                torch.from_numpy(domain.length_S[seqs] - 1),
+                torch.from_numpy(domain.bytes_S[seqs]),
+            )
+            computed = metric.compute()
+            totals[domain.label] = (computed["sum_nll"], int(computed["n_tokens"]), int(computed["n_bytes"]))
+            if computed["n_tokens"] > 0:
+                figures[domain.label] = {k: v for k, v in computed.items() if k in FIGURES}
+        return DomainsResult(
+            figures, totals, domains, failed, shard, nll_S, len(batches), scores.tokens_forwarded
+        )
+
+
+def usable_domains(
+    adapter: ModelAdapter, prepared: PreparedDomains, *, strict: bool = False
+) -> tuple[list[DomainSet], dict[str, str]]:
+    """The domains whose token ids the model's vocabulary holds, and the others (label -> reason;
+    raised when `strict`). Checked on every rank alike before any forward, as is the context length."""
+    ev = prepared.config
+    if adapter.max_length is not None and ev.seq_len > adapter.max_length:
+        labels = [d.label for d in ev.domains]
+        raise ConfigError(
+            f"lm evaluator {labels}: seq_len {ev.seq_len} is longer than the model's context of "
+            f"{adapter.max_length} tokens; lower seq_len"
+        )
+    vocab = adapter.vocab_size if adapter.vocab_size is not None else probe_vocab_size(adapter)
+    usable: list[DomainSet] = []
+    failed: dict[str, str] = {}
+    for domain in prepared.domains:
+        if domain.max_token_id < vocab:
+            usable.append(domain)
+            continue
+        error = LMDataError(
+            f"{domain.describe(domain.max_token_seq)}: token id {domain.max_token_id} is beyond the "
+            f"model's vocabulary of {vocab}; the data was tokenized for another model"
+        )
+        if strict:
+            raise error
+        log.error("in-loop lm eval: %s", error)
+        failed[domain.label] = str(error)
+    return usable, failed
+
+
+def assign_work(domains: list[DomainSet]) -> Shard:
+    """Every label's sequences in one list sorted by length (longest first, stable), dealt out to the ranks
+    in turn: each sequence to exactly one rank, none repeated, similar lengths on every rank."""
+    world_size, rank = world()
+    domain_G = np.concatenate([np.full(len(d), i, dtype=np.int64) for i, d in enumerate(domains)] or [[]])
+    seq_G = np.concatenate([np.arange(len(d), dtype=np.int64) for d in domains] or [[]])
+    length_G = np.concatenate([d.length_S for d in domains] or [[]])
+    mine = np.argsort(-length_G, kind="stable")[rank::world_size]
+    return Shard(domain_G[mine].astype(np.int64), seq_G[mine].astype(np.int64))
+
+
+def plan_sequence_batches(
+    domains: list[DomainSet], shard: Shard, batch_tokens: int, pad_to_multiple: int = 1, seq_len: int = 0
+) -> list[Batch]:
+    """Batches of whole sequences, at most `batch_tokens` padded tokens each; every position but the last
+    of a row predicts the next token. `Batch.pair_N` indexes the shard's sequences.
+
+    pad_to_multiple: round widths up to a multiple of it (at most `seq_len`), so that a torch.compile'd
+        model sees few shapes.
+    """
+    length_S = np.array([domains[d].length_S[s] for d, s in zip(shard.domain_S, shard.seq_S, strict=True)])
+    batches: list[Batch] = []
+    start = 0
+    while start < len(length_S):  # the shard is sorted longest first
+        width = int(length_S[start])
+        if pad_to_multiple > 1:
+            width = max(width, min(-(-width // pad_to_multiple) * pad_to_multiple, seq_len))
+        n_rows = max(1, batch_tokens // width)
+        chunk = range(start, min(start + n_rows, len(length_S)))
+        input_ids_BT = np.zeros((len(chunk), width), dtype=np.int64)
+        rows, cols, targets, owners = [], [], [], []
+        for b, p in enumerate(chunk):
+            ids = domains[int(shard.domain_S[p])].sequence(int(shard.seq_S[p]))
+            input_ids_BT[b, : len(ids)] = ids
+            n = len(ids) - 1
+            rows.append(np.full(n, b, dtype=np.int64))
+            cols.append(np.arange(n, dtype=np.int64))
+            targets.append(ids[1:])
+            owners.append(np.full(n, p, dtype=np.int64))
+        batches.append(
+            Batch(
+                input_ids_BT,
+                np.concatenate(rows),
+                np.concatenate(cols),
+                np.concatenate(targets),
+                np.concatenate(owners),
+            )
+        )
+        start = chunk.stop
+    return batches

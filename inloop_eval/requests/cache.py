@@ -1,0 +1,231 @@
+"""On-disk cache of tokenized request tables: tokenize once, on rank 0, and read it everywhere else.
+
+A table lives in `<INLOOP_EVAL_HOME or ~/.cache/inloop_eval>/requests/<key>.npz`, always directly in that
+folder: the key is the task id made safe for a file name (`file_label`: no '/', '..' or ':', so an id such as
+`harness:../x/task.yaml` cannot name a file elsewhere) and a hash of everything the table depends on: the task id, the documents as the task renders them (so a change of data or of a
+task's prompt gives a new key), the tokenizer's fingerprint, `max_length`, `limit`, whether unconditional
+requests are built, the source of `pairs.py` and `tokenizer.py`, and this module's format version.
+Tokenizers without a `fingerprint` are never cached.
+
+A file is written to a temporary file in the same directory and renamed into place (`os.replace`, atomic on
+POSIX), so a reader sees either no file or a whole one, however many processes write the same key at once.
+Files hold NumPy arrays only (`allow_pickle=False`): strings are stored as UTF-8 bytes with offsets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inloop_eval.data import tokenizer as tokenizer_module
+from inloop_eval.data.files import write_atomically
+from inloop_eval.data.root import home
+from inloop_eval.errors import InLoopEvalError
+from inloop_eval.requests import pairs as pairs_module
+from inloop_eval.requests.pairs import PairSet, RequestTable
+from inloop_eval.tasks.base import Doc, MultipleChoiceTask
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+_META = "__meta__"
+_NOT_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+# What happens to a file that does not read back: the evaluator never trusts it and replaces it.
+_REBUILT = "not used: the evaluator tokenizes the task again and rewrites the file, nothing to do"
+
+
+class RequestCacheError(InLoopEvalError):
+    """A request cache file is unreadable, truncated or of another format (it is rebuilt, not trusted)."""
+
+
+def cache_dir() -> Path:
+    """`<INLOOP_EVAL_HOME or ~/.cache/inloop_eval>/requests`."""
+    return home() / "requests"
+
+
+def docs_digest(task: MultipleChoiceTask, docs: Sequence[Doc]) -> str:
+    """Hash of the documents exactly as the task renders them, with the strings it adds around them."""
+    h = hashlib.sha256()
+    h.update(json.dumps([task.target_delimiter, task.uncond_context, task.pair_encoding]).encode())
+    for doc in docs:
+        h.update(
+            json.dumps([doc.index, doc.contexts, doc.continuations, doc.gold, doc.uncond_contexts]).encode()
+        )
+    return h.hexdigest()
+
+
+def file_label(task_id: str) -> str:
+    """The readable part of a cache file's name: the task id with every run of characters other than
+    letters, digits, '_' and '-' replaced by '_', at most 48 characters (the hash beside it keeps ids that
+    read the same apart)."""
+    return _NOT_IN_FILE_NAMES.sub("_", task_id).strip("_-")[:48] or "task"
+
+
+def _code_digest() -> str:
+    """Hash of the tokenization code (pairs and the tokenizer wrapper): a change to how requests are
+    tokenized must never read tables made by the old code."""
+    h = hashlib.sha256()
+    for module in (pairs_module, tokenizer_module):
+        h.update(Path(module.__file__).read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(
+    *,
+    task_id: str,
+    tokenizer_fingerprint: str,
+    max_length: int,
+    limit: int | None,
+    with_uncond: bool,
+    docs_sha256: str,
+) -> str:
+    """The file name (without `.npz`) of one task's table: `<file_label(task_id)>-<hash>`; see the module
+    docstring."""
+    fields = {
+        "format": FORMAT_VERSION,
+        "code": _code_digest(),
+        "task": task_id,
+        "tokenizer": tokenizer_fingerprint,
+        "max_length": max_length,
+        "limit": limit,
+        "with_uncond": with_uncond,
+        "docs": docs_sha256,
+    }
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
+    return f"{file_label(task_id)}-{digest}"
+
+
+def cache_path(
+    task: MultipleChoiceTask,
+    docs: Sequence[Doc],
+    tokenizer: Any,
+    *,
+    max_length: int,
+    limit: int | None,
+    with_uncond: bool,
+) -> Path | None:
+    """Where this task's table is cached, or None when the tokenizer has no fingerprint."""
+    fingerprint = getattr(tokenizer, "fingerprint", None)
+    if not isinstance(fingerprint, str) or not fingerprint:
+        return None
+    key = cache_key(
+        task_id=task.name,
+        tokenizer_fingerprint=fingerprint,
+        max_length=max_length,
+        limit=limit,
+        with_uncond=with_uncond,
+        docs_sha256=docs_digest(task, docs),
+    )
+    return cache_dir() / f"{key}.npz"
+
+
+def _pack_strings(values: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(UTF-8 bytes of the distinct strings [total] uint8, their offsets [U+1], index of each value [n])."""
+    distinct: dict[str, int] = {}
+    index = np.fromiter((distinct.setdefault(v, len(distinct)) for v in values), np.int64, len(values))
+    encoded = [s.encode("utf-8") for s in distinct]
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in encoded], dtype=np.int64)]).astype(np.int64)
+    data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    return data, offsets, index
+
+
+def _unpack_strings(data: np.ndarray, offsets: np.ndarray, index: np.ndarray) -> list[str]:
+    raw = data.tobytes()
+    distinct = [raw[offsets[i] : offsets[i + 1]].decode("utf-8") for i in range(len(offsets) - 1)]
+    return [distinct[i] for i in index.tolist()]
+
+
+def _table_arrays(table: RequestTable) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Every field of the table as named arrays, and a layout saying how to rebuild it."""
+    arrays: dict[str, np.ndarray] = {}
+    layout: dict[str, Any] = {}
+    for f in dataclasses.fields(table):
+        value = getattr(table, f.name)
+        if isinstance(value, PairSet):
+            layout[f.name] = "pairs"
+            for g in dataclasses.fields(value):
+                arrays[f"{f.name}.{g.name}"] = np.asarray(getattr(value, g.name))
+        elif isinstance(value, np.ndarray):
+            layout[f.name] = "array"
+            arrays[f.name] = value
+        elif isinstance(value, str):
+            layout[f.name] = ["str", value]
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            layout[f.name] = "strings"
+            data, offsets, index = _pack_strings(value)
+            arrays[f"{f.name}.data"], arrays[f"{f.name}.offsets"], arrays[f"{f.name}.index"] = (
+                data,
+                offsets,
+                index,
+            )
+        else:
+            raise TypeError(f"request cache: field {f.name!r} of type {type(value).__name__} is not storable")
+    return arrays, layout
+
+
+def save_table(table: RequestTable, path: Path) -> None:
+    """Write `table` to `path` atomically (`inloop_eval.data.files`)."""
+    arrays, layout = _table_arrays(table)
+    meta = {"format": FORMAT_VERSION, "key": path.stem, "layout": layout}
+    arrays[_META] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    write_atomically(path, lambda f: np.savez(f, **arrays))
+
+
+def load_table(path: Path) -> RequestTable | None:
+    """The table cached at `path`; None when there is no file. Raises RequestCacheError for a file that
+    cannot be read back into a table of this version."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {name: z[name] for name in z.files}
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # zipfile, NumPy and OS errors all mean "not a usable file"
+        raise RequestCacheError(
+            f"request cache {path}: unreadable ({type(exc).__name__}: {exc}); {_REBUILT}"
+        ) from None
+    try:
+        meta = json.loads(arrays.pop(_META).tobytes().decode())
+        if meta.get("format") != FORMAT_VERSION or meta.get("key") != path.stem:
+            raise ValueError(
+                f"expected format {FORMAT_VERSION} and key {path.stem!r}, found format "
+                f"{meta.get('format')!r} and key {meta.get('key')!r}"
+            )
+        return _rebuild(arrays, meta["layout"])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise RequestCacheError(
+            f"request cache {path}: not a request table of this version ({type(exc).__name__}: {exc}); "
+            f"{_REBUILT}"
+        ) from None
+
+
+def _rebuild(arrays: dict[str, np.ndarray], layout: dict[str, Any]) -> RequestTable:
+    expected = [f.name for f in dataclasses.fields(RequestTable)]
+    if sorted(layout) != sorted(expected):
+        raise ValueError(f"expected fields {sorted(expected)}, found {sorted(layout)}")
+    values: dict[str, Any] = {}
+    for name, kind in layout.items():
+        if kind == "pairs":
+            values[name] = PairSet(
+                **{g.name: arrays[f"{name}.{g.name}"] for g in dataclasses.fields(PairSet)}
+            )
+        elif kind == "array":
+            values[name] = arrays[name]
+        elif kind == "strings":
+            values[name] = _unpack_strings(
+                arrays[f"{name}.data"], arrays[f"{name}.offsets"], arrays[f"{name}.index"]
+            )
+        elif isinstance(kind, list) and kind[0] == "str":
+            values[name] = kind[1]
+        else:
+            raise ValueError(f"field {name!r}: unknown kind {kind!r}")
+    return RequestTable(**values)

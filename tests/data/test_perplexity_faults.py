@@ -1,0 +1,292 @@
+"""Fault tolerance of perplexity domains: a domain that fails on one rank only is agreed by every rank (two
+real gloo processes), a damaged or unwritable token cache is rebuilt with a warning and gives the same
+figures, one bad memmap file fails only its own label (naming label and file), and a label that failed is
+tried again at the next evaluation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import multiprocessing
+import os
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch.multiprocessing as mp
+from lm_helpers import join_or_fail, lm_entry, tiny_gpt, write_domains
+from workers.launch import free_port
+
+from inloop_eval.config import EvaluatorConfig, LMDomainConfig
+from inloop_eval.data.perplexity.domains import load_memmap_domain
+from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
+from inloop_eval.data.root import neox_tokenizer_path
+from inloop_eval.errors import LMDataError
+from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+
+LABELS = ("code", "prose", "tiny")
+FIGURES = ("ce", "ppl", "bpb")
+TIMEOUT_S = 150
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_gpt()
+
+
+@pytest.fixture(scope="module")
+def domain_files(tmp_path_factory, neox_tokenizer):
+    return write_domains(tmp_path_factory.mktemp("lm"), neox_tokenizer)
+
+
+def run_lm(files, tokenizer, cache_dir, model, *, strict: bool = False, **overrides) -> dict[str, float]:
+    """One evaluation by a fresh evaluator (as a new process would make)."""
+    config = EvaluatorConfig(evaluators=[lm_entry(files, cache_dir, **overrides)], strict=strict)
+    return InLoopEvaluator(config, tokenizer=tokenizer).run(model)
+
+
+@pytest.fixture(scope="module")
+def clean(model, domain_files, neox_tokenizer, tmp_path_factory) -> dict[str, float]:
+    """The figures with every file and the token cache intact."""
+    out = run_lm(domain_files, neox_tokenizer, tmp_path_factory.mktemp("clean-cache"), model, strict=True)
+    assert sorted(out) == sorted(f"eval/lm/{label}/{k}" for label in LABELS for k in FIGURES)
+    return out
+
+
+# --- item 6: a damaged token cache is rebuilt, not trusted --------------------------------------------
+
+
+def _cut(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _in_vocabulary_garbage(path: Path) -> None:
+    # Same size and dtype, every id a real token: only a checksum can tell.
+    ids = np.fromfile(path, dtype=np.uint16)
+    np.random.default_rng(0).integers(2, 50000, len(ids)).astype(np.uint16).tofile(path)
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(np.random.default_rng(1).bytes(path.stat().st_size))
+
+
+def _empty(folder: Path) -> None:
+    for f in folder.iterdir():
+        f.unlink()
+
+
+DAMAGE = {
+    "meta_missing": lambda d: (d / "meta.json").unlink(),
+    "meta_cut": lambda d: _cut(d / "meta.json"),
+    "tokens_cut": lambda d: _cut(d / "tokens.bin"),
+    "tokens_in_vocabulary_garbage": lambda d: _in_vocabulary_garbage(d / "tokens.bin"),
+    "sequences_garbage": lambda d: _garbage(d / "sequences.npy"),
+    "emptied": _empty,
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_token_cache_is_rebuilt_with_the_same_figures(
+    damage, model, domain_files, neox_tokenizer, clean, tmp_path, caplog
+):
+    cache = tmp_path / "cache"
+    assert run_lm(domain_files, neox_tokenizer, cache, model) == clean
+    (folder,) = cache.glob("prose-*")
+    DAMAGE[damage](folder)
+    with caplog.at_level(logging.WARNING, logger="inloop_eval"):
+        assert run_lm(domain_files, neox_tokenizer, cache, model) == clean
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("label 'prose'" in m and str(folder) in m and "rebuil" in m for m in warnings), warnings
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="inloop_eval"):
+        assert run_lm(domain_files, neox_tokenizer, cache, model) == clean  # rebuilt on disk: read back
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [p.name for p in cache.iterdir()] == [folder.name]  # nothing left beside it
+
+
+def test_unwritable_cache_location_works_from_memory(
+    model, domain_files, neox_tokenizer, clean, tmp_path, caplog
+):
+    # A cache location that cannot be created (its parent is a file): as a read-only mount would refuse it.
+    (tmp_path / "not-a-folder").write_text("")
+    cache = tmp_path / "not-a-folder" / "cache"
+    with caplog.at_level(logging.WARNING, logger="inloop_eval"):
+        assert run_lm(domain_files, neox_tokenizer, cache, model) == clean
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("label 'prose'" in m and str(cache) in m and "memory" in m for m in warnings), warnings
+
+
+# --- item 9: one bad memmap file fails only its own label ----------------------------------------------
+
+
+def corrupt_npy(path: Path) -> Path:
+    np.save(path, np.arange(200, dtype=np.uint16))
+    path.write_bytes(path.read_bytes()[:40])  # the header cut short
+    return path
+
+
+def test_corrupt_npy_header_names_label_and_file(tmp_path, neox_tokenizer):
+    path = corrupt_npy(tmp_path / "bad.npy")
+    config = LMDomainConfig(label="web", paths=[str(path)])
+    with pytest.raises(LMDataError, match=rf"label 'web' file {path}: not a readable .npy file"):
+        load_memmap_domain(config, 20, token_byte_lengths(neox_tokenizer), None)
+
+
+def test_corrupt_npy_fails_only_its_label(model, domain_files, neox_tokenizer, clean, tmp_path, caplog):
+    path = corrupt_npy(tmp_path / "bad.npy")
+    entry = lm_entry(domain_files, tmp_path / "cache")
+    entry["domains"].append({"label": "bad", "paths": [str(path)]})
+    with caplog.at_level(logging.ERROR, logger="inloop_eval"):
+        out = InLoopEvaluator(EvaluatorConfig(evaluators=[entry]), tokenizer=neox_tokenizer).run(model)
+    assert out == {**clean, "eval/lm/bad/failed": 1.0}
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any(f"label 'bad' file {path}" in m for m in errors), errors
+    strict = EvaluatorConfig(evaluators=[entry], strict=True)
+    with pytest.raises(LMDataError, match=rf"label 'bad' file {path}: not a readable .npy file"):
+        InLoopEvaluator(strict, tokenizer=neox_tokenizer).run(model)
+
+
+@pytest.mark.parametrize("fmt", ["memmap", "jsonl"])
+def test_an_io_error_fails_only_its_label(fmt, model, domain_files, neox_tokenizer, clean, tmp_path, caplog):
+    # Reading /proc/self/mem from its start is a real EIO: a disk or network file system failing mid-read.
+    entry = lm_entry(domain_files, tmp_path / "cache")
+    entry["domains"].append({"label": "broken", "paths": ["/proc/self/mem"], "format": fmt})
+    with caplog.at_level(logging.ERROR, logger="inloop_eval"):
+        out = InLoopEvaluator(EvaluatorConfig(evaluators=[entry]), tokenizer=neox_tokenizer).run(model)
+    assert out == {**clean, "eval/lm/broken/failed": 1.0}
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    expected = "label 'broken' file /proc/self/mem: cannot be read (OSError: Input/output error)"
+    assert any(expected in m for m in errors), errors
+
+
+# --- item 10: a label that failed is tried again at the next evaluation ------------------------------
+
+
+@pytest.mark.parametrize("label", ["tiny", "prose"])
+def test_a_failed_label_is_retried_and_each_failure_logged(
+    label, model, domain_files, neox_tokenizer, clean, tmp_path, caplog
+):
+    late = tmp_path / domain_files[label].name  # appears after the first evaluations (an NFS hiccup)
+    files = {**domain_files, label: late}
+    config = EvaluatorConfig(evaluators=[lm_entry(files, tmp_path / "cache")])
+    evaluator = InLoopEvaluator(config, tokenizer=neox_tokenizer)
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="inloop_eval"):
+            out = evaluator.run(model)
+        assert out == {
+            **{k: v for k, v in clean.items() if not k.startswith(f"eval/lm/{label}/")},
+            f"eval/lm/{label}/failed": 1.0,
+        }
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert any(f"label {label!r}: file {late} does not exist" in m for m in errors), errors
+    shutil.copy(domain_files[label], late)
+    assert evaluator.run(model) == clean
+
+
+# --- item 1: a domain that fails on one rank only ----------------------------------------------------
+
+
+def _worker(rank: int, world_size: int, port: int, workdir: str, tokenizer_path: str) -> None:
+    """One rank of a job whose nodes each have their own home folder: `~/local.npy` (memmap) and
+    `~/local.jsonl` exist on rank 0's node only, and `~/flaky.npy` gives an I/O error on rank 1's node.
+    Evaluates (lenient, then strict), then rank 1's files
+    appear and the lenient evaluator runs again. Writes what it saw to out-<rank>.json."""
+    import torch
+    import torch.distributed as dist
+
+    from inloop_eval.config import EvaluatorConfig
+    from inloop_eval.data.tokenizer import load_tokenizer
+    from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+
+    torch.set_num_threads(1)
+    root = Path(workdir)
+    tokenizer = load_tokenizer(tokenizer_path)
+    node_home = root / f"node-{rank}"
+    os.environ["HOME"] = str(node_home)  # `~` in the config is this node's own folder
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=30),
+    )
+    try:
+        files = {
+            "code": root / "data" / "code",
+            "prose": root / "data" / "prose.jsonl",
+            "tiny": root / "data" / "tiny.npy",
+        }
+        entry = lm_entry(files, root / "cache")
+        entry["domains"] += [
+            {"label": "local_tokens", "paths": ["~/local.npy"]},
+            {"label": "local_text", "paths": ["~/local.jsonl"], "format": "jsonl"},
+            {"label": "flaky", "paths": ["~/flaky.npy"]},
+        ]
+        model = tiny_gpt()
+        lenient = InLoopEvaluator(EvaluatorConfig(evaluators=[entry]), tokenizer=tokenizer)
+        first = lenient.run(model)
+        try:
+            InLoopEvaluator(EvaluatorConfig(evaluators=[entry], strict=True), tokenizer=tokenizer).run(model)
+            strict = "no error"
+        except Exception as exc:
+            strict = f"{type(exc).__name__}: {exc}"
+        if rank == 1:  # the node's files come back
+            for name in ("local.npy", "local.jsonl", "flaky.npy"):
+                (node_home / name).unlink(missing_ok=True)  # never copy through the link
+                shutil.copy(root / "node-0" / name, node_home / name)
+        second = lenient.run(model)
+        out = {"first": first, "strict": strict, "second": second}
+        (root / f"out-{rank}.json").write_text(json.dumps(out))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_two_ranks(workdir: Path, tokenizer_path: str) -> list[dict]:
+    """Start two gloo processes and wait for them; a failure or a hang fails the test."""
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["inloop_eval", "lm_helpers", __name__])
+    ctx = mp.start_processes(
+        _worker,
+        args=(2, free_port(), str(workdir), tokenizer_path),
+        nprocs=2,
+        join=False,
+        start_method="forkserver",
+    )
+    join_or_fail(ctx, TIMEOUT_S, "the two processes")
+    return [json.loads((workdir / f"out-{r}.json").read_text()) for r in range(2)]
+
+
+def test_a_domain_missing_on_one_rank_is_agreed_by_all(tmp_path, neox_tokenizer, data_root):
+    files = write_domains(tmp_path / "data", neox_tokenizer)
+    for rank in range(2):
+        (tmp_path / f"node-{rank}").mkdir()
+    shutil.copy(files["tiny"], tmp_path / "node-0" / "local.npy")
+    shutil.copy(files["prose"], tmp_path / "node-0" / "local.jsonl")
+    shutil.copy(files["tiny"], tmp_path / "node-0" / "flaky.npy")
+    (tmp_path / "node-1" / "flaky.npy").symlink_to("/proc/self/mem")  # reading it is a real EIO
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ranks = run_two_ranks(tmp_path, str(neox_tokenizer_path(data_root)))
+
+    healthy = {f"eval/lm/{label}/{k}" for label in LABELS for k in FIGURES}
+    local_labels = ("local_tokens", "local_text", "flaky")
+    local = {f"eval/lm/{label}/{k}" for label in local_labels for k in FIGURES}
+    for rank, r in enumerate(ranks):
+        failed = {f"eval/lm/{label}/failed": 1.0 for label in local_labels}
+        assert {k: v for k, v in r["first"].items() if k.endswith("/failed")} == failed
+        assert set(r["first"]) == healthy | set(failed)
+        assert r["first"] == ranks[0]["first"]
+        assert set(r["second"]) == healthy | local  # retried once the files are there
+        for key in healthy:
+            assert math.isfinite(r["second"][key])
+            assert r["first"][key] == pytest.approx(r["second"][key], rel=1e-9), (rank, key)
+        for key in local:  # the same data as `tiny` and `prose`
+            twin = key.replace("local_tokens", "tiny").replace("local_text", "prose").replace("flaky", "tiny")
+            assert r["second"][key] == pytest.approx(r["second"][twin], rel=1e-6), (rank, key)
+    assert ranks[1]["strict"].startswith("LMDataError: label 'local_tokens': file ")
+    assert "local.npy does not exist" in ranks[1]["strict"]
+    assert ranks[0]["strict"].startswith("TaskFailedOnAnotherRank: ")
+    assert "rank 1" in ranks[0]["strict"]

@@ -1,0 +1,267 @@
+"""The evaluator under real process groups (torchrun, gloo on CPU): the same numbers at world sizes 1-4,
+sharded models that make collectives in forward, failures on one rank, the request cache, training.
+
+One torchrun launch per world size runs every check of tests/support/workers/dist_checks.py; world size 1 runs the
+same checks in this process without a process group. Every launch has a free port and a hard timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from workers import dist_checks
+from workers.launch import REPO, run_with_timeout, torchrun, worker_env
+
+from inloop_eval.config import ConfigError, TaskEvalConfig
+from inloop_eval.engine.batching import row_lengths
+from inloop_eval.engine.sharding import ICLMultiChoiceTaskDataset, subset_size
+from inloop_eval.requests.pairs import build_requests
+from inloop_eval.tasks import get_task, load_docs
+
+# World size -> the checks its launch runs.
+LAUNCHES: dict[int, list[str]] = {
+    2: ["cache", "metrics", "collective", "fsdp", "failures", "cache_race", "training"],
+    3: ["cache", "metrics", "collective", "fsdp", "failures"],
+    4: ["cache", "metrics"],
+}
+LAUNCH_TIMEOUT_S = 300
+EXACT = (
+    "/acc",
+    "/acc_norm",
+    "/acc_bytes",
+    "/acc_per_token",
+    "/acc_pmi",
+    "/n_docs",
+    "/n_skipped_docs",
+    "/failed",
+)
+
+
+def assert_same_metrics(found: dict[str, float], expected: dict[str, float], where: str) -> None:
+    """Accuracies and counts exactly; every other figure within 1e-6."""
+    assert sorted(found) == sorted(expected), where
+    for key, value in expected.items():
+        if key.endswith(EXACT):
+            assert found[key] == value, f"{where}: {key} {found[key]} != {value}"
+        else:
+            assert math.isclose(found[key], value, rel_tol=1e-6, abs_tol=1e-6), f"{where}: {key}"
+
+
+@pytest.fixture(scope="module")
+def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
+    """World size 1: the checks in this process, without a process group, on an empty request cache."""
+    checks = sorted({c for names in LAUNCHES.values() for c in names} - {"cache_race", "training"})
+    order = [c for c in dist_checks.CHECKS if c in checks]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("INLOOP_EVAL_HOME", str(tmp_path_factory.mktemp("home1")))
+        return dist_checks.run_checks(order, data_root)
+
+
+@pytest.fixture(scope="module")
+def launched(data_root: Path, tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
+    """World size -> every rank's results, one torchrun launch each (each on its own empty cache)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for nproc, checks in LAUNCHES.items():
+        folder = tmp_path_factory.mktemp(f"ws{nproc}")
+        args = [str(REPO / "tests" / "support" / "workers" / "dist_checks.py"), "--data-root", str(data_root)]
+        args += ["--out", str(folder), "--checks", ",".join(checks)]
+        torchrun(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
+        out[nproc] = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
+    return out
+
+
+def ranks_with(launched: dict[int, list[dict[str, Any]]], check: str):
+    for nproc, ranks in launched.items():
+        if check in LAUNCHES[nproc]:
+            for rank, results in enumerate(ranks):
+                yield nproc, rank, results[check]
+
+
+def test_world_sizes_give_identical_metrics(single, launched):
+    expected = single["metrics"]["metrics"]
+    assert expected["eval/downstream/copa/n_docs"] == 13
+    for nproc, rank, result in ranks_with(launched, "metrics"):
+        assert_same_metrics(result["metrics"], expected, f"world size {nproc} rank {rank}")
+
+
+def test_shares_are_uneven_so_dummy_forwards_run(launched):
+    """The check is only meaningful if ranks really forward different amounts (padding with dummies)."""
+    for nproc in (2, 3):
+        per_rank = launched[nproc][0]["metrics"]["tokens_forwarded"]
+        assert any(len({r[label] for r in per_rank}) > 1 for label in per_rank[0]), nproc
+
+
+def test_task_with_fewer_documents_than_ranks(single, launched):
+    for nproc, rank, result in ranks_with(launched, "metrics"):
+        metrics = result["metrics"]
+        assert metrics["eval/downstream/copa_two/n_docs"] == 2, (nproc, rank)
+        assert metrics["eval/downstream/copa_two/n_skipped_docs"] == 0, (nproc, rank)
+    assert single["metrics"]["metrics"]["eval/downstream/copa_two/n_docs"] == 2
+
+
+def test_subset_scores_whole_documents_at_every_world_size(single, launched, data_root, neox_tokenizer):
+    spec = next(t for t in dist_checks.METRIC_TASKS if t.get("label") == "arc_easy_subset")
+    task = get_task(spec["task"])
+    table = build_requests(
+        task, load_docs(task, str(data_root), limit=spec["limit"]), neox_tokenizer, dist_checks.MAX_LENGTH
+    )
+    n_docs = subset_size(table, spec["subset_num_batches"], spec["batch_tokens"])
+    assert 1 < n_docs < spec["limit"]
+    for nproc, _, result in [(1, 0, single["metrics"]), *ranks_with(launched, "metrics")]:
+        metrics = result["metrics"]
+        assert metrics["eval/downstream/arc_easy_subset/n_docs"] == n_docs, nproc
+        assert metrics["eval/downstream/arc_easy_subset/n_skipped_docs"] == spec["limit"] - n_docs, nproc
+
+
+def test_subset_size_takes_whole_leading_documents(data_root, neox_tokenizer):
+    task = get_task("arc_easy")
+    table = build_requests(task, load_docs(task, str(data_root), limit=20), neox_tokenizer, 512)
+    cost_D = [int(row_lengths(table.pairs, table.rows_of_docs(np.array([d]))).sum()) for d in range(20)]
+    cumulative = np.cumsum(cost_D)
+    assert subset_size(table, 1, int(cumulative[4])) == 5  # exactly five documents' worth
+    assert subset_size(table, 1, int(cumulative[4]) - 1) == 4  # the fifth does not fit whole
+    assert subset_size(table, 2, int(cumulative[5]) // 2 + 1) == 6  # the budget is batches x tokens
+    assert subset_size(table, 1, 1) == 1  # at least one document
+    assert subset_size(table, 1000, 100_000) == 20
+    dataset = ICLMultiChoiceTaskDataset(table, n_docs=5)
+    assert len(dataset) == 5 and dataset.n_left_out == 15
+    assert dataset.n_rows == len(table.rows_of_docs(np.arange(5)))
+
+
+@pytest.mark.parametrize("value", [0, -2, 2.5, True, "3"])
+def test_subset_num_batches_config_check(value):
+    with pytest.raises(ConfigError, match="subset_num_batches must be an integer >= 1 or null"):
+        TaskEvalConfig(task="piqa", subset_num_batches=value)
+
+
+@pytest.mark.parametrize("check", ["collective", "fsdp"])
+def test_sharded_models_give_single_process_numbers(single, launched, check):
+    """A forward with a real all-gather, and FSDP2 `fully_shard`, at world sizes 2 and 3 (uneven shares):
+    every rank makes as many forward calls, and the numbers are those of one process."""
+    expected = single[check]["metrics"]
+    for nproc, rank, result in ranks_with(launched, check):
+        assert_same_metrics(result["metrics"], expected, f"{check} world size {nproc} rank {rank}")
+        assert len(set(result["calls"])) == 1, (nproc, result["calls"])
+        tokens = result["tokens_forwarded"]
+        assert any(len({r[label] for r in tokens}) > 1 for label in tokens[0]), (nproc, tokens)
+
+
+@pytest.mark.parametrize("scenario", ["prepare", "scoring_fsdp", "forward_plain"])
+def test_failure_on_one_rank_is_agreed_and_the_job_goes_on(single, launched, scenario):
+    """The task raises on the last rank only (while loading its data; while scoring a batch between the
+    forwards of an FSDP2 model; inside the forward of a model without collectives): no rank hangs, every
+    rank reports `failed = 1`, and the next task gives its usual numbers."""
+    reference = single["failures"]["healthy_logits"]  # every scenario's model is called for full logits
+    for nproc, rank, result in ranks_with(launched, "failures"):
+        found = result[scenario][rank]
+        assert found["eval/downstream/boom/failed"] == 1.0, (nproc, rank)
+        assert not [k for k in found if k.startswith("eval/downstream/boom/") and not k.endswith("/failed")]
+        healthy = {k: v for k, v in found.items() if k.startswith("eval/downstream/copa/")}
+        assert_same_metrics(healthy, reference, f"{scenario} world size {nproc} rank {rank}")
+
+
+def test_strict_failure_on_one_rank_raises_on_every_rank(launched):
+    for nproc, rank, result in ranks_with(launched, "failures"):
+        expected = "TaskDataError" if rank == nproc - 1 else "TaskFailedOnAnotherRank"
+        assert result["strict"][rank] == expected, (nproc, rank)
+
+
+def test_request_cache_is_written_by_rank_zero_and_read_by_the_others(single, launched):
+    """First evaluator: rank 0 tokenizes, the others read its file; a second one (a restart) reads on every
+    rank. `encode_calls` is [first, second] per rank."""
+    assert single["cache"]["encode_calls"][0][0] > 0 and single["cache"]["encode_calls"][0][1] == 0
+    for nproc, rank, result in ranks_with(launched, "cache"):
+        first, second = result["encode_calls"][rank]
+        assert (first > 0) == (rank == 0), (nproc, rank, first)
+        assert second == 0, (nproc, rank)
+        assert result["same_metrics"]
+        assert len(result["files"]) == 2 and all(f.endswith(".npz") for f in result["files"])
+
+
+def test_ranks_writing_the_same_cache_at_once_never_read_a_partial_file(launched):
+    for rank, results in enumerate(launched[2]):
+        race = results["cache_race"]
+        assert race["bad"][rank] == [], rank
+        assert race["reads"][rank] > 60, rank
+        assert race["leftover_tmp"] == []
+
+
+def test_ddp_and_fsdp_training_is_bit_for_bit_with_in_loop_eval(launched):
+    """Seeded training with dropout, eval every k steps (from step 0) vs none: identical parameters."""
+    for rank, results in enumerate(launched[2]):
+        for kind in ("ddp", "fsdp"):
+            with_eval, without = results["training"][kind]
+            assert with_eval == without, (kind, rank)
+
+
+# ---- the command line under torchrun ------------------------------------------------------------------
+
+CLI_TASKS = ["--tasks", "copa,mmlu_mc", "--limit", "7", "--batch-tokens", "160", "--strict"]
+
+
+def cli_args(hf_model_dir: Path, data_root: Path, out: Path) -> list[str]:
+    return [
+        "evaluate",
+        "--model",
+        str(hf_model_dir),
+        "--data-root",
+        str(data_root),
+        *CLI_TASKS,
+        "--output",
+        str(out / "results.json"),
+        "--samples",
+        str(out / "samples.jsonl"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def cli_single(hf_model_dir, data_root, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cli1")
+    cmd = [sys.executable, "-m", "inloop_eval.cli", *cli_args(hf_model_dir, data_root, out)]
+    run_with_timeout(cmd, timeout=LAUNCH_TIMEOUT_S, env=worker_env(INLOOP_EVAL_HOME=str(out / "home")))
+    return out
+
+
+CONSOLE_SCRIPT = Path(sys.executable).parent / "inloop-eval"
+
+
+@pytest.mark.parametrize(
+    ("nproc", "entry"),
+    [(2, ["-m", "inloop_eval.cli"]), (3, ["--no-python", str(CONSOLE_SCRIPT)])],
+    ids=["module-2", "console-script-3"],
+)
+def test_cli_under_torchrun_writes_the_single_process_numbers(
+    cli_single, hf_model_dir, data_root, tmp_path, nproc, entry
+):
+    """`torchrun -m inloop_eval.cli evaluate` and the `inloop-eval` script under torchrun: rank 0 alone
+    writes the results and samples, with the numbers of one process."""
+    if "--no-python" in entry and not CONSOLE_SCRIPT.exists():
+        pytest.fail(f"the console script {CONSOLE_SCRIPT} is not installed (pip install -e .)")
+    out = tmp_path / "out"
+    torchrun(
+        nproc,
+        [*entry, *cli_args(hf_model_dir, data_root, out)],
+        timeout=LAUNCH_TIMEOUT_S,
+        env=worker_env(INLOOP_EVAL_HOME=str(tmp_path / "home")),
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "samples.jsonl"]
+    found = json.loads((out / "results.json").read_text())
+    expected = json.loads((cli_single / "results.json").read_text())
+    assert found["world_size"] == nproc and expected["world_size"] == 1
+    assert_same_metrics(found["metrics"], expected["metrics"], f"cli world size {nproc}")
+    assert found["metrics"]["eval/downstream/copa/n_docs"] == 7
+
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    reference = [json.loads(line) for line in (cli_single / "samples.jsonl").read_text().splitlines()]
+    assert [(s["task"], s["doc_id"], s["cont_id"]) for s in samples] == [
+        (s["task"], s["doc_id"], s["cont_id"]) for s in reference
+    ]
+    for s, r in zip(samples, reference, strict=True):
+        assert s["context"] == r["context"] and s["continuation"] == r["continuation"]
+        assert s["ll"] == pytest.approx(r["ll"], abs=1e-5)

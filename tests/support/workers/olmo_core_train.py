@@ -1,0 +1,161 @@
+"""A tiny OLMo-core model trained for a few steps by the real OLMo-core `Trainer`, with or without the in-loop
+evaluation callback; in process (tests/test_olmo_core_callback.py imports `train`) or under torchrun:
+
+    torchrun --nproc_per_node 2 tests/support/workers/olmo_core_train.py --data-root DIR --work DIR --out DIR
+
+Every rank writes `<out>/rank<r>.json`: the metrics OLMo-core passed to its callbacks' `log_metrics` per
+step, the evaluator's max_length per task, and a hash of the trained parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from olmo_core.config import DType
+from olmo_core.data import NumpyDataLoaderConfig, NumpyFSLDatasetConfig, TokenizerConfig
+from olmo_core.distributed.parallel import DataParallelType
+from olmo_core.nn.transformer import TransformerConfig
+from olmo_core.optim import AdamWConfig
+from olmo_core.train import Duration, Trainer, TrainerConfig
+from olmo_core.train.callbacks import Callback
+from olmo_core.train.train_module import TransformerDataParallelConfig, TransformerTrainModuleConfig
+
+from inloop_eval.integrations import SECONDS_KEY
+from inloop_eval.integrations.olmo_core import InLoopEvalCallbackConfig
+
+SEQ_LEN = 128
+STEPS = 4
+INTERVAL = 2
+GLOBAL_SEQUENCES = 2  # per step, over all ranks
+TASKS = ["piqa", "arc_easy_rc_5shot"]
+LIMIT = 6
+
+
+class MetricsCollector(Callback):
+    """Keeps what OLMo-core hands to every callback's `log_metrics`: the metrics after its own reduction."""
+
+    def __init__(self) -> None:
+        self.logged: dict[int, dict[str, float]] = {}
+        self.evaluations: dict[int, int] = {}  # deliveries holding an evaluation's figures, per step
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.logged.setdefault(step, {}).update(metrics)
+        if SECONDS_KEY in metrics:
+            self.evaluations[step] = self.evaluations.get(step, 0) + 1
+
+
+def write_tokens(path: Path, n_tokens: int) -> Path:
+    """Seeded random token ids (uint16), as OLMo's memmap files hold them."""
+    rng = np.random.default_rng(0)
+    rng.integers(2, 50000, size=n_tokens).astype(np.uint16).tofile(path)
+    return path
+
+
+def callback_config(data_root: Path, **overrides: Any) -> InLoopEvalCallbackConfig:
+    fields: dict[str, Any] = dict(
+        tasks=TASKS,
+        tokenizer=TokenizerConfig.gpt_neox_olmo_dolma_v1_5(),
+        eval_interval=INTERVAL,
+        limit=LIMIT,
+        batch_tokens=1024,
+        eval_on_startup=True,
+        eval_on_finish=True,
+        data_root=str(data_root),
+    )
+    fields.update(overrides)
+    return InLoopEvalCallbackConfig(**fields)
+
+
+def train(
+    work: Path,
+    data_root: Path,
+    *,
+    with_callback: bool,
+    dropout: float = 0.0,
+    autocast: DType | None = None,
+    steps: int = STEPS,
+) -> tuple[dict[str, Any], Trainer]:
+    """Train the seeded tiny model for `steps` steps; returns (what OLMo-core logged, the evaluator's
+    max_length per task (with the callback) and a hash of the final parameters; the trainer)."""
+    distributed = dist.is_initialized()
+    tokenizer = TokenizerConfig.gpt_neox_olmo_dolma_v1_5()
+    model_config = TransformerConfig.llama_like(
+        d_model=32,
+        vocab_size=tokenizer.padded_vocab_size(),
+        n_layers=2,
+        n_heads=2,
+        hidden_size_multiple_of=16,
+    )
+    model_config.block.dropout = dropout or None
+    torch.manual_seed(0)
+    model = model_config.build(init_device="cpu")
+    world = dist.get_world_size() if distributed else 1
+    train_module = TransformerTrainModuleConfig(
+        rank_microbatch_size=GLOBAL_SEQUENCES // world * SEQ_LEN,
+        max_sequence_length=SEQ_LEN,
+        optim=AdamWConfig(lr=1e-2),
+        autocast_precision=autocast,
+        dp_config=TransformerDataParallelConfig(name=DataParallelType.ddp) if distributed else None,
+    ).build(model, device=torch.device("cpu"))
+    tokens = work / "tokens.npy"
+    if not distributed or dist.get_rank() == 0:
+        write_tokens(tokens, SEQ_LEN * GLOBAL_SEQUENCES * (steps + 2))
+    if distributed:
+        dist.barrier()
+    dataset = NumpyFSLDatasetConfig(
+        paths=[str(tokens)], sequence_length=SEQ_LEN, tokenizer=tokenizer, work_dir=str(work / "dataset")
+    ).build()
+    loader = NumpyDataLoaderConfig(global_batch_size=GLOBAL_SEQUENCES * SEQ_LEN, seed=0).build(
+        dataset, dp_process_group=train_module.dp_process_group
+    )
+    trainer_config = TrainerConfig(
+        save_folder=str(work / "save"),
+        save_overwrite=True,
+        no_checkpoints=True,
+        max_duration=Duration.steps(steps),
+        metrics_collect_interval=1,
+    ).with_callback("collector", MetricsCollector())
+    if with_callback:
+        trainer_config = trainer_config.with_callback("inloop_eval", callback_config(data_root))
+    trainer = trainer_config.build(train_module, loader)
+    trainer.fit()
+    collector = trainer.callbacks["collector"]  # with_callback deep-copied the one passed in
+    params = torch.cat([p.detach().reshape(-1).float() for p in train_module.model.parameters()])
+    max_lengths = {}
+    if with_callback:
+        evaluator = trainer.callbacks["inloop_eval"].evaluator
+        max_lengths = {name: e.prepared.max_length for name, e in evaluator.evaluators.items()}
+    result = {
+        "logged": {str(step): metrics for step, metrics in sorted(collector.logged.items())},
+        "evaluations": {str(step): n for step, n in sorted(collector.evaluations.items())},
+        "max_lengths": max_lengths,
+        "params_sha": hashlib.sha256(params.numpy().tobytes()).hexdigest(),
+    }
+    return result, trainer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data-root", type=Path, required=True)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    rank = dist.get_rank()
+    args.work.mkdir(parents=True, exist_ok=True)
+    result, _ = train(args.work, args.data_root, with_callback=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
