@@ -62,12 +62,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data.root import default_data_root, neox_tokenizer_path, oe_eval_dir, split_dir
 from inloop_eval.data.tokenizer import load_tokenizer
 from inloop_eval.engine.adapters import make_adapter
 from inloop_eval.engine.batching import minimum_tokens, plan_batches
 from inloop_eval.engine.scoring import PairScores
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import DEFAULT_MAX_LENGTH, PreparedTask, update_metric
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.metrics.icl import ICLMetric

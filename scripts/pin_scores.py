@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data.fetch import fetch
 from inloop_eval.data.root import default_data_root, neox_tokenizer_path
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
 

@@ -11,10 +11,13 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inloop_eval.config import EvaluatorConfig, TaskEvalConfig, check_lm_label, read_config_file
+from inloop_eval.config_fields import read_config_file
 from inloop_eval.data.files import write_text_atomically
-from inloop_eval.engine.distributed import all_reduce_max
+from inloop_eval.data.perplexity.domain_config import check_lm_label
+from inloop_eval.distributed import all_reduce_max
 from inloop_eval.errors import ConfigError, InLoopEvalError
+from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.downstream import TaskEvalConfig
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -237,7 +240,7 @@ def cmd_make_lm(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
-    from inloop_eval.engine.distributed import init_from_env, world
+    from inloop_eval.distributed import init_from_env, world
     from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 
     init_from_env()

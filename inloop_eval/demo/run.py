@@ -27,13 +27,14 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from inloop_eval.config import ConfigError, EvaluatorConfig, build_dataclass
+from inloop_eval.config_fields import build_dataclass
 from inloop_eval.data.fetch import fetch
 from inloop_eval.data.files import write_text_atomically
 from inloop_eval.data.root import default_data_root, neox_tokenizer_path, oe_eval_dir
 from inloop_eval.data.tokenizer import load_tokenizer
-from inloop_eval.engine.distributed import init_from_env, world
-from inloop_eval.errors import InLoopEvalError
+from inloop_eval.distributed import init_from_env, world
+from inloop_eval.errors import ConfigError, InLoopEvalError
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY, run_and_log
 from inloop_eval.loggers import JSONLLogger, MetricsLogger, MultiLogger, WandbLogger, is_rank_zero

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from inloop_eval.engine.distributed import AgreedSequence, TaskAgreement
+from inloop_eval.distributed import AgreedSequence, TaskAgreement
 from inloop_eval.requests.pairs import PairSet
 
 # A packed row's pieces may span at least this many tokens (or the context's length, if longer) before the

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.engine.adapters import ModelAdapter
+
+
+class Settings(Protocol):
+    """What an evaluator reads of the whole evaluator config (`EvaluatorConfig`)."""
+
+    data_root: str | None
+    key_style: str
 
 
 @dataclass
@@ -39,7 +45,7 @@ class Evaluator:
 
     name: str
 
-    def __init__(self, config: Any, *, tokenizer: TokenizerLike, settings: EvaluatorConfig) -> None:
+    def __init__(self, config: Any, *, tokenizer: TokenizerLike, settings: Settings) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.settings = settings
@@ -48,6 +54,6 @@ class Evaluator:
         self, adapter: ModelAdapter, *, strict: bool, progress: Callable[[int], None] | None = None
     ) -> EvalOutput:
         """Evaluate the model once. Under torch.distributed every rank calls this; a failure on any rank is
-        agreed by all (`inloop_eval.engine.distributed.run_agreed`): all report it in the metrics, or all raise when
+        agreed by all (`inloop_eval.distributed.run_agreed`): all report it in the metrics, or all raise when
         `strict`."""
         raise NotImplementedError

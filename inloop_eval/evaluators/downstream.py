@@ -11,27 +11,75 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import torch
 
-from inloop_eval.config import EvaluatorConfig, TaskEvalConfig
+from inloop_eval.config_fields import AtLeast, check_fields, check_label, one_of, shown
 from inloop_eval.data.tokenizer import TokenizerLike
+from inloop_eval.distributed import TaskAgreement, run_agreed, world
 from inloop_eval.engine.adapters import ModelAdapter, probe_vocab_size
 from inloop_eval.engine.batching import Batch, equalize_forward_calls, plan_batches
-from inloop_eval.engine.distributed import TaskAgreement, run_agreed, world
 from inloop_eval.engine.scoring import PairScores, run_batches
 from inloop_eval.engine.sharding import ICLMultiChoiceTaskDataset, rank_rows, shard_documents, subset_size
-from inloop_eval.errors import ModelOutputError
-from inloop_eval.evaluators.base import EvalOutput, Evaluator
+from inloop_eval.errors import ConfigError, ModelOutputError
+from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings
 from inloop_eval.metrics.icl import ICLMetric
 from inloop_eval.metrics.olmo import olmo_core_key, olmo_figures
-from inloop_eval.metrics.registry import needs_uncond
+from inloop_eval.metrics.registry import ALL_METRICS, needs_uncond, unknown_metrics
 from inloop_eval.requests.cache import RequestCacheError, cache_path, load_table, save_table
 from inloop_eval.requests.pairs import PairSet, RequestTable, build_requests
 from inloop_eval.tasks import Doc, MultipleChoiceTask, get_task, load_docs
 
 log = logging.getLogger(__name__)
+
+EVALUATOR_TYPES = ("downstream",)
+
+
+@dataclass(kw_only=True)
+class TaskEvalConfig:
+    """One evaluator of the list: a downstream task and how to batch it."""
+
+    task: str
+    """Task id from the registry (`inloop-eval tasks` lists them)."""
+    label: str = ""
+    """Name in metric keys (`eval/downstream/<label>/<metric>`): lower-case, without spaces, '/' or '..'.
+    Defaults to the task id, which is then only required to be lower-case without spaces (so
+    `harness:my_tasks/science.yaml` keeps its slash); set a label to get keys without colons or slashes."""
+    type: str = "downstream"
+    """Evaluator type: `downstream` (multiple-choice by loglikelihood)."""
+    batch_tokens: Annotated[int, AtLeast(1)] = 8192
+    """Token budget of one forward pass (rows x longest row, padding included)."""
+    limit: Annotated[int, AtLeast(1)] | None = None
+    """Evaluate only the first `limit` documents of the split."""
+    metrics: list[str] | None = None
+    """Figures to report instead of the task's defaults (names from `inloop_eval.metrics.registry.ALL_METRICS`)."""
+    subset_num_batches: Annotated[int, AtLeast(1)] | None = None
+    """Evaluate only the leading documents that fit in this many batches of `batch_tokens` (whole
+    documents, in order, at least one), for cheap frequent evals. The budget is for the whole task, not
+    per rank, so every world size scores the same documents; the documents left out are counted in
+    `n_skipped_docs`. null: every document (up to `limit`)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, f"evaluator {shown(self.label or self.task)}")
+        if not self.task:
+            raise ConfigError("evaluator: `task` is required, e.g. `task: piqa`")
+        if self.label and self.label != self.task:
+            check_label(self.label, f"evaluator {self.task!r}")
+        self.label = self.label or self.task
+        if self.label != self.label.lower() or " " in self.label:
+            raise ConfigError(
+                f"evaluator {self.task!r}: label {self.label!r} must be lower-case without spaces "
+                "(set `label:` when the task id is not)"
+            )
+        one_of(self.type, EVALUATOR_TYPES, f"evaluator {self.label!r}: type")
+        if self.metrics is not None:
+            unknown = unknown_metrics(self.metrics)
+            if unknown:
+                raise ConfigError(
+                    f"evaluator {self.label!r}: unknown metrics {unknown}; choose from {list(ALL_METRICS)}"
+                )
 
 DEFAULT_MAX_LENGTH = 2048
 
@@ -71,7 +119,7 @@ class DownstreamEvaluator(Evaluator):
     config: TaskEvalConfig
 
     def __init__(
-        self, config: TaskEvalConfig, *, tokenizer: TokenizerLike, settings: EvaluatorConfig
+        self, config: TaskEvalConfig, *, tokenizer: TokenizerLike, settings: Settings
     ) -> None:
         super().__init__(config, tokenizer=tokenizer, settings=settings)
         self.name = config.label

@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
 from inloop_eval.data.tokenizer import TokenizerLike, load_tokenizer
 from inloop_eval.engine.adapters import make_adapter
 from inloop_eval.engine.training_state import training_untouched
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.base import EvalOutput, Evaluator
-from inloop_eval.evaluators.downstream import DownstreamEvaluator
-from inloop_eval.evaluators.perplexity import LMEvaluator
+from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.downstream import DownstreamEvaluator, TaskEvalConfig
+from inloop_eval.evaluators.perplexity import LMEvalConfig, LMEvaluator
 
 log = logging.getLogger(__name__)
 

@@ -10,26 +10,77 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import torch
 
-from inloop_eval.config import EvaluatorConfig, LMEvalConfig
+from inloop_eval.config_fields import AtLeast, check_fields, repeated, shown
+from inloop_eval.data.perplexity.domain_config import LMDomainConfig
 from inloop_eval.data.perplexity.domains import DomainSet, load_domains
 from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
 from inloop_eval.data.root import home
 from inloop_eval.data.tokenizer import TokenizerLike
+from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, run_agreed, world
 from inloop_eval.engine.adapters import ModelAdapter, probe_vocab_size
 from inloop_eval.engine.batching import Batch, equalize_forward_calls
-from inloop_eval.engine.distributed import TaskAgreement, TaskFailedOnAnotherRank, run_agreed, world
 from inloop_eval.engine.scoring import run_batches
 from inloop_eval.errors import ConfigError, LMDataError
-from inloop_eval.evaluators.base import EvalOutput, Evaluator
+from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings
 from inloop_eval.metrics.perplexity import FIGURES, PerplexityMetric
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class LMEvalConfig:
+    """An evaluator of type `lm`: perplexity per domain label on held-out data (`eval/lm/<label>/...`)."""
+
+    type: str = "lm"
+    """Evaluator type; always `lm` for this class."""
+    domains: list[LMDomainConfig] = field(default_factory=list)
+    """The domain sets, each with its label; reported in this order."""
+    seq_len: Annotated[int, AtLeast(2)] = 1024
+    """Tokens per sequence: memmap files are cut into sequences of this length; text documents into
+    windows of at most this length. A sequence of L tokens predicts L - 1 of them."""
+    batch_tokens: Annotated[int, AtLeast(1)] = 8192
+    """Token budget of one forward pass (rows x longest row); at least `seq_len`."""
+    max_tokens: Annotated[int, AtLeast(1)] | None = None
+    """Cap on the predicted tokens of each domain (whole sequences, a fixed seeded choice); null: all."""
+    cache_dir: str | None = None
+    """Where tokenized text domains are cached; default `<home>/lm_cache` (`$INLOOP_EVAL_HOME`)."""
+
+    def __post_init__(self) -> None:
+        if self.type != "lm":
+            raise ConfigError(f"lm evaluator: type must be 'lm', found {shown(self.type)}")
+        check_fields(self, "lm evaluator")
+        if not self.domains:
+            raise ConfigError(
+                "lm evaluator: `domains` must list at least one domain, e.g. "
+                "[{label: code, paths: [data/code/*.npy]}]"
+            )
+        labels = [d.label for d in self.domains]
+        duplicated = repeated(labels)
+        if duplicated:
+            raise ConfigError(f"lm evaluator: domain labels must be unique; repeated: {duplicated}")
+        if self.batch_tokens < self.seq_len:
+            raise ConfigError(
+                f"lm evaluator: batch_tokens ({self.batch_tokens}) must be >= seq_len ({self.seq_len}) so "
+                "that a whole sequence fits in one forward pass"
+            )
+        for d in self.domains:
+            cap = self.cap(d)
+            if cap is not None and cap < self.seq_len - 1:
+                raise ConfigError(
+                    f"lm domain {d.label!r}: max_tokens ({cap}) must be >= seq_len - 1 ({self.seq_len - 1}), "
+                    "the tokens one sequence predicts"
+                )
+
+    def cap(self, domain: LMDomainConfig) -> int | None:
+        """The token cap that applies to `domain`: its own, else the evaluator's."""
+        return domain.max_tokens if domain.max_tokens is not None else self.max_tokens
 
 
 @dataclass
@@ -78,7 +129,7 @@ class LMEvaluator(Evaluator):
 
     config: LMEvalConfig
 
-    def __init__(self, config: LMEvalConfig, *, tokenizer: TokenizerLike, settings: EvaluatorConfig) -> None:
+    def __init__(self, config: LMEvalConfig, *, tokenizer: TokenizerLike, settings: Settings) -> None:
         super().__init__(config, tokenizer=tokenizer, settings=settings)
         self.labels = tuple(d.label for d in config.domains)
         self.name = "lm:" + ",".join(self.labels)
@@ -117,7 +168,9 @@ class LMEvaluator(Evaluator):
         failed: dict[str, str] = {}
         if pending:
             cache_dir = Path(ev.cache_dir).expanduser() if ev.cache_dir else home() / "lm_cache"
-            result = load_domains(ev, pending, self.tokenizer, token_byte_lengths(self.tokenizer), cache_dir)
+            configs = [d for d in ev.domains if d.label in pending]
+            byte_table = token_byte_lengths(self.tokenizer)
+            result = load_domains(configs, ev.seq_len, ev.cap, self.tokenizer, byte_table, cache_dir)
             for domain in result.domains.values():
                 log.info("lm domain %r: %d sequences, %d tokens", domain.label, len(domain), domain.n_tokens)
             self.loaded.update(result.domains)

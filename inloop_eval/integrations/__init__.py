@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from inloop_eval.engine.distributed import all_reduce_sum
+from inloop_eval.distributed import all_reduce_sum
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.loggers import MetricsLogger
 

@@ -29,11 +29,13 @@ from olmo_core.data import TokenizerConfig
 from olmo_core.train.callbacks import Callback, CallbackConfig
 from olmo_core.train.common import MetricMergeStrategy
 
-from inloop_eval.config import KEY_STYLES, EvaluatorConfig, TaskEvalConfig, one_of, read_config_file
+from inloop_eval.config_fields import one_of, read_config_file
 from inloop_eval.data.fetch import TOKENIZER_FILES
 from inloop_eval.data.root import TOKENIZER_DIR, default_data_root
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer
 from inloop_eval.errors import ConfigError, TokenizerError
+from inloop_eval.evaluators.config import KEY_STYLES, EvaluatorConfig
+from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import SECONDS_KEY, run_and_log
 

@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from inloop_eval.data.files import write_text_atomically
-from inloop_eval.engine.distributed import world
+from inloop_eval.distributed import world
 from inloop_eval.errors import InLoopEvalError
 
 log = logging.getLogger(__name__)

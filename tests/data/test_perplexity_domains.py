@@ -16,13 +16,16 @@ from helpers import REPO
 from lm_helpers import DOCS, SEQ_LEN, reference_memmap, tiny_gpt
 
 from inloop_eval.cli import main
-from inloop_eval.config import EvaluatorConfig, LMDomainConfig, LMEvalConfig, TaskEvalConfig
+from inloop_eval.data.perplexity.domain_config import LMDomainConfig
 from inloop_eval.data.perplexity.domains import load_memmap_domain, load_text_domain, select_under_cap
 from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.data.tokenizer import Tokenizer
 from inloop_eval.errors import ConfigError, LMDataError
+from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from inloop_eval.evaluators.perplexity import LMEvalConfig
 from inloop_eval.tasks import get_task
 
 # --- config -------------------------------------------------------------------------------------------

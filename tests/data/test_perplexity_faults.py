@@ -20,11 +20,12 @@ import torch.multiprocessing as mp
 from lm_helpers import join_or_fail, lm_entry, tiny_gpt, write_domains
 from workers.launch import free_port
 
-from inloop_eval.config import EvaluatorConfig, LMDomainConfig
+from inloop_eval.data.perplexity.domain_config import LMDomainConfig
 from inloop_eval.data.perplexity.domains import load_memmap_domain
 from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.errors import LMDataError
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 
 LABELS = ("code", "prose", "tiny")
@@ -199,8 +200,8 @@ def _worker(rank: int, world_size: int, port: int, workdir: str, tokenizer_path:
     import torch
     import torch.distributed as dist
 
-    from inloop_eval.config import EvaluatorConfig
     from inloop_eval.data.tokenizer import load_tokenizer
+    from inloop_eval.evaluators.config import EvaluatorConfig
     from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 
     torch.set_num_threads(1)

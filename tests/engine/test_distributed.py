@@ -18,9 +18,10 @@ import pytest
 from workers import dist_checks
 from workers.launch import REPO, run_with_timeout, torchrun, worker_env
 
-from inloop_eval.config import ConfigError, TaskEvalConfig
 from inloop_eval.engine.batching import row_lengths
 from inloop_eval.engine.sharding import ICLMultiChoiceTaskDataset, subset_size
+from inloop_eval.errors import ConfigError
+from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.requests.pairs import build_requests
 from inloop_eval.tasks import get_task, load_docs
 

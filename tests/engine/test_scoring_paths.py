@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from inloop_eval.config import EvaluatorConfig
 from inloop_eval.engine import batching, scoring
 from inloop_eval.engine.adapters import (
     HF_PACKING_TYPES,
@@ -33,6 +32,7 @@ from inloop_eval.engine.batching import (
 )
 from inloop_eval.engine.scoring import PairScores, run_batches
 from inloop_eval.errors import ModelOutputError
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests.pairs import PairSet, RequestTable, build_requests

@@ -13,9 +13,10 @@ import torch
 from helpers import rng_draws, seed_all
 from torch import nn
 
-from inloop_eval.config import ConfigError, EvaluatorConfig
 from inloop_eval.engine.adapters import LogitsAdapter
 from inloop_eval.engine.training_state import training_untouched
+from inloop_eval.errors import ConfigError
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 from helpers import REPO
 
-from inloop_eval.config import ConfigError, EvaluatorConfig, LMDomainConfig, TaskEvalConfig
+from inloop_eval.data.perplexity.domain_config import LMDomainConfig
 from inloop_eval.demo.run import DemoConfig
+from inloop_eval.errors import ConfigError
+from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.tasks import get_task
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from helpers import REPO, load_script, rng_draws, seed_all
 
-from inloop_eval.config import EvaluatorConfig
 from inloop_eval.engine.adapters import LogitsAdapter
 from inloop_eval.errors import ConfigError, ModelOutputError, RequestError, TaskDataError, UnknownTaskError
 from inloop_eval.evaluators import downstream as downstream_module
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
 

@@ -19,11 +19,11 @@ from lm_helpers import (
     write_domains,
 )
 
-from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
 from inloop_eval.engine.adapters import LogitsAdapter
 from inloop_eval.engine.scoring import token_logprobs
 from inloop_eval.errors import ConfigError, LMDataError
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.metrics.perplexity import PerplexityMetric, perplexity_compute
 

@@ -35,8 +35,8 @@ def _worker(rank: int, world_size: int, port: int, workdir: str, tokenizer_path:
     import torch
     import torch.distributed as dist
 
-    from inloop_eval.config import EvaluatorConfig
     from inloop_eval.data.tokenizer import load_tokenizer
+    from inloop_eval.evaluators.config import EvaluatorConfig
     from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 
     torch.set_num_threads(1)

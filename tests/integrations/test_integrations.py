@@ -9,7 +9,7 @@ import torch
 from helpers import tiny_neox
 from lm_helpers import SEQ_LEN, lm_entry, tiny_gpt, write_domains
 
-from inloop_eval.config import EvaluatorConfig
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.evaluators.perplexity import plan_sequence_batches
 from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY, run_and_log

@@ -17,10 +17,10 @@ from olmo_core.train import TrainerConfig
 from workers.launch import torchrun, worker_env
 from workers.olmo_core_train import INTERVAL, LIMIT, SEQ_LEN, STEPS, TASKS, callback_config, train
 
-from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data.root import TOKENIZER_DIR
 from inloop_eval.engine.adapters import LogitsAdapter, OLMoCoreAdapter, make_adapter
 from inloop_eval.errors import ConfigError, TokenizerError
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY
 from inloop_eval.integrations.olmo_core import (

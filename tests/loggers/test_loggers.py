@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inloop_eval.config import EvaluatorConfig
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import SECONDS_KEY, run_and_log
 from inloop_eval.loggers import JSONLLogger, MetricsLogger, MultiLogger, NullLogger, WandbLogger

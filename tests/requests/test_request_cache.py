@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from inloop_eval.config import EvaluatorConfig
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests.cache import (

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from helpers import REPO, load_script
 
-from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data.root import load_split
 from inloop_eval.errors import ConfigError, TaskDataError, UnknownTaskError
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.requests.pairs import build_requests
 from inloop_eval.tasks import get_task, load_docs, registry, task_names

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from helpers import load_script
 
-from inloop_eval.config import EvaluatorConfig
 from inloop_eval.errors import TaskDataError, UnknownTaskError
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.metrics.registry import GOLD_ONLY_METRICS, MC_METRICS, PARTIAL_METRICS, RC_METRICS
 from inloop_eval.tasks import get_task, load_docs

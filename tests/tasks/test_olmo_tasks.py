@@ -29,11 +29,11 @@ from olmo_eval import tasks as olmo_tasks
 from olmo_eval.tokenizer import HFTokenizer
 
 from inloop_eval.cli import main
-from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data.fetch import EXTRA_SPLITS, STANDARD_SPLITS
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.data.tokenizer import load_tokenizer
 from inloop_eval.errors import UnknownTaskError
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.metrics.olmo import olmo_core_key
 from inloop_eval.requests.cache import docs_digest

@@ -13,8 +13,8 @@ import pytest
 from helpers import load_script
 from reference import FIELDS, reference_icl
 
-from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data.root import oe_eval_dir
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.metrics.registry import CLASSIFICATION_METRICS, GOLD_ONLY_METRICS, GREEDY_METRICS
 from inloop_eval.tasks import Doc, get_task, load_docs

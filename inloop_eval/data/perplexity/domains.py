@@ -35,17 +35,17 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 
-from inloop_eval.config import LMDomainConfig, LMEvalConfig
 from inloop_eval.data.files import build_directory_atomically
+from inloop_eval.data.perplexity.domain_config import LMDomainConfig
 from inloop_eval.data.tokenizer import TokenizerLike, start_token_id
-from inloop_eval.engine.distributed import TaskFailedOnAnotherRank, agree_failures, world
+from inloop_eval.distributed import TaskFailedOnAnotherRank, agree_failures, world
 from inloop_eval.errors import LMDataError
 
 log = logging.getLogger(__name__)
@@ -607,29 +607,30 @@ def domain_error(label: str, exc: Exception) -> LMDataError:
 
 
 def load_domains(
-    ev: LMEvalConfig,
-    labels: Collection[str],
+    configs: Sequence[LMDomainConfig],
+    seq_len: int,
+    cap: Callable[[LMDomainConfig], int | None],
     tokenizer: TokenizerLike,
     byte_table: np.ndarray | None,
     cache_dir: Path,
 ) -> LoadedDomains:
-    """Load the domains of `ev` named in `labels` (every rank passes the same) so that every rank ends with
+    """Load the domains `configs` (every rank passes the same), sequences of `seq_len`, each under its token
+    `cap`, so that every rank ends with
     the same ones. Every rank calls this and makes the same collectives whatever fails where: one all-reduce
     of a failure flag per label after reading the files (while rank 0 also reads or builds the text caches),
     and, when text domains remain, one more after every rank has opened their caches."""
     _, rank = world()
-    configs = [d for d in ev.domains if d.label in labels]
     domains: dict[str, DomainSet] = {}
     texts: dict[str, tuple[TextSource, TextTokens | None]] = {}
     errors: dict[str, Exception] = {}
     for d in configs:
         try:
             if d.format == "memmap":
-                domains[d.label] = load_memmap_domain(d, ev.seq_len, byte_table, ev.cap(d))
+                domains[d.label] = load_memmap_domain(d, seq_len, byte_table, cap(d))
             else:
-                source = locate_text_domain(d, ev.seq_len, tokenizer, cache_dir)
+                source = locate_text_domain(d, seq_len, tokenizer, cache_dir)
                 # Rank 0 reads or builds the cache while the others wait in the agreement below.
-                text = cached_text_tokens(source, tokenizer, ev.seq_len, byte_table) if rank == 0 else None
+                text = cached_text_tokens(source, tokenizer, seq_len, byte_table) if rank == 0 else None
                 texts[d.label] = (source, text)
         except Exception as exc:  # agreed below: a rank that raised here must still join every collective
             errors[d.label] = domain_error(d.label, exc)
@@ -639,8 +640,8 @@ def load_domains(
         for label, (source, text) in texts.items():
             try:
                 if text is None:  # rank 0's cache, or this rank's own where it cannot see rank 0's
-                    text = cached_text_tokens(source, tokenizer, ev.seq_len, byte_table)
-                domains[label] = text_domain(source, text, ev.cap(source.domain))
+                    text = cached_text_tokens(source, tokenizer, seq_len, byte_table)
+                domains[label] = text_domain(source, text, cap(source.domain))
             except Exception as exc:
                 errors[label] = domain_error(label, exc)
         _agree(opened, errors, domains, {})

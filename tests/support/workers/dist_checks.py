@@ -26,12 +26,12 @@ from torch import nn
 
 import inloop_eval.engine.scoring as scoring_module
 import inloop_eval.evaluators.downstream as downstream_module
-from inloop_eval.config import EvaluatorConfig
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer
+from inloop_eval.distributed import TaskFailedOnAnotherRank, world
 from inloop_eval.engine.adapters import LogitsAdapter
-from inloop_eval.engine.distributed import TaskFailedOnAnotherRank, world
 from inloop_eval.errors import ModelOutputError, TaskDataError
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests.cache import cache_dir, load_table, save_table
