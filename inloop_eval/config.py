@@ -6,9 +6,10 @@ scripts and user code import them from here). New code imports them from where t
 
 from inloop_eval.config_fields import AtLeast, build_dataclass, read_config_file
 from inloop_eval.data.perplexity.domain_config import LMDomainConfig
-from inloop_eval.evaluators.config import KEY_STYLES, EvaluatorConfig
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.perplexity import LMEvalConfig
+from inloop_eval.keys import KEY_STYLES
 
 __all__ = [
     "KEY_STYLES",

@@ -36,7 +36,8 @@ from inloop_eval.distributed import init_from_env, world
 from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY, run_and_log
+from inloop_eval.integrations import run_and_log
+from inloop_eval.keys import DOWNSTREAM, PERPLEXITY, SECONDS_KEY, TOKENS_KEY, split_key
 from inloop_eval.loggers import JSONLLogger, MetricsLogger, MultiLogger, WandbLogger, is_rank_zero
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.report import write_report
@@ -281,10 +282,11 @@ def mean_over_ranks(value: torch.Tensor) -> float:
 def summary(step: int, metrics: dict[str, float]) -> str:
     parts = [f"step {step:5d}  eval"]
     for key, value in metrics.items():
-        if key.endswith(("/acc", "/acc_norm")):
-            parts.append(f"{key.removeprefix('eval/downstream/')}={value:.3f}")
-        elif key.startswith("eval/lm/") and key.endswith("/ppl"):
-            parts.append(f"{key.removeprefix('eval/lm/').removesuffix('/ppl')}/ppl={value:.0f}")
+        task, domain = split_key(key, DOWNSTREAM), split_key(key, PERPLEXITY)
+        if task is not None and task[1] in ("acc", "acc_norm"):
+            parts.append(f"{task[0]}/{task[1]}={value:.3f}")
+        elif domain is not None and domain[1] == "ppl":
+            parts.append(f"{domain[0]}/ppl={value:.0f}")
     parts.append(f"({metrics[SECONDS_KEY]:.1f}s, {metrics[TOKENS_KEY] / 1e3:.0f}k tokens)")
     return "  ".join(parts)
 

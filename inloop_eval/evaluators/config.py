@@ -19,8 +19,7 @@ from inloop_eval.config_fields import (
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.perplexity import LMEvalConfig
-
-KEY_STYLES = ("inloop", "olmo_core")
+from inloop_eval.keys import KEY_STYLES
 
 
 @dataclass(kw_only=True)

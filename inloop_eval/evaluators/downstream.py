@@ -25,8 +25,9 @@ from inloop_eval.engine.scoring import PairScores, run_batches
 from inloop_eval.engine.sharding import ICLMultiChoiceTaskDataset, rank_rows, shard_documents, subset_size
 from inloop_eval.errors import ConfigError, ModelOutputError
 from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings
+from inloop_eval.keys import olmo_core_key
 from inloop_eval.metrics.icl import ICLMetric
-from inloop_eval.metrics.olmo import olmo_core_key, olmo_figures
+from inloop_eval.metrics.olmo import olmo_figures
 from inloop_eval.metrics.registry import ALL_METRICS, needs_uncond, unknown_metrics
 from inloop_eval.requests.cache import RequestCacheError, cache_path, load_table, save_table
 from inloop_eval.requests.pairs import PairSet, RequestTable, build_requests

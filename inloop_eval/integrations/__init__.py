@@ -12,10 +12,10 @@ from typing import Any
 
 from inloop_eval.distributed import all_reduce_sum
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
 from inloop_eval.loggers import MetricsLogger
 
-SECONDS_KEY = "eval/seconds"
-TOKENS_KEY = "eval/tokens_forwarded"
+__all__ = ["SECONDS_KEY", "TOKENS_KEY", "run_and_log"]  # the keys are importable from here, as before
 
 
 def run_and_log(

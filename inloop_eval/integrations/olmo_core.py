@@ -34,14 +34,14 @@ from inloop_eval.data.fetch import TOKENIZER_FILES
 from inloop_eval.data.root import TOKENIZER_DIR, default_data_root
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer
 from inloop_eval.errors import ConfigError, TokenizerError
-from inloop_eval.evaluators.config import KEY_STYLES, EvaluatorConfig
+from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.integrations import SECONDS_KEY, run_and_log
+from inloop_eval.integrations import run_and_log
+from inloop_eval.keys import KEY_STYLES, OLMO_CORE_EVAL_TIME_KEY, SECONDS_KEY
 
 # OLMo-core's own evaluator callback adds its time here (merged by sum), so both kinds of in-loop evaluation
 # show in one throughput figure.
-OLMO_CORE_EVAL_TIME_KEY = "throughput/in-loop eval time (s)"
 # OLMo's tokenizer identifiers (Hugging Face repositories) -> the file `inloop-eval data fetch` writes.
 FETCHED_TOKENIZERS: dict[str, str] = {repo: filename for filename, (_, repo) in TOKENIZER_FILES.items()}
 DEFAULT_BATCH_TOKENS = TaskEvalConfig.__dataclass_fields__["batch_tokens"].default

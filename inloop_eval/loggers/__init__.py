@@ -23,6 +23,7 @@ from typing import Any
 from inloop_eval.data.files import write_text_atomically
 from inloop_eval.distributed import world
 from inloop_eval.errors import InLoopEvalError
+from inloop_eval.keys import DOWNSTREAM, split_key
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,6 @@ METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 # Curves drawn together per task: the acc vs acc_norm view.
 CURVE_METRICS: tuple[str, ...] = ("acc", "acc_norm", "acc_pmi")
-DOWNSTREAM_PREFIX = "eval/downstream/"
 
 
 class LoggerError(InLoopEvalError):
@@ -366,9 +366,10 @@ class WandbLogger(MetricsLogger):
         """The acc vs acc_norm chart of every task with a curve metric in `metrics`, over all steps so far."""
         touched: set[str] = set()
         for key, value in metrics.items():
-            if not key.startswith(DOWNSTREAM_PREFIX):
+            parts = split_key(key, DOWNSTREAM)
+            if parts is None:
                 continue
-            label, _, metric = key[len(DOWNSTREAM_PREFIX) :].rpartition("/")
+            label, metric = parts
             if metric in CURVE_METRICS:
                 self._curves.setdefault(label, {}).setdefault(metric, []).append((int(step), float(value)))
                 touched.add(label)

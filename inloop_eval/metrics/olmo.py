@@ -1,10 +1,9 @@
-"""OLMo's in-loop multiple-choice figures (ai2-olmo-eval 0.9.0 `ICLMetric`) and OLMo-core 3.0.0's W&B key
-names, as pure functions of this package's per-request fields, so that a run moving from OLMo-core keeps its
-curves.
+"""OLMo's in-loop multiple-choice figures (ai2-olmo-eval 0.9.0 `ICLMetric`), as pure functions of this
+package's per-request fields, so that a run moving from OLMo-core keeps its curves.
 
 `olmo_icl_compute(metric_type, ...)` returns exactly the dict that `olmo_eval.metrics.ICLMetric(metric_type)
 .compute()` returns for the same requests: the same keys in the same order, each value the float32 that
-OLMo returns, as a Python float. `olmo_core_key(label, figure)` is the name OLMo-core's
+OLMo returns, as a Python float. `inloop_eval.keys.olmo_core_key(label, figure)` is the name OLMo-core's
 `EvaluatorCallback` records it under, e.g. `eval/downstream/arc_easy (length-normalized accuracy)`.
 
 What each request must carry (one row per (doc_id, cont_id), duplicates from sampler padding removed):
@@ -104,55 +103,12 @@ _GOLD_VALUES: tuple[str, ...] = ("pred", *_COMPANION_VALUES)
 # metric_type ce_loss / bpb -> the name of its per-request value.
 _SHORT: dict[str, str] = {"ce_loss": "ce", "bpb": "bpb"}
 
-# OLMo-core 3.0.0 `DownstreamEvaluator.metric_type_to_label`: figure -> the words in its W&B key.
-OLMO_CORE_FIGURE_NAMES: dict[str, str] = {
-    "f1_v1": "F1 score",
-    "acc_v1": "accuracy",
-    "len_norm_v1": "length-normalized accuracy",
-    "pmi_dc_v1": "PMI-DC accuracy",
-    "ce_loss_v1": "CE loss",
-    "bpb_v1": "BPB",
-    "soft_v1": "soft loss",
-    "soft_log_v1": "log soft loss",
-    "f1_v2": "F1 score v2",
-    "acc_v2": "accuracy v2",
-    "len_norm_v2": "length-normalized accuracy v2",
-    "pmi_dc_v2": "PMI-DC accuracy v2",
-    "ce_loss_v2": "CE loss v2",
-    "bpb_v2": "BPB v2",
-    "soft_v2": "soft loss v2",
-    "soft_log_v2": "log soft loss v2",
-}
-# `EvaluatorCallback.perform_eval(prefix="eval")` records `{prefix}/{evaluator.name}/{name}`, and
-# `DownstreamEvaluatorCallbackConfig.build` names every downstream evaluator "downstream".
-OLMO_CORE_PREFIX = "eval/downstream"
-
-
 def olmo_figures(metric_type: str) -> tuple[str, ...]:
     """The keys `ICLMetric(metric_type).compute()` returns, in its order."""
     _check_metric_type(metric_type)
     if metric_type in ("ce_loss", "bpb", "f1"):
         return (f"{metric_type}_v1", f"{metric_type}_v2")
     return (f"{metric_type}_v1", f"{metric_type}_v2", *_COMPANIONS)
-
-
-def olmo_core_key(label: str, figure: str) -> str:
-    """OLMo-core's W&B key of one figure of a task: `eval/downstream/<label> (<figure's words>)`.
-
-    label: the task's name in OLMo-core's config (the olmo_eval task id, e.g. `arc_easy`), so that the
-    curves continue those of the OLMo-core run.
-    """
-    if figure not in OLMO_CORE_FIGURE_NAMES:
-        raise ConfigError(
-            f"olmo_core_key: figure {figure!r} of task {label!r} has no OLMo-core name; "
-            f"expected one of {sorted(OLMO_CORE_FIGURE_NAMES)} (the keys olmo_icl_compute returns)"
-        )
-    return f"{OLMO_CORE_PREFIX}/{label} ({OLMO_CORE_FIGURE_NAMES[figure]})"
-
-
-def olmo_core_metrics(label: str, figures: dict[str, float]) -> dict[str, float]:
-    """The figures of `olmo_icl_compute` under OLMo-core's keys."""
-    return {olmo_core_key(label, figure): value for figure, value in figures.items()}
 
 
 def olmo_request_values(

@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 
 from inloop_eval.errors import InLoopEvalError
-from inloop_eval.loggers import CONFIG_FILE, CURVE_METRICS, DOWNSTREAM_PREFIX, METRICS_FILE
+from inloop_eval.keys import DOWNSTREAM, PERPLEXITY, SECONDS_KEY, TOKENS_KEY, kind_prefix
+from inloop_eval.loggers import CONFIG_FILE, CURVE_METRICS, METRICS_FILE
 from inloop_eval.loggers.wandb_file import find_run_files, read_config, read_history
 from inloop_eval.tasks import get_task
 
-LM_PREFIX = "eval/lm/"
 LM_FIGURES: tuple[str, ...] = ("ppl", "bpb", "ce")
 STEP_KEYS: tuple[str, ...] = ("step", "trainer/step")
 REPORT_DIR = "report"
@@ -64,11 +64,11 @@ class RunHistory:
 
     def tasks(self) -> dict[str, dict[str, Series]]:
         """label -> metric -> series, for `eval/downstream/<label>/<metric>` keys."""
-        return group(self.series, DOWNSTREAM_PREFIX)
+        return group(self.series, kind_prefix(DOWNSTREAM))
 
     def domains(self) -> dict[str, dict[str, Series]]:
         """domain -> figure -> series, for `eval/lm/<domain>/<figure>` keys."""
-        return group(self.series, LM_PREFIX)
+        return group(self.series, kind_prefix(PERPLEXITY))
 
 
 def group(series: Mapping[str, Series], prefix: str) -> dict[str, dict[str, Series]]:
@@ -492,8 +492,8 @@ def render_html(
 
 
 def cost_paragraph(series: Mapping[str, Series]) -> str:
-    seconds = [v for _, v in series.get("eval/seconds", [])]
-    tokens = [v for _, v in series.get("eval/tokens_forwarded", [])]
+    seconds = [v for _, v in series.get(SECONDS_KEY, [])]
+    tokens = [v for _, v in series.get(TOKENS_KEY, [])]
     if not seconds:
         return ""
     text = f"Evaluation cost: {np.mean(seconds):.1f} s per evaluation (mean of {len(seconds)})"

@@ -1,0 +1,91 @@
+"""Every metric key, in every key style, decided here and nowhere else.
+
+Evaluators return bare figure names per label (`acc`, `ce`, `failed`); the orchestrator turns them into keys
+with `figure_key`, the way OLMo-core's evaluator callback records `f"{prefix}/{evaluator}/{figure}"`:
+
+- `inloop` style (ours): `<prefix>/<kind>/<label>/<figure>`, e.g. `eval/downstream/piqa/acc_norm`,
+  `eval/lm/c4/ppl`. No spaces, so the keys sort and filter well on W&B.
+- `olmo_core` style: the OLMo figures of an `olmo:<label>` task take the key OLMo-core's downstream callback
+  gives them, `<prefix>/downstream/<OLMo label> (<words>)`, e.g. `eval/downstream/arc_easy (length-normalized
+  accuracy)`, so that a run moving from OLMo-core continues its curves; every other figure keeps its
+  `inloop` key.
+
+`prefix` is `eval` for the in-loop evaluation (OLMo-core records merged weights under `eval/merged`).
+"""
+
+from __future__ import annotations
+
+from inloop_eval.errors import ConfigError
+
+PREFIX = "eval"
+# The kind of each evaluator, the second part of its keys.
+DOWNSTREAM = "downstream"
+PERPLEXITY = "lm"
+# The figure every evaluator reports, set to 1, for a label whose evaluation failed.
+FAILED = "failed"
+# The cost of one evaluation, added by `run_and_log`.
+SECONDS_KEY = f"{PREFIX}/seconds"
+TOKENS_KEY = f"{PREFIX}/tokens_forwarded"
+# OLMo-core's throughput metric its trainer sums the evaluation time into.
+OLMO_CORE_EVAL_TIME_KEY = "throughput/in-loop eval time (s)"
+
+KEY_STYLES = ("inloop", "olmo_core")
+
+# OLMo-core 3.0.0 `DownstreamEvaluator.metric_type_to_label`: OLMo figure -> the words in its W&B key.
+OLMO_CORE_FIGURE_NAMES: dict[str, str] = {
+    "f1_v1": "F1 score",
+    "acc_v1": "accuracy",
+    "len_norm_v1": "length-normalized accuracy",
+    "pmi_dc_v1": "PMI-DC accuracy",
+    "ce_loss_v1": "CE loss",
+    "bpb_v1": "BPB",
+    "soft_v1": "soft loss",
+    "soft_log_v1": "log soft loss",
+    "f1_v2": "F1 score v2",
+    "acc_v2": "accuracy v2",
+    "len_norm_v2": "length-normalized accuracy v2",
+    "pmi_dc_v2": "PMI-DC accuracy v2",
+    "ce_loss_v2": "CE loss v2",
+    "bpb_v2": "BPB v2",
+    "soft_v2": "soft loss v2",
+    "soft_log_v2": "log soft loss v2",
+}
+
+
+def kind_prefix(kind: str, prefix: str = PREFIX) -> str:
+    """`<prefix>/<kind>/`: what every key of one kind of evaluator starts with, e.g. `eval/downstream/`."""
+    return f"{prefix}/{kind}/"
+
+
+def figure_key(kind: str, label: str, figure: str, prefix: str = PREFIX) -> str:
+    """Our key of one figure: `<prefix>/<kind>/<label>/<figure>`, e.g. `eval/lm/c4/ppl`."""
+    return f"{kind_prefix(kind, prefix)}{label}/{figure}"
+
+
+def split_key(key: str, kind: str, prefix: str = PREFIX) -> tuple[str, str] | None:
+    """(label, figure) of our key `key` of evaluator kind `kind`; None for any other key. A label may hold
+    '/' (a harness task id), the figure never does."""
+    head = kind_prefix(kind, prefix)
+    if not key.startswith(head):
+        return None
+    label, _, figure = key[len(head) :].rpartition("/")
+    return (label, figure) if label and figure else None
+
+
+def olmo_core_key(label: str, figure: str, prefix: str = PREFIX) -> str:
+    """OLMo-core's W&B key of one OLMo figure of a task: `<prefix>/downstream/<label> (<figure's words>)`.
+
+    label: the task's name in OLMo-core's config (the olmo_eval task id, e.g. `arc_easy`), so that the
+    curves continue those of the OLMo-core run.
+    """
+    if figure not in OLMO_CORE_FIGURE_NAMES:
+        raise ConfigError(
+            f"olmo_core_key: figure {figure!r} of task {label!r} has no OLMo-core name; "
+            f"expected one of {sorted(OLMO_CORE_FIGURE_NAMES)} (the keys olmo_icl_compute returns)"
+        )
+    return f"{prefix}/{DOWNSTREAM}/{label} ({OLMO_CORE_FIGURE_NAMES[figure]})"
+
+
+def olmo_core_metrics(label: str, figures: dict[str, float], prefix: str = PREFIX) -> dict[str, float]:
+    """OLMo figures (as `olmo_icl_compute` returns them) under OLMo-core's keys."""
+    return {olmo_core_key(label, figure, prefix): value for figure, value in figures.items()}
