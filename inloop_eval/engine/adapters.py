@@ -348,12 +348,25 @@ def make_adapter(model: Any, max_length: int | None = None) -> ModelAdapter:
             f"make_adapter: expected a module or callable returning logits, found {type(model).__name__}"
         )
     if max_length is not None:
+        check_max_length(max_length, adapter.max_length, type(model).__name__)
         adapter.max_length = max_length
     if _is_fsdp2(model):
         through_hooks = LogitsAdapter(model, adapter.max_length)
         through_hooks.vocab_size = adapter.vocab_size
         return through_hooks
     return adapter
+
+
+def check_max_length(max_length: int, positions: int | None, model_name: str) -> None:
+    """ConfigError when the configured `max_length` is longer than the model's own context (`positions`,
+    where its adapter knows it): such an input would index past the position table (on a GPU a device-side
+    assert that kills the process), so it is refused before any forward, the same way on every rank."""
+    if positions is not None and max_length > positions:
+        raise ConfigError(
+            f"evaluator: max_length {max_length} is longer than the {positions} positions the model "
+            f"{model_name} was built for; set `max_length:` (or --max-length) to at most {positions}, or leave "
+            "it unset to use the model's own"
+        )
 
 
 def _is_olmo_core_transformer(model: Any) -> bool:
