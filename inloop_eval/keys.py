@@ -72,6 +72,16 @@ def split_key(key: str, kind: str, prefix: str = PREFIX) -> tuple[str, str] | No
     return (label, figure) if label and figure else None
 
 
+def failed_labels(metrics: dict[str, float], prefix: str = PREFIX) -> list[str]:
+    """`<kind>/<label>` of every evaluator label that reported `failed = 1` in `metrics`, in key order."""
+    head = f"{prefix}/"
+    return [
+        key[len(head) : -len(FAILED) - 1]
+        for key, value in metrics.items()
+        if key.startswith(head) and key.endswith(f"/{FAILED}") and value
+    ]
+
+
 def olmo_core_key(label: str, figure: str, prefix: str = PREFIX) -> str:
     """OLMo-core's W&B key of one OLMo figure of a task: `<prefix>/downstream/<label> (<figure's words>)`.
 

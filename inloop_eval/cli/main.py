@@ -18,6 +18,7 @@ from inloop_eval.distributed import all_reduce_max
 from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
+from inloop_eval.keys import failed_labels
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -278,6 +279,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             write_samples(Path(args.samples), samples)
     if isinstance(config, EvaluatorConfig) and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    failed = failed_labels(metrics)
+    if failed:  # a batch job must not count a run whose figures are missing as a success
+        if rank == 0:
+            print(
+                f"evaluate: {len(failed)} of the evaluations failed: {', '.join(failed)} (the log above has "
+                "each reason; --strict stops at the first with its traceback)",
+                file=sys.stderr,
+            )
+        return 1
     return 0
 
 

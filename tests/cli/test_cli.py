@@ -151,3 +151,15 @@ def test_evaluate_tasks_fill_a_config_file_of_settings_only(tmp_path):
     path.write_text("strict: true\n")
     with pytest.raises(ConfigError, match=f"{path}: `evaluators` lists no evaluator"):
         evaluate_config(args)
+
+
+def test_evaluate_exits_non_zero_naming_the_tasks_that_failed(hf_model_dir, tmp_path, capsys):
+    """A batch job must not count a run whose figures are missing as a success: an empty data root fails
+    every task, and `evaluate` says which and exits 1 (the failure figures are still printed)."""
+    empty = tmp_path / "empty_root"
+    empty.mkdir()
+    code = main(["evaluate", "--model", str(hf_model_dir), "--tasks", "piqa,copa", "--data-root", str(empty)])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "eval/downstream/piqa/failed\t1.000000" in out
+    assert "evaluate: 2 of the evaluations failed: downstream/piqa, downstream/copa" in err
