@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from stat import S_ISREG
 
 import datasets
 
@@ -129,7 +130,7 @@ def _parse_manifest(path: Path) -> dict[str, FileRecord]:
         data = json.loads(path.read_text(encoding="utf-8"))
         if data.get("format") != MANIFEST_FORMAT:
             raise ValueError(f"format {data.get('format')!r}, expected {MANIFEST_FORMAT}")
-        return {
+        records = {
             str(rel): FileRecord(int(entry["size"]), str(entry["sha256"]))
             for rel, entry in data["files"].items()
         }
@@ -139,6 +140,22 @@ def _parse_manifest(path: Path) -> dict[str, FileRecord]:
             f"expected the JSON that `inloop-eval data fetch` writes. Delete {path.parent / COMPLETE_MARKER} "
             f"and run `inloop-eval data fetch --root {path.parent}` to rebuild the root and its manifest"
         ) from None
+    outside = [rel for rel in records if not is_inside(rel)]
+    if outside:
+        raise TaskDataError(
+            f"data root {path.parent}: its manifest {path} names {len(outside)} files outside the root, e.g. "
+            f"{outside[0]!r}; expected paths relative to the root without '..'. The manifest was not written by "
+            f"`inloop-eval data fetch`: delete {path.parent / COMPLETE_MARKER} and run `inloop-eval data fetch "
+            f"--root {path.parent}` to rebuild it"
+        )
+    return records
+
+
+def is_inside(rel: str) -> bool:
+    """Whether a manifest path stays inside the root: relative, no '..' and no empty or '.' part (so a
+    manifest can never make `data verify` or a load read `/dev/zero` or another tree)."""
+    parts = PurePosixPath(rel).parts
+    return bool(parts) and not rel.startswith("/") and "\\" not in rel and all(p not in ("..", ".", "") for p in parts)
 
 
 def check_files(root: Path, records: Mapping[str, FileRecord]) -> list[str]:
@@ -149,10 +166,14 @@ def check_files(root: Path, records: Mapping[str, FileRecord]) -> list[str]:
     for rel, record in sorted(records.items()):
         path = root / rel
         try:
-            size = path.stat().st_size
+            info = path.lstat()
         except FileNotFoundError:
             problems.append(f"{path}: missing (expected {record.size} bytes)")
             continue
+        if not S_ISREG(info.st_mode):  # a FIFO, device or link is never hashed: it may never end
+            problems.append(f"{path}: not a regular file (expected {record.size} bytes of data)")
+            continue
+        size = info.st_size
         if size != record.size:
             problems.append(f"{path}: {size} bytes, expected {record.size}")
             continue

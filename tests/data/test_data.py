@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -384,6 +385,45 @@ def test_unreadable_manifest_names_the_manifest(root_copy: Path) -> None:
     with pytest.raises(TaskDataError) as info:
         load_split("piqa", "plain_text", "validation", data_root=root_copy, task="piqa")
     assert str(root_copy / MANIFEST_FILE) in str(info.value) and "data fetch" in str(info.value)
+
+
+
+@pytest.fixture
+def stops_within_20_seconds():
+    """Fail a test that would hang (hashing a device or a FIFO never ends) instead of blocking the suite."""
+
+    def hung(*_: object) -> None:
+        raise AssertionError("still running after 20 s: something read a file that never ends")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_manifest_path_outside_the_root_is_refused(
+    root_copy: Path, capsys: pytest.CaptureFixture[str], stops_within_20_seconds: None
+) -> None:
+    manifest = json.loads((root_copy / MANIFEST_FILE).read_text())
+    escape = "piqa/plain_text/validation/" + "../" * 7 + "dev/zero"
+    manifest["files"][escape] = {"size": 1 << 40, "sha256": "0" * 64}
+    (root_copy / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(TaskDataError, match=r"names 1 files outside the root, e\.g\. '.*dev/zero'") as info:
+        load_split("piqa", "plain_text", "validation", data_root=root_copy, task="piqa")
+    assert f"inloop-eval data fetch --root {root_copy}" in str(info.value)
+    assert main(["data", "verify", "--root", str(root_copy)]) == 2
+    assert "outside the root" in capsys.readouterr().err
+
+
+def test_a_recorded_file_that_is_not_a_regular_file_is_not_hashed(
+    root_copy: Path, stops_within_20_seconds: None
+) -> None:
+    arrow = root_copy / PIQA_ARROW
+    arrow.unlink()
+    os.mkfifo(arrow)  # reading it would block until a writer comes, i.e. forever
+    with pytest.raises(TaskDataError, match=r"data-00000-of-00001\.arrow: not a regular file"):
+        load_split("piqa", "plain_text", "validation", data_root=root_copy, task="piqa")
 
 
 def _hand_made_root(root: Path) -> Path:
