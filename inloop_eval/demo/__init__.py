@@ -1,2 +1,2 @@
-"""The demo: a small GPT trained on generated text with in-loop evaluation, logged to JSONL and W&B
-(`run`)."""
+"""The demo: the reference GPT trained on real English text with in-loop evaluation, logged to JSONL and W&B,
+then the report (`run`); `demo.yaml`, its default config, ships with the package (package data)."""

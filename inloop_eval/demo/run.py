@@ -3,7 +3,7 @@
 Text: the reading-comprehension passages (CoQA stories, DROP passages, SQuAD backgrounds) that the fetched
 oe-eval request files carry; none of them is an evaluation task of the demo. The last `heldout_passages` of
 each source are kept out of training and written to `<out_dir>/heldout/<source>.jsonl`, the perplexity
-domains of the `lm` evaluator in configs/demo.yaml. Tokenizer: GPT-NeoX-20B.
+domains of the `lm` evaluator in demo.yaml (beside this module, shipped in the wheel). Tokenizer: GPT-NeoX-20B.
 
 Runs under `torchrun` with any number of processes (DDP; gloo on CPU, NCCL on GPUs), one by default.
 Rank 0 logs to W&B (offline unless `$WANDB_MODE` or the config says otherwise) and to
@@ -44,7 +44,9 @@ from inloop_eval.report import write_report
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+# Package data (pyproject.toml), so that `inloop-eval demo` runs from an installed wheel; a checkout also has
+# it as configs/demo.yaml (a link to this file).
+DEFAULT_CONFIG = Path(__file__).resolve().with_name("demo.yaml")
 HELDOUT_DIR = "heldout"
 
 # Source name -> oe-eval request file and the field of its `doc` holding a passage.
@@ -100,7 +102,7 @@ class LoggingConfig:
 
 @dataclass(kw_only=True)
 class DemoConfig:
-    """configs/demo.yaml: model shape, training, logging, and the evaluator."""
+    """The demo's YAML (`DEFAULT_CONFIG`, or a copy of it): model shape, training, logging, and the evaluator."""
 
     model: GPTConfig = field(default_factory=GPTConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -292,7 +294,11 @@ def summary(step: int, metrics: dict[str, float]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="demo YAML (default configs/demo.yaml)")
+    parser.add_argument(
+        "--config",
+        default=str(DEFAULT_CONFIG),
+        help="demo YAML (default: the demo.yaml shipped in the package, %(default)s)",
+    )
     parser.add_argument("--steps", type=int, help="override train.steps")
     parser.add_argument("--out", help="override train.out_dir (the run directory)")
 

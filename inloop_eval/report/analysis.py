@@ -1,0 +1,140 @@
+"""What the report says of each task: its curves, and the flags and notes beside them.
+
+- *diverging*: over the last `window` evaluations, the fitted trends of acc and acc_norm have opposite signs
+  and each moves by at least `min_change` and by at least its standard error (when logged). Length
+  normalisation then reorders the choices against the raw loglikelihood: a change in how the probability
+  mass is spread over the continuation's tokens (output sharpness, a format effect), not in capability.
+- *letter keys*: tasks whose choices all have the same length (`*_mc` letter keys, WinoGrande's shared
+  continuation) have acc_norm identical to acc by construction; they do not report it, and the page says so.
+  A task that reports acc_norm equal to acc at every evaluation is flagged too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from inloop_eval.errors import InLoopEvalError
+from inloop_eval.loggers.base import CURVE_METRICS
+from inloop_eval.report.runs import RunHistory, Series
+from inloop_eval.tasks import get_task
+
+
+def fitted_change(points: Series) -> float:
+    """The least-squares trend of `points` times their step span: how much the line moves over them."""
+    if len(points) < 2:
+        return 0.0
+    steps = np.array([s for s, _ in points], dtype=np.float64)
+    values = np.array([v for _, v in points], dtype=np.float64)
+    span = steps[-1] - steps[0]
+    if span <= 0 or not np.isfinite(values).all():
+        return 0.0
+    slope = np.polyfit(steps, values, 1)[0]
+    return float(slope * span)
+
+
+def divergence(
+    acc: Series,
+    acc_norm: Series,
+    window: int = 4,
+    min_change: float = 0.01,
+    acc_stderr: Series | None = None,
+    acc_norm_stderr: Series | None = None,
+) -> str | None:
+    """A sentence when, over the last `window` evaluations both report, acc and acc_norm trend in opposite
+    directions, each by at least `min_change` and by at least its standard error at the last of them (when
+    logged: with few documents, a move within the noise is not a signal); None otherwise."""
+    common = sorted(set(dict(acc)) & set(dict(acc_norm)))[-window:]
+    if len(common) < 2:
+        return None
+    a, n = dict(acc), dict(acc_norm)
+    d_acc = fitted_change([(s, a[s]) for s in common])
+    d_norm = fitted_change([(s, n[s]) for s in common])
+    need_acc = max(min_change, dict(acc_stderr or []).get(common[-1], 0.0))
+    need_norm = max(min_change, dict(acc_norm_stderr or []).get(common[-1], 0.0))
+    if d_acc * d_norm >= 0 or abs(d_acc) < need_acc or abs(d_norm) < need_norm:
+        return None
+    return (
+        f"acc and acc_norm move in opposite directions over the last {len(common)} evaluations "
+        f"(steps {common[0]}-{common[-1]}: acc {d_acc:+.3f}, acc_norm {d_norm:+.3f}): a change in output "
+        "sharpness or format rather than capability"
+    )
+
+
+def identical(acc: Series, acc_norm: Series) -> bool:
+    """acc_norm equals acc at every evaluation both report (at least one)."""
+    a, n = dict(acc), dict(acc_norm)
+    common = set(a) & set(n)
+    return bool(common) and all(a[s] == n[s] for s in common)
+
+
+@dataclass
+class TaskView:
+    """What the page shows for one task."""
+
+    label: str
+    task_id: str
+    curves: dict[str, Series]
+    stderr: dict[str, Series]
+    flags: list[str]
+    notes: list[str]
+    plot: str = ""
+
+
+def task_ids(config: Mapping[str, Any]) -> dict[str, str]:
+    """label -> task id, from an evaluator config (top level or under `evaluation`)."""
+    evaluation = config.get("evaluation", config)
+    entries = evaluation.get("evaluators", []) if isinstance(evaluation, Mapping) else []
+    out = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, Mapping) and entry.get("task"):
+            out[str(entry.get("label") or entry["task"])] = str(entry["task"])
+    return out
+
+
+def length_norm_is_noop(task_id: str) -> bool | None:
+    """What the registry says of `task_id`; None for a task it does not know."""
+    try:
+        return bool(get_task(task_id).length_norm_is_noop)
+    except InLoopEvalError:
+        return None
+
+
+def task_views(history: RunHistory, window: int = 4, min_change: float = 0.01) -> list[TaskView]:
+    """Curves, flags and notes for every task in the history."""
+    ids = task_ids(history.config)
+    views = []
+    for label, metrics in history.tasks().items():
+        task_id = ids.get(label, label)
+        curves = {m: metrics[m] for m in CURVE_METRICS if m in metrics}
+        stderr = {m: metrics[f"{m}_stderr"] for m in curves if f"{m}_stderr" in metrics}
+        flags: list[str] = []
+        notes: list[str] = []
+        if "failed" in metrics and any(v > 0 for _, v in metrics["failed"]):
+            failed_at = [s for s, v in metrics["failed"] if v > 0]
+            flags.append(f"failed at {len(failed_at)} evaluation(s), first at step {failed_at[0]}")
+        noop = length_norm_is_noop(task_id)
+        if "acc" in curves and "acc_norm" in curves:
+            sentence = divergence(
+                curves["acc"],
+                curves["acc_norm"],
+                window,
+                min_change,
+                stderr.get("acc"),
+                stderr.get("acc_norm"),
+            )
+            if sentence:
+                flags.append("diverging: " + sentence)
+            if identical(curves["acc"], curves["acc_norm"]):
+                why = " by construction (letter keys / shared continuation)" if noop else ""
+                flags.append(f"identical: acc_norm equals acc at every evaluation{why}")
+        elif "acc" in curves and noop:
+            notes.append(
+                "letter keys / shared continuation: every choice has the same length, so acc_norm would equal "
+                "acc by construction; it is not reported"
+            )
+        views.append(TaskView(label, task_id, curves, stderr, flags, notes))
+    return views

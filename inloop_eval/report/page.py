@@ -1,0 +1,177 @@
+"""`write_report`: a run's HTML page (`index.html`) and its PNGs, one per task and one per perplexity domain."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from html import escape
+from pathlib import Path
+
+import numpy as np
+
+from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
+from inloop_eval.loggers.base import CURVE_METRICS
+from inloop_eval.report.analysis import TaskView, task_views
+from inloop_eval.report.plots import plot_domain, plot_task
+from inloop_eval.report.runs import LM_FIGURES, ReportError, RunHistory, Series, load_run
+
+REPORT_DIR = "report"
+
+log = logging.getLogger(__name__)
+
+
+def safe_name(name: str) -> str:
+    """`name` as a file name: every character but letters, digits and `-_.` replaced by `_`."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def write_report(
+    run_dir: str | Path, out_dir: str | Path | None = None, *, window: int = 4, min_change: float = 0.01
+) -> Path:
+    """Write `<out_dir>/index.html` (default `<run_dir>/report/`) with one PNG per task and per domain;
+    returns the HTML path."""
+    if window < 2:
+        raise ReportError(f"report: window must be >= 2 evaluations, found {window}")
+    history = load_run(run_dir)
+    for note in history.notes:
+        log.warning("report: %s", note)
+    out = Path(out_dir) if out_dir is not None else Path(run_dir) / REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    views = task_views(history, window, min_change)
+    for view in views:
+        if view.curves:
+            view.plot = f"task_{safe_name(view.label)}.png"
+            plot_task(view, out / view.plot)
+    domain_plots = {}
+    for domain, figures in history.domains().items():
+        if any(f in figures for f in LM_FIGURES):
+            domain_plots[domain] = f"lm_{safe_name(domain)}.png"
+            plot_domain(domain, figures, out / domain_plots[domain])
+    path = out / "index.html"
+    path.write_text(render_html(history, views, history.domains(), domain_plots, window, min_change))
+    return path
+
+
+STYLE = (
+    "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}"
+    "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+    "th{background:#f3f3f3}td.l{text-align:left}.flag{color:#b00}.note{color:#555}"
+    ".grid{display:flex;flex-wrap:wrap;gap:16px}.card{border:1px solid #ddd;padding:8px;width:570px}"
+    "</style>"
+)
+
+
+def last(points: Series | None) -> str:
+    """The last value of a series, for a table cell; a dash when there is none."""
+    return f"{points[-1][1]:.3f}" if points else "–"
+
+
+def render_html(
+    history: RunHistory,
+    views: list[TaskView],
+    domains: Mapping[str, Mapping[str, Series]],
+    domain_plots: Mapping[str, str],
+    window: int,
+    min_change: float,
+) -> str:
+    """The page: a summary, the tasks' table and cards, the perplexity domains' table and plots, the config.
+
+    views: from `task_views`, with `plot` set to each PNG's file name ("" for none).
+    domains: domain -> figure -> series (`RunHistory.domains`); domain_plots: domain -> PNG file name.
+    window, min_change: the divergence flag's settings, stated on the page.
+    """
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>in-loop evaluation report</title>",
+        f"{STYLE}</head><body>",
+        *summary_section(history, views, len(domains), window, min_change),
+    ]
+    if views:
+        parts += task_section(views)
+    if domains:
+        parts += perplexity_section(domains, domain_plots)
+    if history.config:
+        config = json.dumps(history.config, indent=2, sort_keys=True, default=str)
+        parts.append(
+            f"<h2>Config</h2><details><summary>as logged</summary><pre>{escape(config)}</pre></details>"
+        )
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def summary_section(
+    history: RunHistory, views: list[TaskView], n_domains: int, window: int, min_change: float
+) -> list[str]:
+    """The title, what was read (and skipped), the tasks flagged as diverging, the evaluation cost."""
+    steps = sorted({s for points in history.series.values() for s, _ in points})
+    flagged = [v for v in views if any(f.startswith("diverging") for f in v.flags)]
+    return [
+        "<h1>In-loop evaluation report</h1>",
+        f"<p>Source: <code>{escape(history.source)}</code>. {len(steps)} logged steps"
+        + (f", {steps[0]} to {steps[-1]}" if steps else "")
+        + f". {len(views)} tasks, {n_domains} perplexity domains.</p>",
+        *(f"<p class='flag'>Reading: {escape(note)}</p>" for note in history.notes),
+        f"<p>Divergence flag: over the last {window} evaluations the fitted trends of acc and acc_norm have "
+        f"opposite signs and each moves by at least {min_change:g} and by at least its standard error. "
+        f"{len(flagged)} task(s) flagged{': ' + escape(', '.join(v.label for v in flagged)) if flagged else ''}.</p>",
+        cost_paragraph(history.series),
+    ]
+
+
+def task_section(views: list[TaskView]) -> list[str]:
+    """A table of each task's last acc, acc_norm and acc_pmi with its flags, then one card per task."""
+    parts = [
+        "<h2>Tasks</h2><table><tr><th>task</th><th>acc</th><th>acc_norm</th><th>acc_pmi</th>"
+        "<th class='l'>flags and notes</th></tr>"
+    ]
+    for v in views:
+        remarks = [f"<span class='flag'>{escape(f)}</span>" for f in v.flags]
+        remarks += [f"<span class='note'>{escape(n)}</span>" for n in v.notes]
+        parts.append(
+            f"<tr><td class='l'><a href='#task-{escape(v.label)}'>{escape(v.label)}</a></td>"
+            + "".join(f"<td>{last(v.curves.get(m))}</td>" for m in CURVE_METRICS)
+            + f"<td class='l'>{'<br>'.join(remarks)}</td></tr>"
+        )
+    parts.append("</table><div class='grid'>")
+    for v in views:
+        parts.append(f"<div class='card' id='task-{escape(v.label)}'><h3>{escape(v.label)}</h3>")
+        if v.plot:
+            parts.append(
+                f"<img src='{escape(v.plot)}' alt='{escape(v.label)}: {escape(', '.join(v.curves))}' width='560'>"
+            )
+        parts += [f"<p class='flag'>{escape(f)}</p>" for f in v.flags]
+        parts += [f"<p class='note'>{escape(n)}</p>" for n in v.notes]
+        parts.append("</div>")
+    parts.append("</div>")
+    return parts
+
+
+def perplexity_section(
+    domains: Mapping[str, Mapping[str, Series]], domain_plots: Mapping[str, str]
+) -> list[str]:
+    """A table of each domain's last ppl, bpb and ce, then its plots."""
+    parts = ["<h2>Perplexity</h2><table><tr><th>domain</th><th>ppl</th><th>bpb</th><th>ce</th></tr>"]
+    for domain, figures in domains.items():
+        parts.append(
+            f"<tr><td class='l'>{escape(domain)}</td>"
+            + "".join(f"<td>{last(figures.get(f))}</td>" for f in LM_FIGURES)
+            + "</tr>"
+        )
+    parts.append("</table><div class='grid'>")
+    for domain, plot in domain_plots.items():
+        parts.append(f"<div class='card'><img src='{escape(plot)}' alt='{escape(domain)} perplexity'></div>")
+    parts.append("</div>")
+    return parts
+
+
+def cost_paragraph(series: Mapping[str, Series]) -> str:
+    """Seconds and tokens forwarded per evaluation, averaged over the run; "" when not logged."""
+    seconds = [v for _, v in series.get(SECONDS_KEY, [])]
+    tokens = [v for _, v in series.get(TOKENS_KEY, [])]
+    if not seconds:
+        return ""
+    text = f"Evaluation cost: {np.mean(seconds):.1f} s per evaluation (mean of {len(seconds)})"
+    if tokens and all(math.isfinite(t) for t in tokens):
+        text += f", {np.mean(tokens):,.0f} tokens forwarded per evaluation"
+    return f"<p>{text}.</p>"

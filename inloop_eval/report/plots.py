@@ -1,0 +1,67 @@
+"""The report's PNGs, drawn with matplotlib's object API (no pyplot: no global state, no display needed).
+matplotlib is optional (`pip install 'inloop_eval[report]'`), imported only when a plot is drawn."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inloop_eval.report.analysis import TaskView
+from inloop_eval.report.runs import LM_FIGURES, ReportError, Series
+
+
+def new_figure(**kwargs: Any) -> Any:
+    """A matplotlib Figure (no pyplot: no global state, no display needed)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ReportError(
+            "report: the plots need matplotlib; install it with `pip install 'inloop_eval[report]'`"
+        ) from None
+    return Figure(layout="constrained", **kwargs)
+
+
+def integer_steps(ax: Any) -> None:
+    """Label the x axis of `ax` with whole trainer steps, and grid it."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+
+
+def plot_task(view: TaskView, path: Path) -> None:
+    """One task's curves on one chart (±1 standard error bands where logged), saved as the PNG `path`."""
+    fig = new_figure(figsize=(5.6, 3.4))
+    ax = fig.subplots()
+    for metric, points in view.curves.items():
+        steps = np.array([s for s, _ in points])
+        values = np.array([v for _, v in points])
+        (line,) = ax.plot(steps, values, marker="o", markersize=3, label=metric)
+        if metric in view.stderr:
+            err = dict(view.stderr[metric])
+            e = np.array([err.get(int(s), 0.0) for s in steps])
+            ax.fill_between(steps, values - e, values + e, alpha=0.15, color=line.get_color())
+    ax.set_title(view.label if view.label == view.task_id else f"{view.label} ({view.task_id})")
+    ax.set_ylabel("accuracy")
+    integer_steps(ax)
+    ax.legend(loc="best", fontsize="small")
+    fig.savefig(path, dpi=100)
+
+
+def plot_domain(domain: str, figures: Mapping[str, Series], path: Path) -> None:
+    """One perplexity domain's ppl and bpb side by side (ce when neither is logged), saved as the PNG `path`."""
+    shown = [f for f in ("ppl", "bpb") if f in figures] or [f for f in LM_FIGURES if f in figures]
+    fig = new_figure(figsize=(3.2 * max(1, len(shown)), 3.2))
+    axes = np.atleast_1d(fig.subplots(1, max(1, len(shown))))
+    for ax, name in zip(axes, shown, strict=False):
+        points = figures[name]
+        ax.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=3)
+        if name == "ppl":
+            ax.set_yscale("log")
+        ax.set_title(f"{domain}: {name}")
+        integer_steps(ax)
+    fig.savefig(path, dpi=100)
