@@ -8,7 +8,7 @@ __all__ = ["Doc", "MultipleChoiceTask", "get_task", "load_docs", "register", "ta
 
 # Built-in task families; importing each registers its task ids.
 from inloop_eval.tasks import oe_eval  # noqa: E402, F401
-from inloop_eval.tasks.harness import task as harness_task  # noqa: E402, F401
+from inloop_eval.tasks.harness import suite as harness_suite  # noqa: E402, F401
 from inloop_eval.tasks.native import (  # noqa: E402, F401
     arc,
     boolq,
