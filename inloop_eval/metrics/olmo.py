@@ -75,6 +75,8 @@ from inloop_eval.errors import ConfigError, RequestError, TaskDataError
 # OLMo's constant; its float32 multiplication makes it indistinguishable from 1 / ln 2.
 LOG_2_OF_E = 1.44269504089
 OLMO_METRIC_TYPES: tuple[str, ...] = ("acc", "len_norm", "pmi_dc", "ce_loss", "bpb", "f1")
+# Metric types that score the gold continuation alone: a document is its one gold request, as cont_id 0.
+OLMO_GOLD_ONLY_TYPES: tuple[str, ...] = ("ce_loss", "bpb")
 # Metric types whose figures need the gold choice (OLMo's label_id).
 _LABELLED_TYPES: tuple[str, ...] = ("acc", "len_norm", "pmi_dc", "f1")
 _COMPANIONS: tuple[str, ...] = (
@@ -213,7 +215,7 @@ def olmo_icl_compute(
         n_gold_D = torch.zeros(docs_D.numel(), dtype=torch.long).index_add_(0, doc_of_R, gold_R.long())
         _check_one_gold(metric_type, docs_D[scored_D], n_gold_D[scored_D])
 
-    if metric_type in ("ce_loss", "bpb"):
+    if metric_type in OLMO_GOLD_ONLY_TYPES:
         # One request per document (checked): choice 0's values, summed in float32 as OLMo sums tensors.
         first_D = start_D[scored_D]
         return {

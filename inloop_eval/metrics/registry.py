@@ -161,6 +161,15 @@ CLASSIFICATION_METRICS: tuple[str, ...] = ("acc", "f1")
 GOLD_ONLY_METRICS: tuple[str, ...] = ("ce_gold", "bpb_gold")
 # Last-word prediction (LAMBADA): greedy exact match and the word's perplexity.
 GREEDY_METRICS: tuple[str, ...] = ("acc_greedy", "ppl_gold", "ce_gold", "bpb_gold")
+# The default figures of each prompt format: the one map from format to figures (task classes name theirs
+# beside their format; tasks whose format is known only at run time, oe-eval files and OLMo labels, look it up).
+METRICS_BY_FORMAT: dict[str, tuple[str, ...]] = {
+    "rc": RC_METRICS,
+    "mc": MC_METRICS,
+    "partial": PARTIAL_METRICS,
+    "classification": CLASSIFICATION_METRICS,
+    "gold": GOLD_ONLY_METRICS,
+}
 
 
 def canonical(name: str) -> str:

@@ -1,4 +1,14 @@
-"""Task definitions and the registry. Importing this package registers every built-in task."""
+"""Multiple-choice tasks: what a task is, the registry, loading. Importing this package registers every
+built-in task.
+
+- `base`: `MultipleChoiceTask` (raw rows -> checked `Doc`s) and `Doc`;
+- `registry`: task id -> factory, `<id>_<k>shot` ids and `<prefix>:` resolvers;
+- `loading`: a task's documents, with `fewshot` putting the description and examples before each prompt;
+- `lint`: checks of a task's rendered documents (`inloop-eval lint`);
+- `native`: the built-in task families; `olmo`: OLMo's labels as mixins over them (`olmo:<label>`);
+- `oe_eval`: oe-eval request files (`oe_eval:<task>:<variant>`); `harness`: lm-evaluation-harness YAML
+  tasks (`harness:<path>`).
+"""
 
 from inloop_eval.tasks.base import Doc, MultipleChoiceTask
 from inloop_eval.tasks.loading import load_docs
@@ -8,7 +18,7 @@ __all__ = ["Doc", "MultipleChoiceTask", "get_task", "load_docs", "register", "ta
 
 # Built-in task families; importing each registers its task ids.
 from inloop_eval.tasks import oe_eval  # noqa: E402, F401
-from inloop_eval.tasks.harness import task as harness_task  # noqa: E402, F401
+from inloop_eval.tasks.harness import suite as harness_suite  # noqa: E402, F401
 from inloop_eval.tasks.native import (  # noqa: E402, F401
     arc,
     boolq,

@@ -26,7 +26,7 @@ from typing import Any
 
 from inloop_eval.data.root import default_data_root, oe_eval_dir
 from inloop_eval.errors import TaskDataError, UnknownTaskError
-from inloop_eval.metrics.registry import GOLD_ONLY_METRICS, MC_METRICS, PARTIAL_METRICS, RC_METRICS
+from inloop_eval.metrics.registry import METRICS_BY_FORMAT
 from inloop_eval.tasks.base import Doc, MultipleChoiceTask, shown
 from inloop_eval.tasks.registry import register_resolver
 
@@ -53,9 +53,6 @@ def variant_format(task_dir: str, variant: str) -> str:
     )
 
 
-_METRICS = {"mc": MC_METRICS, "rc": RC_METRICS, "partial": PARTIAL_METRICS, "gold": GOLD_ONLY_METRICS}
-
-
 class OEEvalRequestsTask(MultipleChoiceTask):
     """The requests of one oe-eval variant directory, grouped by `doc_id` into documents.
 
@@ -71,7 +68,7 @@ class OEEvalRequestsTask(MultipleChoiceTask):
         self.variant = variant
         self.directory = Path(directory) if directory is not None else None
         self.prompt_format = variant_format(task_dir, variant)
-        self.metrics = _METRICS[self.prompt_format]
+        self.metrics = METRICS_BY_FORMAT[self.prompt_format]
         self.name = f"oe_eval:{task_dir}:{variant}"
         self.format_source = f"oe-eval request file {task_dir}/{variant} (OLMo's precomputed prompts)"
         self.config: dict[str, Any] = {}

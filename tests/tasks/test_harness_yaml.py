@@ -18,7 +18,8 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.requests.pairs import build_requests
 from inloop_eval.tasks import get_task, load_docs, registry, task_names
-from inloop_eval.tasks.harness.task import HarnessSuite, load_yaml, register_harness_tasks
+from inloop_eval.tasks.harness.loader import load_yaml
+from inloop_eval.tasks.harness.suite import HarnessSuite, register_harness_tasks
 
 N = 30
 

@@ -1,2 +1,8 @@
-"""Tasks defined by lm-evaluation-harness YAML files (`harness:<path>`): loading, the bounded Jinja
-sandbox, the task class and suites (`task`)."""
+"""Tasks defined by lm-evaluation-harness YAML files (`harness:<path>`, `register_harness_tasks`).
+
+- `loader`: reading a YAML file, `include:` merging, `!function` references (run only from the named folder);
+- `sandbox`: the Jinja sandbox templates render in, with the work of each rendering bounded;
+- `local_files`: checks of local data files (`dataset_path: json|csv|parquet|arrow`) before they are read;
+- `task`: `HarnessYamlTask`, one multiple-choice task rendered as the harness renders it;
+- `suite`: a file or folder of tasks and groups, the `harness:` resolver and `register_harness_tasks`.
+"""

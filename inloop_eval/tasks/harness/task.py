@@ -1,4 +1,5 @@
-"""lm-evaluation-harness YAML tasks with `output_type: multiple_choice`, rendered as the harness renders them.
+"""`HarnessYamlTask`: one lm-evaluation-harness YAML task with `output_type: multiple_choice`, rendered as the
+harness's `ConfigurableTask` renders it.
 
 Supported keys: `task`, `include` (one file or a list; the including file wins, then earlier includes over
 later ones), `group` / `tag` (the task's groups), group files (`group: name` with `task: [members]`),
@@ -11,39 +12,27 @@ template, a list, or `!function module.name`), `description` (a template), `targ
 seeded sampling, not the harness's sequence-dependent one), `metric_list`.
 
 Safety: loading a task never runs code from a dataset repository (no hub loading, `trust_remote_code` is
-dropped), and `!function` references run only from `.py` files inside the folder the user named (the
-`trusted_root`); templates render in Jinja's sandbox with the work of each rendering bounded
-(`BoundedSandbox`), and `dataset_kwargs.cache_dir` is ignored, so a YAML file does not choose where files are
-written. Local data files are checked before loading (a folder, an empty file, bytes that are not UTF-8 are
-errors naming the file and line).
+dropped), `!function` references run only from the folder the user named (`loader`), templates render in the
+bounded sandbox (`sandbox`), local data files are checked before loading (`local_files`), and
+`dataset_kwargs.cache_dir` is ignored, so a YAML file does not choose where files are written.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import logging
-import math
-import re
-import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import datasets
-import yaml
-from datasets.table import InMemoryTable
-from jinja2 import BaseLoader, StrictUndefined, Template
-from jinja2.exceptions import SecurityError
-from jinja2.runtime import Context
-from jinja2.sandbox import SandboxedEnvironment
 
 from inloop_eval.data.root import load_split
-from inloop_eval.errors import ConfigError, TaskDataError, UnknownTaskError
+from inloop_eval.errors import ConfigError, TaskDataError
 from inloop_eval.tasks.base import MultipleChoiceTask, shown
-from inloop_eval.tasks.registry import register, register_resolver
+from inloop_eval.tasks.harness.loader import FunctionRef
+from inloop_eval.tasks.harness.local_files import LOCAL_BUILDERS, check_local_files, in_memory
+from inloop_eval.tasks.harness.sandbox import render_template
 
 log = logging.getLogger(__name__)
 
@@ -58,197 +47,6 @@ SUPPORTED_METRICS: tuple[str, ...] = (
     "ece",
 )
 DEFAULT_METRICS: tuple[str, ...] = ("acc", "acc_norm")  # the harness's default for multiple_choice
-LOCAL_BUILDERS: frozenset[str] = frozenset({"json", "csv", "parquet", "arrow"})
-
-
-# Task folders' Python files, imported once each (by resolved path).
-_MODULES: dict[Path, ModuleType] = {}
-
-
-@dataclass(frozen=True)
-class FunctionRef:
-    """`!function utils.process_docs` in a YAML file: resolved only from inside a trusted folder."""
-
-    name: str
-    yaml_dir: Path
-
-    def resolve(self, trusted_root: Path, task: str) -> Callable[..., Any]:
-        root = trusted_root.resolve()
-        module_name, _, function = self.name.rpartition(".")
-        if re.search(r"[/\\]", module_name):  # a path, which the harness also takes: the file it names
-            module_path = (self.yaml_dir / (module_name + ".py")).resolve()
-        else:
-            module_parts = module_name.split(".")
-            if not all(module_parts):
-                raise ConfigError(
-                    f"task {task!r}: !function {self.name!r}: expected a dotted name module.function, as "
-                    "`!function utils.process_docs`"
-                )
-            module_path = (self.yaml_dir / ("/".join(module_parts) + ".py")).resolve()
-        if not function:
-            raise ConfigError(
-                f"task {task!r}: !function {self.name!r}: expected module.function, as `!function utils.process_docs`"
-            )
-        if not module_path.is_relative_to(root):
-            raise ConfigError(
-                f"task {task!r}: !function {self.name!r} would run {module_path}, outside the task folder {root} "
-                "that was named; functions run only from the folder you name"
-            )
-        if not module_path.is_file():
-            raise ConfigError(
-                f"task {task!r}: !function {self.name!r}: expected the file {module_path}, found none"
-            )
-        module = _MODULES.get(module_path)
-        if module is None:
-            key = f"inloop_eval_harness_{zlib.crc32(str(module_path).encode())}_{module_path.stem}"
-            spec = importlib.util.spec_from_file_location(key, module_path)
-            if spec is None or spec.loader is None:
-                raise ConfigError(f"task {task!r}: !function {self.name!r}: cannot import {module_path}")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            _MODULES[module_path] = module
-        fn = getattr(module, function, None)
-        if not callable(fn):
-            raise ConfigError(
-                f"task {task!r}: !function {self.name!r}: {module_path} has no function {function!r}"
-            )
-        return fn
-
-
-def _loader_for(path: Path) -> type[yaml.SafeLoader]:
-    class Loader(yaml.SafeLoader):
-        pass
-
-    def function(loader: yaml.SafeLoader, node: yaml.Node) -> FunctionRef:
-        return FunctionRef(str(loader.construct_scalar(node)), path.parent)  # type: ignore[arg-type]
-
-    Loader.add_constructor("!function", function)
-    return Loader
-
-
-def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A YAML task file with its `include:`s merged (as the harness's `load_yaml_config` does)."""
-    path = Path(path).resolve()
-    if path in _seen:
-        raise ConfigError(
-            f"harness YAML {path}: `include:` loops back to itself ({' -> '.join(map(str, _seen))})"
-        )
-    try:
-        config = yaml.load(path.read_text(), Loader=_loader_for(path))  # noqa: S506 (a SafeLoader subclass)
-    except FileNotFoundError:
-        raise ConfigError(f"harness YAML {path} does not exist") from None
-    except IsADirectoryError:
-        via = f" (named by `include:` in {_seen[-1]})" if _seen else ""
-        raise ConfigError(
-            f"harness YAML {path}{via} is a folder; expected a YAML file, e.g. {path / 'task.yaml'}"
-        ) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"harness YAML {path}: not valid YAML ({exc})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(
-            f"harness YAML {path}: expected a mapping at the top, found {type(config).__name__}"
-        )
-    includes = config.pop("include", None)
-    if includes is None:
-        return config
-    merged: dict[str, Any] = {}
-    for include in reversed([includes] if isinstance(includes, str) else list(includes)):
-        target = Path(include) if Path(include).is_absolute() else path.parent / include
-        merged.update(load_yaml(target, (*_seen, path)))
-    merged.update(config)
-    return merged
-
-
-# What one rendering may do. The sandbox bounds attribute access, not work: these bound the work a YAML
-# file can ask for (a power with a huge result, a huge repetition, endless loops over `range`).
-MAX_TEMPLATE_OPS = 1_000_000  # calls, attribute and item lookups, operators and range items per rendering
-MAX_POWER_BITS = 4096  # `a ** b` on integers: refused when the result would need more bits
-MAX_REPEAT_LENGTH = 1_000_000  # `s * n` on a string or list: refused when the result would be longer
-
-
-class TemplateBudgetError(SecurityError):
-    """A template asked for more work than one rendering may do."""
-
-
-class BoundedSandbox(SandboxedEnvironment):
-    """Jinja's sandbox with the work of each rendering bounded: every call, lookup, `**`, `*` and range
-    item counts against `MAX_TEMPLATE_OPS`, and powers and repetitions with huge results are refused
-    before they are computed. (A loop whose body does none of these counts only through its iterable.)"""
-
-    intercepted_binops = frozenset({"**", "*"})
-
-    def __init__(self) -> None:
-        super().__init__(loader=BaseLoader(), undefined=StrictUndefined, keep_trailing_newline=True)
-        self.ops_left = MAX_TEMPLATE_OPS
-        self.compiled: dict[str, Template] = {}
-        self.globals["range"] = self.bounded_range
-        self.filters["regex_replace"] = lambda s, pattern, repl, count=0: re.sub(
-            pattern, repl, s, count=count
-        )
-
-    def render(self, template: str, doc: Mapping[str, Any]) -> str:
-        """`template` rendered with the fields of `doc`, within a fresh budget."""
-        self.ops_left = MAX_TEMPLATE_OPS
-        if template not in self.compiled:  # operators are intercepted, so compiling folds no constant
-            self.compiled[template] = self.from_string(template)
-        return self.compiled[template].render(**doc)
-
-    def spend(self, n: int = 1) -> None:
-        self.ops_left -= n
-        if self.ops_left < 0:
-            raise TemplateBudgetError(
-                f"the template does more than {MAX_TEMPLATE_OPS} operations in one rendering"
-            )
-
-    def bounded_range(self, *args: int) -> range:
-        items = range(*args)
-        self.spend(len(items))
-        return items
-
-    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
-        self.spend()
-        if operator == "**" and _int(left) and _int(right) and right > 0 and abs(left) > 1:
-            bits = math.inf if right.bit_length() > 256 else right * math.log2(abs(left))
-            if bits > MAX_POWER_BITS:
-                raise TemplateBudgetError(
-                    f"{left} ** {right} would have about {bits:.3g} bits; at most {MAX_POWER_BITS} are allowed"
-                )
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and _int(n) and len(seq) * n > MAX_REPEAT_LENGTH:
-                    raise TemplateBudgetError(
-                        f"repeating a {type(seq).__name__} of length {len(seq)} {n} times is longer than "
-                        f"{MAX_REPEAT_LENGTH}"
-                    )
-        return super().call_binop(context, operator, left, right)
-
-    def call(self, context: Context, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-        self.spend()
-        return super().call(context, obj, *args, **kwargs)
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        self.spend()
-        return super().getattr(obj, attribute)
-
-    def getitem(self, obj: Any, argument: Any) -> Any:
-        self.spend()
-        return super().getitem(obj, argument)
-
-
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-_ENV: BoundedSandbox | None = None
-
-
-def _render_template(template: str, doc: Mapping[str, Any]) -> str:
-    """A harness template rendered in the bounded sandbox (one environment per process, each template
-    compiled once)."""
-    global _ENV
-    if _ENV is None:
-        _ENV = BoundedSandbox()
-    return _ENV.render(template, doc)
 
 
 class HarnessYamlTask(MultipleChoiceTask):
@@ -313,7 +111,7 @@ class HarnessYamlTask(MultipleChoiceTask):
 
     def _template(self, key: str, raw: Mapping[str, Any], index: int) -> str:
         try:
-            return _render_template(self.config[key], raw)
+            return render_template(self.config[key], raw)
         except Exception as exc:  # jinja raises many types; all mean the template does not fit the doc
             raise self.error(
                 index, f"{key} {shown(self.config[key])}: template failed ({type(exc).__name__}: {exc})"
@@ -404,7 +202,7 @@ class HarnessYamlTask(MultipleChoiceTask):
         if not description:
             return ""
         try:
-            return _render_template(description, raw)
+            return render_template(description, raw)
         except Exception as exc:  # as in _template: the template does not fit the row
             raise TaskDataError(
                 f"task {self.name!r}: description {shown(description)}: template failed "
@@ -458,7 +256,7 @@ class HarnessYamlTask(MultipleChoiceTask):
                 raise ConfigError(
                     f"task {self.name!r}: process_docs: expected `!function module.name`, found {shown(process)}"
                 )
-            loaded = process(_in_memory(loaded))
+            loaded = process(in_memory(loaded))
         return loaded
 
     def _local_files(self, files: Any) -> Any:
@@ -479,174 +277,3 @@ class HarnessYamlTask(MultipleChoiceTask):
         if split == self.split:
             self._features = set(getattr(rows, "column_names", None) or (rows[0].keys() if len(rows) else ()))
         return rows
-
-
-def check_local_files(task: str, builder: str, files: Any) -> None:
-    """Each named local data file exists as a file, is not empty, and (JSON, CSV) is UTF-8 text: an
-    error naming the file and line, which the datasets library would give only as a bare exception
-    (or, for invalid UTF-8, only when the row is read). Patterns (`*`) are left to the library."""
-    if isinstance(files, Mapping):
-        named = [f for v in files.values() for f in ([v] if isinstance(v, str) else v)]
-    else:
-        named = [files] if isinstance(files, str) else list(files)
-    for name in named:
-        path = Path(name)
-        if any(c in name for c in "*?[") or "://" in name or not path.exists():
-            continue  # globs, URLs and missing files: the library's own error names them
-        if path.is_dir():
-            raise TaskDataError(
-                f"task {task!r}: data file {path} is a folder; expected a {builder} file, "
-                f"or a pattern such as {path / '*'}"
-            )
-        blank = path.stat().st_size == 0 or (builder in ("json", "csv") and not check_utf8(task, path))
-        if blank:
-            raise TaskDataError(
-                f"task {task!r}: data file {path} is empty; expected {builder} rows (write them, or "
-                "leave the file out of data_files)"
-            )
-
-
-def check_utf8(task: str, path: Path) -> bool:
-    """Whether a text data file has a line with more than whitespace; raises naming the file, line and
-    byte when it does not decode as UTF-8."""
-    nonblank = False
-    with path.open("rb") as f:
-        for line_no, line in enumerate(f, start=1):
-            try:
-                nonblank = bool(line.decode("utf-8").strip()) or nonblank
-            except UnicodeDecodeError as exc:
-                raise TaskDataError(
-                    f"task {task!r}: data file {path} line {line_no}: not UTF-8 (byte {line[exc.start]:#04x} "
-                    f"at column {exc.start + 1}); re-encode the file as UTF-8"
-                ) from None
-    return nonblank
-
-
-def _in_memory(dataset: Any) -> Any:
-    """The same rows without backing files, so that `process_docs`'s `map` writes no cache files beside the
-    data root's splits (or anywhere else)."""
-    if not isinstance(dataset, datasets.Dataset) or not dataset.cache_files:
-        return dataset
-    if getattr(dataset, "_indices", None) is not None:  # a selection of rows: materialise it in memory
-        return dataset.flatten_indices(keep_in_memory=True)
-    return datasets.Dataset(InMemoryTable(dataset.data.table), info=dataset.info.copy(), split=dataset.split)
-
-
-@dataclass
-class HarnessSuite:
-    """The tasks and groups of one YAML file or folder (recursively), by harness name."""
-
-    root: Path
-    configs: dict[str, tuple[dict[str, Any], Path]] = field(default_factory=dict)
-    groups: dict[str, list[str]] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, path: str | Path) -> HarnessSuite:
-        path = Path(path).expanduser().resolve()
-        if not path.exists():
-            raise ConfigError(
-                f"harness tasks: {path} does not exist; name a task YAML file or a folder of them"
-            )
-        suite = cls(path.parent if path.is_file() else path)
-        files = [path] if path.is_file() else sorted(path.rglob("*.yaml"))
-        if not files:
-            raise ConfigError(
-                f"harness tasks: the folder {path} holds no .yaml files; name a task YAML file or a folder of them"
-            )
-        for file in files:
-            config = load_yaml(file)
-            task = config.get("task")
-            if isinstance(task, list):
-                suite._add_group(config, file)
-            elif isinstance(task, str):
-                if task in suite.configs:
-                    raise ConfigError(
-                        f"harness task {task!r} is defined twice: {suite.configs[task][1]} and {file}"
-                    )
-                suite.configs[task] = (config, file)
-                for tag in ("group", "tag"):
-                    names = config.get(tag) or []
-                    for group in [names] if isinstance(names, str) else names:
-                        suite.groups.setdefault(group, []).append(task)
-        return suite
-
-    def _add_group(self, config: Mapping[str, Any], file: Path) -> None:
-        group = config.get("group")
-        if not isinstance(group, str):
-            raise ConfigError(f"harness group file {file}: expected `group: <name>` beside `task: [...]`")
-        members: list[str] = []
-        for entry in config["task"]:
-            if isinstance(entry, str):
-                members.append(entry)
-            elif isinstance(entry, Mapping) and isinstance(entry.get("task"), str):
-                inline = dict(entry)
-                if "include" in inline:
-                    base = load_yaml(file.parent / inline.pop("include"))
-                    inline = {**base, **inline}
-                name = inline["task"]
-                if name in self.configs and len(inline) > 1:
-                    base_config, source = self.configs[name]
-                    self.configs[name] = ({**base_config, **inline}, source)
-                elif name not in self.configs:
-                    self.configs[name] = (inline, file)
-                members.append(name)
-            else:
-                raise ConfigError(
-                    f"harness group {group!r} ({file}): expected task names or mappings, found {shown(entry)}"
-                )
-        self.groups[group] = members
-
-    def names(self) -> list[str]:
-        return sorted(self.configs)
-
-    def expand(self, name: str) -> list[str]:
-        """A task name as itself; a group as its member tasks, nested groups expanded, in order."""
-        if name in self.configs:
-            return [name]
-        if name not in self.groups:
-            raise UnknownTaskError(
-                f"harness tasks in {self.root}: no task or group {name!r}; tasks: {self.names()}"
-            )
-        out: list[str] = []
-        for member in self.groups[name]:
-            if member == name:
-                continue
-            out += [m for m in self.expand(member) if m not in out]
-        return out
-
-    def task(self, name: str) -> HarnessYamlTask:
-        if name not in self.configs:
-            raise UnknownTaskError(f"harness tasks in {self.root}: no task {name!r}; tasks: {self.names()}")
-        config, source = self.configs[name]
-        return HarnessYamlTask(config, source, self.root)
-
-
-def register_harness_tasks(path: str | Path, *, prefix: str = "", replace: bool = False) -> list[str]:
-    """Register every task of a YAML file or folder as `<prefix><task name>` (lower-cased); returns the ids.
-
-    Functions (`!function`) of these tasks run only from `.py` files inside `path` (its folder, for a file).
-    """
-    suite = HarnessSuite.load(path)
-    ids = []
-    for name in suite.names():
-        task_id = f"{prefix}{name}".lower()
-        register(task_id, lambda name=name: suite.task(name), replace=replace)
-        ids.append(task_id)
-    return ids
-
-
-def _resolve(rest: str) -> MultipleChoiceTask:
-    """`harness:<file.yaml>` (its one task) or `harness:<file or folder>#<task>`."""
-    path, _, name = rest.partition("#")
-    suite = HarnessSuite.load(path)
-    if not name:
-        if len(suite.configs) != 1:
-            raise UnknownTaskError(
-                f"unknown task 'harness:{rest}': {path} defines {len(suite.configs)} tasks; "
-                f"name one as harness:{path}#<task> ({suite.names()})"
-            )
-        name = suite.names()[0]
-    return suite.task(name)
-
-
-register_resolver("harness", _resolve)

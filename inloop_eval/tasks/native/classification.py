@@ -25,8 +25,12 @@ class ClassificationTask(MultipleChoiceTask):
     fields: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
 
+    def field_text(self, raw: Mapping[str, Any], index: int, name: str) -> str:
+        """One field as the template shows it."""
+        return self.text(raw, index, name)
+
     def doc_to_context(self, raw: Mapping[str, Any], index: int) -> str:
-        return self.template.format(**{name: self.text(raw, index, name) for name in self.fields})
+        return self.template.format(**{name: self.field_text(raw, index, name) for name in self.fields})
 
     def doc_to_continuations(self, raw: Mapping[str, Any], index: int) -> list[str]:
         return list(self.choices)

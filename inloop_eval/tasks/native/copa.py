@@ -26,14 +26,21 @@ class COPA(MultipleChoiceTask):
     dataset_name = "copa"
     format_source = "lm-evaluation-harness copa: '{premise without final .} because|therefore'"
 
-    def doc_to_context(self, raw: Mapping[str, Any], index: int) -> str:
+    def premise(self, raw: Mapping[str, Any], index: int) -> str:
+        """The premise, stripped, without its final '.'."""
         premise = self.text(raw, index, "premise").strip()
+        # The harness drops the last character unconditionally; every COPA premise ends in '.'.
+        return premise[:-1] if premise.endswith(".") else premise
+
+    def connector(self, raw: Mapping[str, Any], index: int) -> str:
+        """'because' for a cause, 'therefore' for an effect."""
         question = self.text(raw, index, "question")
         if question not in _CONNECTORS:
             raise self.error(index, f"field 'question': expected 'cause' or 'effect', found {question!r}")
-        # The harness drops the last character unconditionally; every COPA premise ends in '.'.
-        premise = premise[:-1] if premise.endswith(".") else premise
-        return premise + " " + _CONNECTORS[question]
+        return _CONNECTORS[question]
+
+    def doc_to_context(self, raw: Mapping[str, Any], index: int) -> str:
+        return self.premise(raw, index) + " " + self.connector(raw, index)
 
     def doc_to_continuations(self, raw: Mapping[str, Any], index: int) -> list[str]:
         return [_lower_first(self.text(raw, index, name, nonempty=True)) for name in ("choice1", "choice2")]

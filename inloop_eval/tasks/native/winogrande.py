@@ -27,7 +27,8 @@ class WinoGrande(MultipleChoiceTask):
         "lm-evaluation-harness winogrande: partial scoring, '{sentence up to _}{option}' -> '{rest}'"
     )
 
-    def _blank(self, raw: Mapping[str, Any], index: int) -> tuple[str, int]:
+    def blank(self, raw: Mapping[str, Any], index: int) -> tuple[str, int]:
+        """The sentence and the position of its '_' blank."""
         sentence = self.text(raw, index, "sentence")
         if sentence.count("_") != 1:
             raise self.error(
@@ -36,13 +37,16 @@ class WinoGrande(MultipleChoiceTask):
             )
         return sentence, sentence.index("_")
 
+    def options(self, raw: Mapping[str, Any], index: int) -> list[str]:
+        """The two fillers of the blank."""
+        return [self.text(raw, index, name, nonempty=True) for name in ("option1", "option2")]
+
     def doc_to_context(self, raw: Mapping[str, Any], index: int) -> list[str]:
-        sentence, blank = self._blank(raw, index)
-        options = [self.text(raw, index, name, nonempty=True) for name in ("option1", "option2")]
-        return [sentence[:blank] + option for option in options]
+        sentence, blank = self.blank(raw, index)
+        return [sentence[:blank] + option for option in self.options(raw, index)]
 
     def doc_to_continuations(self, raw: Mapping[str, Any], index: int) -> list[str]:
-        sentence, blank = self._blank(raw, index)
+        sentence, blank = self.blank(raw, index)
         rest = sentence[blank + 1 :].strip()
         if not rest:
             raise self.error(

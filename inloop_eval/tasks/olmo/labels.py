@@ -2,9 +2,9 @@
 `olmo_eval.tasks.LABEL_TO_TASK_MAP`, 252 labels), rendered and tokenized as OLMo does, so that the loglikelihood
 of each request equals the one OLMo-core computes for it.
 
-Three kinds: OLMo's own formats (`olmo:piqa`, `olmo:hellaswag`, ..., `tasks.olmo_formats`), its MMLU
-(`olmo:mmlu_stem_val_mc_5shot`, ..., `tasks.olmo_mmlu`) and its oe-eval request files
-(`olmo:arc_easy_val_rc_5shot`, ..., `tasks.olmo_oe_eval`). Each task records OLMo's metric type for its label
+Three kinds: OLMo's own formats (`olmo:piqa`, `olmo:hellaswag`, ..., `tasks.olmo.formats`), its MMLU
+(`olmo:mmlu_stem_val_mc_5shot`, ..., `tasks.olmo.mmlu`) and its oe-eval request files
+(`olmo:arc_easy_val_rc_5shot`, ..., `tasks.olmo.oe_eval`). Each task records OLMo's metric type for its label
 in `olmo_metric_type` (acc, len_norm, pmi_dc, ce_loss, bpb or f1). Documents come in OLMo's order, so
 `limit: N` evaluates OLMo's first N documents.
 """
@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 from inloop_eval.errors import UnknownTaskError
 from inloop_eval.tasks.base import MultipleChoiceTask
-from inloop_eval.tasks.olmo.formats import OWN_FORMATS, check_metric_type
+from inloop_eval.tasks.olmo.base import check_metric_type
+from inloop_eval.tasks.olmo.formats import OWN_FORMATS
 from inloop_eval.tasks.olmo.mmlu import OLMO_CATEGORIES, OLMoMMLU
 from inloop_eval.tasks.olmo.oe_eval import OLMoOEEvalTask
 from inloop_eval.tasks.registry import register_resolver

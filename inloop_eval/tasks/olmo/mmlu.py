@@ -18,8 +18,8 @@ from typing import Any
 from inloop_eval.data.root import load_split
 from inloop_eval.errors import TaskDataError, UnknownTaskError
 from inloop_eval.tasks.base import Doc
-from inloop_eval.tasks.native.mmlu import DATASET_PATH, SUBJECTS
-from inloop_eval.tasks.olmo.formats import OLMoTask, with_metric_type
+from inloop_eval.tasks.native.mmlu import MMLURC, SUBJECTS
+from inloop_eval.tasks.olmo.base import OLMoFormat, with_metric_type
 
 # OLMo's subcategory of each subject (`MMLU._subcategories`): its categories group these, not the
 # subjects, so the subjects of a category come in the order of its subcategories.
@@ -112,8 +112,9 @@ def olmo_category_subjects(category: str) -> tuple[str, ...]:
     )
 
 
-class OLMoMMLU(OLMoTask):
-    """OLMo's MMLU over one category.
+class OLMoMMLU(OLMoFormat, MMLURC):
+    """OLMo's MMLU over one category: the native rc question and choices, or OLMo's own letter-key layout,
+    with OLMo's prompt variations put before each question.
 
     split: "validation" or "test".
     prompt_variations: None (zero-shot), 1 (all seven variations) or 2 (5-shot), as OLMo's argument.
@@ -123,7 +124,6 @@ class OLMoMMLU(OLMoTask):
     fast_mc: OLMo's `_fast` labels score every letter from one forward pass; the requests are the same.
     """
 
-    dataset_path = DATASET_PATH
     uncond_context = "Answer:"
     olmo_metric_type = "len_norm"
 
@@ -137,7 +137,6 @@ class OLMoMMLU(OLMoTask):
         metric_type: str | None = None,
         fast_mc: bool = False,
     ) -> None:
-        self.dataset_name = olmo_category_subjects(category)
         self.split = split
         self.prompt_variations = prompt_variations
         self.prompts: tuple[str | None, ...] = (
@@ -147,7 +146,7 @@ class OLMoMMLU(OLMoTask):
         self.fast_mc = fast_mc
         self._dev_splits: dict[Any, Sequence[Mapping[str, Any]]] = {}
         self.prompt_format = "mc" if mc_labels else "rc"
-        super().__init__(metric_type)
+        super().__init__(olmo_category_subjects(category), metric_type=metric_type)
         shown_prompts = ", ".join("zero-shot" if p is None else p for p in self.prompts)
         self.format_source = with_metric_type(
             f"OLMo mmlu {category} {split} ({shown_prompts}{', letter keys' if mc_labels else ''}): "
@@ -161,24 +160,20 @@ class OLMoMMLU(OLMoTask):
     def gold_only(self) -> bool:
         return self.prompt_format == "gold"
 
-    def format_example(self, raw: Mapping[str, Any], index: int) -> str:
-        """One question as OLMo writes it, ending in 'Answer:'."""
-        prefix = "" if self.mc_labels else "Question: "
-        question = prefix + self.text(raw, index, "question").strip()
-        options = ""
-        if self.mc_labels:
-            choices = self.texts(raw, index, "choices")
-            options = "".join(f"{key}. {choice}\n" for key, choice in zip(LETTERS, choices, strict=False))
-        return f"{question}\n{options}Answer:"
-
     def answer_index(self, raw: Mapping[str, Any], index: int) -> int:
-        return self.label(raw, index, "answer", len(self.texts(raw, index, "choices")))
+        """The position of the gold choice (the native gold), also where only the gold answer is scored."""
+        return super().doc_to_gold(raw, index)
 
     def doc_to_context(self, raw: Mapping[str, Any], index: int) -> str:
-        return self.format_example(raw, index)
+        """The native rc prompt; with letter keys, OLMo's: '{question}\\nA. {choice}\\n...Answer:'."""
+        if not self.mc_labels:
+            return super().doc_to_context(raw, index)
+        choices = self.choices(raw, index)
+        options = "".join(f"{key}. {choice}\n" for key, choice in zip(LETTERS, choices, strict=False))
+        return f"{self.question(raw, index)}\n{options}Answer:"
 
     def doc_to_continuations(self, raw: Mapping[str, Any], index: int) -> list[str]:
-        choices = list(LETTERS) if self.mc_labels else self.texts(raw, index, "choices")
+        choices = list(LETTERS) if self.mc_labels else self.choices(raw, index)
         return [choices[self.answer_index(raw, index)]] if self.gold_only else choices
 
     def doc_to_gold(self, raw: Mapping[str, Any], index: int) -> int:
@@ -201,8 +196,8 @@ class OLMoMMLU(OLMoTask):
                     break
                 try:
                     answer = self.answer_index(example, k)
-                    shown = LETTERS[answer] if self.mc_labels else self.texts(example, k, "choices")[answer]
-                    prefix += self.format_example(example, k) + " " + shown + "\n\n"
+                    shown = LETTERS[answer] if self.mc_labels else self.choices(example, k)[answer]
+                    prefix += self.doc_to_context(example, k) + " " + shown + "\n\n"
                 except TaskDataError as exc:
                     raise TaskDataError(
                         f"few-shot example {k} (dev split) of task doc {index}: {exc}"

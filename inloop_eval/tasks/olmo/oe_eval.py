@@ -14,14 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from inloop_eval.metrics.olmo import OLMO_GOLD_ONLY_TYPES
 from inloop_eval.tasks.base import Doc
 from inloop_eval.tasks.oe_eval import OEEvalRequestsTask
-from inloop_eval.tasks.olmo.formats import (
-    DEFAULT_DOMAIN_CONDITIONAL,
-    GOLD_ONLY_TYPES,
-    metrics_for,
-    with_metric_type,
-)
+from inloop_eval.tasks.olmo.base import DEFAULT_DOMAIN_CONDITIONAL, set_metric_type, with_metric_type
 
 
 class OLMoOEEvalTask(OEEvalRequestsTask):
@@ -35,11 +31,8 @@ class OLMoOEEvalTask(OEEvalRequestsTask):
 
     def __init__(self, task_dir: str, variant: str, metric_type: str, *, fast_mc: bool = False) -> None:
         super().__init__(task_dir, variant)
-        self.olmo_metric_type = metric_type
         self.fast_mc = fast_mc
-        if metric_type in GOLD_ONLY_TYPES:
-            self.prompt_format = "gold"
-        self.metrics = metrics_for(self.prompt_format, metric_type)
+        set_metric_type(self, metric_type)
         self.format_source = with_metric_type(
             f"OLMo oe-eval request file {task_dir}/{variant}, as OLMo encodes it", metric_type
         )
@@ -52,7 +45,7 @@ class OLMoOEEvalTask(OEEvalRequestsTask):
         return rows
 
     def _make(self, requests: list[tuple[int, str, str, Any]], index: int, doc_id: int) -> Doc:
-        if self.olmo_metric_type in GOLD_ONLY_TYPES:
+        if self.olmo_metric_type in OLMO_GOLD_ONLY_TYPES:
             requests = [self._gold_request(requests, index, doc_id)]
         return super()._make(requests, index, doc_id)
 
