@@ -16,6 +16,7 @@ from inloop_eval.data.root import default_data_root, neox_tokenizer_path
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
+from inloop_eval.tasks.splits import standard_splits
 
 PINNED_TASKS = ("hellaswag", "piqa", "arc_easy", "mmlu_rc", "mmlu_mc")
 N_DOCS = 200
@@ -38,7 +39,7 @@ def pinned_evaluator(data_root: Path, batch_tokens: int = 4096) -> InLoopEvaluat
 
 
 def main() -> None:
-    root = fetch(default_data_root())
+    root = fetch(default_data_root(), standard_splits())
     scores = pinned_evaluator(root).run(pinned_model())
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(scores, indent=1, sort_keys=True) + "\n")

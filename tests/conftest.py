@@ -22,8 +22,9 @@ def data_root() -> Path:
     if env and Path(env).is_dir():
         return Path(env)
     from inloop_eval.data.fetch import fetch
+    from inloop_eval.tasks.splits import standard_splits
 
-    return fetch(default_data_root())
+    return fetch(default_data_root(), standard_splits())
 
 
 @pytest.fixture(scope="session")

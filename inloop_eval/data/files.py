@@ -1,4 +1,5 @@
-"""Writing files and directories so that a reader never sees half of one.
+"""Writing files and directories so that a reader never sees half of one, and the checksum that tells a
+file was not changed since.
 
 A file is written to a temporary file in its own directory, flushed to disk and renamed over the target
 (`os.replace`, atomic on POSIX file systems); a directory is built in a staging directory beside it and
@@ -7,6 +8,7 @@ renamed into place whole. A failed write leaves nothing behind.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -57,3 +59,12 @@ def build_directory_atomically(target: Path, build: Callable[[Path], None]) -> N
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def sha256_of(path: Path) -> str:
+    """Hex SHA-256 of a file's contents, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

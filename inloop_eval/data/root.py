@@ -12,7 +12,6 @@ root without a manifest (fetched by an older version, or made by hand) loads wit
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ from stat import S_ISREG
 
 import datasets
 
-from inloop_eval.data.files import write_text_atomically
+from inloop_eval.data.files import sha256_of, write_text_atomically
 from inloop_eval.errors import TaskDataError
 
 OE_EVAL_DIR = "oe_eval_tasks"
@@ -78,15 +77,6 @@ class FileRecord:
 
     size: int
     sha256: str
-
-
-def sha256_of(path: Path) -> str:
-    """Hex SHA-256 of a file's contents, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def record_files(directory: Path) -> dict[str, FileRecord]:

@@ -79,6 +79,15 @@ def start_token_id(tokenizer: TokenizerLike) -> int | None:
     return None
 
 
+def encode_texts(tokenizer: TokenizerLike, texts: list[str]) -> list[list[int]]:
+    """The ids of each text: one `encode_batch` call where the tokenizer has it (much faster), else `encode`
+    text by text."""
+    encode_batch = getattr(tokenizer, "encode_batch", None)
+    if encode_batch is not None:
+        return [list(ids) for ids in encode_batch(texts)]
+    return [list(tokenizer.encode(t)) for t in texts]
+
+
 def load_tokenizer(
     path: str | Path, *, bos_token: str | None = None, eos_token: str | None = None
 ) -> Tokenizer:

@@ -41,6 +41,7 @@ from inloop_eval.keys import DOWNSTREAM, PERPLEXITY, SECONDS_KEY, TOKENS_KEY, sp
 from inloop_eval.loggers import JSONLLogger, MetricsLogger, MultiLogger, WandbLogger, is_rank_zero
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.report import write_report
+from inloop_eval.tasks.splits import standard_splits
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +315,10 @@ def run(args: argparse.Namespace) -> int:
         config.train.__post_init__()
     if args.out:
         config.train.out_dir = args.out
-    root = fetch(Path(config.evaluation.data_root) if config.evaluation.data_root else default_data_root())
+    root = fetch(
+        Path(config.evaluation.data_root) if config.evaluation.data_root else default_data_root(),
+        standard_splits(),
+    )
     train(config, root)
     if is_rank_zero():
         out_dir = Path(config.train.out_dir).absolute()

@@ -19,7 +19,8 @@ import torch
 
 from inloop_eval.config_fields import AtLeast, check_fields, repeated, shown
 from inloop_eval.data.perplexity.domain_config import LMDomainConfig
-from inloop_eval.data.perplexity.domains import DomainSet, load_domains
+from inloop_eval.data.perplexity.domain_set import DomainSet
+from inloop_eval.data.perplexity.loading import load_domains
 from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
 from inloop_eval.data.root import home
 from inloop_eval.data.tokenizer import TokenizerLike

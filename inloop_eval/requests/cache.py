@@ -2,14 +2,16 @@
 
 A table lives in `<INLOOP_EVAL_HOME or ~/.cache/inloop_eval>/requests/<key>.npz`, always directly in that
 folder: the key is the task id made safe for a file name (`file_label`: no '/', '..' or ':', so an id such as
-`harness:../x/task.yaml` cannot name a file elsewhere) and a hash of everything the table depends on: the task id, the documents as the task renders them (so a change of data or of a
-task's prompt gives a new key), the tokenizer's fingerprint, `max_length`, `limit`, whether unconditional
-requests are built, the source of `pairs.py` and `tokenizer.py`, and this module's format version.
-Tokenizers without a `fingerprint` are never cached.
+`harness:../x/task.yaml` cannot name a file elsewhere) and a hash of everything the table depends on: the task
+id, the documents as the task renders them (so a change of data or of a task's prompt gives a new key), the
+tokenizer's fingerprint, `max_length`, `limit`, whether unconditional requests are built, the source of
+`pairs.py` and `tokenizer.py`, and this module's format version. Tokenizers without a `fingerprint` are never
+cached.
 
-A file is written to a temporary file in the same directory and renamed into place (`os.replace`, atomic on
-POSIX), so a reader sees either no file or a whole one, however many processes write the same key at once.
-Files hold NumPy arrays only (`allow_pickle=False`): strings are stored as UTF-8 bytes with offsets.
+Each file is an archive entry of the checksummed cache (`inloop_eval.data.cache`): written atomically, its
+record (format, key, the SHA-256 of every array, the table's layout) checked whenever it is read, and a file
+that does not match is reported (`RequestCacheError`) and rebuilt, never trusted. Files hold NumPy arrays only
+(`allow_pickle=False`): strings are stored as UTF-8 bytes with offsets.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,17 +27,14 @@ from typing import Any
 import numpy as np
 
 from inloop_eval.data import tokenizer as tokenizer_module
-from inloop_eval.data.files import write_atomically
+from inloop_eval.data.cache import CacheMismatch, read_archive, write_archive
 from inloop_eval.data.root import home
 from inloop_eval.errors import InLoopEvalError
 from inloop_eval.requests import pairs as pairs_module
 from inloop_eval.requests.pairs import PairSet, RequestTable
 from inloop_eval.tasks.base import Doc, MultipleChoiceTask
 
-log = logging.getLogger(__name__)
-
-FORMAT_VERSION = 1
-_META = "__meta__"
+FORMAT_VERSION = 2  # 2: a checksummed cache entry (`inloop_eval.data.cache`)
 _NOT_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -174,33 +172,24 @@ def _table_arrays(table: RequestTable) -> tuple[dict[str, np.ndarray], dict[str,
 
 
 def save_table(table: RequestTable, path: Path) -> None:
-    """Write `table` to `path` atomically (`inloop_eval.data.files`)."""
+    """Write `table` to `path` atomically, with its record (`inloop_eval.data.cache`)."""
     arrays, layout = _table_arrays(table)
-    meta = {"format": FORMAT_VERSION, "key": path.stem, "layout": layout}
-    arrays[_META] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    write_atomically(path, lambda f: np.savez(f, **arrays))
+    write_archive(path, arrays, version=FORMAT_VERSION, key=path.stem, info={"layout": layout})
 
 
 def load_table(path: Path) -> RequestTable | None:
-    """The table cached at `path`; None when there is no file. Raises RequestCacheError for a file that
-    cannot be read back into a table of this version."""
+    """The table cached at `path`; None when there is no file. Raises RequestCacheError for a file that is
+    not the table written under this key by this version."""
     try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {name: z[name] for name in z.files}
-    except FileNotFoundError:
+        entry = read_archive(path, version=FORMAT_VERSION, key=path.stem)
+    except CacheMismatch as exc:
+        what = "unreadable" if exc.damaged else "not a request table of this version"
+        raise RequestCacheError(f"request cache {path}: {what} ({exc}); {_REBUILT}") from None
+    if entry is None:
         return None
-    except Exception as exc:  # zipfile, NumPy and OS errors all mean "not a usable file"
-        raise RequestCacheError(
-            f"request cache {path}: unreadable ({type(exc).__name__}: {exc}); {_REBUILT}"
-        ) from None
+    arrays, info = entry
     try:
-        meta = json.loads(arrays.pop(_META).tobytes().decode())
-        if meta.get("format") != FORMAT_VERSION or meta.get("key") != path.stem:
-            raise ValueError(
-                f"expected format {FORMAT_VERSION} and key {path.stem!r}, found format "
-                f"{meta.get('format')!r} and key {meta.get('key')!r}"
-            )
-        return _rebuild(arrays, meta["layout"])
+        return _rebuild(arrays, info["layout"])
     except (KeyError, ValueError, TypeError) as exc:
         raise RequestCacheError(
             f"request cache {path}: not a request table of this version ({type(exc).__name__}: {exc}); "

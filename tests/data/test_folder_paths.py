@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inloop_eval.data.perplexity.domains import resolve_paths
+from inloop_eval.data.perplexity.sources import resolve_paths
 from inloop_eval.errors import LMDataError
 
 

@@ -17,7 +17,7 @@ from lm_helpers import DOCS, SEQ_LEN, reference_memmap, tiny_gpt
 
 from inloop_eval.cli import main
 from inloop_eval.data.perplexity.domain_config import LMDomainConfig
-from inloop_eval.data.perplexity.domains import load_memmap_domain, load_text_domain, select_under_cap
+from inloop_eval.data.perplexity.domain_set import load_memmap_domain, load_text_domain, select_under_cap
 from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.data.tokenizer import Tokenizer

@@ -21,7 +21,7 @@ from lm_helpers import join_or_fail, lm_entry, tiny_gpt, write_domains
 from workers.launch import free_port
 
 from inloop_eval.data.perplexity.domain_config import LMDomainConfig
-from inloop_eval.data.perplexity.domains import load_memmap_domain
+from inloop_eval.data.perplexity.domain_set import load_memmap_domain
 from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.errors import LMDataError

@@ -29,7 +29,7 @@ from olmo_eval import tasks as olmo_tasks
 from olmo_eval.tokenizer import HFTokenizer
 
 from inloop_eval.cli import main
-from inloop_eval.data.fetch import EXTRA_SPLITS, STANDARD_SPLITS
+from inloop_eval.data.fetch import EXTRA_SPLITS
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.data.tokenizer import load_tokenizer
 from inloop_eval.errors import UnknownTaskError
@@ -43,6 +43,7 @@ from inloop_eval.tasks.olmo.formats import OWN_FORMATS
 from inloop_eval.tasks.olmo.labels import MMLU_LABELS, OE_EVAL_LABELS, olmo_labels
 from inloop_eval.tasks.olmo.mmlu import OLMO_CATEGORIES, OLMoMMLU, olmo_category_subjects
 from inloop_eval.tasks.olmo.oe_eval import OLMoOEEvalTask
+from inloop_eval.tasks.splits import standard_splits
 
 transformers = importlib.import_module("transformers")
 
@@ -269,7 +270,7 @@ def test_request_cache_key_covers_pair_encoding_and_document_uncond_contexts() -
 
 
 def test_fetch_list_holds_every_split_olmo_labels_read() -> None:
-    fetched = set(STANDARD_SPLITS) | set(EXTRA_SPLITS)
+    fetched = set(standard_splits()) | set(EXTRA_SPLITS)
     for label in olmo_labels():
         task = get_task(f"olmo:{label}")
         if isinstance(task, OLMoOEEvalTask):

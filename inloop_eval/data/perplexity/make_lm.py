@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 
 from inloop_eval.data.files import build_directory_atomically
-from inloop_eval.data.perplexity.domains import encode_texts
 from inloop_eval.data.root import oe_eval_dir
-from inloop_eval.data.tokenizer import TokenizerLike
+from inloop_eval.data.tokenizer import TokenizerLike, encode_texts
 from inloop_eval.errors import LMDataError
 
 # oe-eval request files (in a fetched data root) whose passages make an English prose domain; none of
