@@ -5,6 +5,7 @@ built-in task.
 - `registry`: task id -> factory, `<id>_<k>shot` ids and `<prefix>:` resolvers;
 - `loading`: a task's documents, with `fewshot` putting the description and examples before each prompt;
 - `lint`: checks of a task's rendered documents (`inloop-eval lint`);
+- `splits`: every split the registered tasks read (what `inloop-eval data fetch` materialises);
 - `native`: the built-in task families; `olmo`: OLMo's labels as mixins over them (`olmo:<label>`);
 - `oe_eval`: oe-eval request files (`oe_eval:<task>:<variant>`); `harness`: lm-evaluation-harness YAML
   tasks (`harness:<path>`).
