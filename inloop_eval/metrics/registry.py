@@ -58,6 +58,9 @@ class MetricDef:
     compute: Callable[[Choices], Tensor | float]
     stderr: bool = False
     needs_uncond: bool = False
+    compares_choices: bool = True
+    """Whether the figure weighs a document's choices against each other (an argmax or a softmax over them),
+    so that a document with a single choice scores perfectly whatever the model does."""
 
 
 def _brier(c: Choices) -> Tensor:
@@ -113,13 +116,21 @@ METRICS: dict[str, MetricDef] = {
         MetricDef("acc_bytes", "accuracy", lambda c: c.ll / c.n_bytes, stderr=True),
         MetricDef("acc_per_token", "accuracy", lambda c: c.ll / c.n_tokens, stderr=True),
         MetricDef("acc_pmi", "accuracy", lambda c: c.ll - c.ll_uncond, stderr=True, needs_uncond=True),
-        MetricDef("ce_gold", "per_doc", lambda c: -c.at_first_gold(c.ll) / c.at_first_gold(c.n_tokens)),
         MetricDef(
-            "bpb_gold", "per_doc", lambda c: -c.at_first_gold(c.ll) / c.at_first_gold(c.n_bytes) / math.log(2)
+            "ce_gold",
+            "per_doc",
+            lambda c: -c.at_first_gold(c.ll) / c.at_first_gold(c.n_tokens),
+            compares_choices=False,
+        ),
+        MetricDef(
+            "bpb_gold",
+            "per_doc",
+            lambda c: -c.at_first_gold(c.ll) / c.at_first_gold(c.n_bytes) / math.log(2),
+            compares_choices=False,
         ),
         MetricDef("brier", "per_doc", _brier),
         MetricDef("prob_gold", "per_doc", lambda c: (c.probabilities() * c.is_gold).sum(1)),
-        MetricDef("ppl_gold", "whole", _ppl_gold),
+        MetricDef("ppl_gold", "whole", _ppl_gold, compares_choices=False),
         MetricDef("f1", "whole", _f1),
         MetricDef("ece", "whole", _ece),
         MetricDef(
@@ -127,6 +138,7 @@ METRICS: dict[str, MetricDef] = {
             "per_doc",
             lambda c: (c.is_greedy & c.is_gold).any(dim=1).to(torch.float64),
             stderr=True,
+            compares_choices=False,
         ),
     )
 }
@@ -180,6 +192,12 @@ def canonical(name: str) -> str:
 def unknown_metrics(names: Sequence[str]) -> list[str]:
     """The names that are neither a figure nor an alias, sorted."""
     return sorted(set(names) - set(ALL_METRICS))
+
+
+def comparing_choices(metrics: Sequence[str]) -> list[str]:
+    """The names among `metrics` whose figure weighs a document's choices against each other (perfect, and
+    meaningless, on a document with a single choice)."""
+    return [m for m in metrics if canonical(m) in METRICS and METRICS[canonical(m)].compares_choices]
 
 
 def needs_uncond(metrics: Sequence[str]) -> bool:

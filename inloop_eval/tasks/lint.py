@@ -1,6 +1,7 @@
 """Task lint: problems in choice strings and prompts that silently move scores, found before a run.
 
-Errors (a task with one should not be run): a gold index out of range, an empty choice, a gold choice
+Errors (a task with one should not be run): a gold index out of range, an empty choice, a document with a
+single choice under figures that compare choices (its accuracy is 1 whatever the model does), a gold choice
 identical to a wrong one (scored by position alone), a letter-key task that lists a length normalisation (a
 copy of `acc` under another name), a task whose documents fail to load. Warnings (scores are computed, but
 likely not as meant): identical wrong choices, whitespace at the end of a choice, leading whitespace on some
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inloop_eval.errors import InLoopEvalError
-from inloop_eval.metrics.registry import LENGTH_NORM_METRICS
+from inloop_eval.metrics.registry import LENGTH_NORM_METRICS, comparing_choices
 from inloop_eval.tasks.base import Doc, MultipleChoiceTask
 from inloop_eval.tasks.loading import load_docs
 
@@ -94,13 +95,20 @@ def _is_letter_key_task(task: MultipleChoiceTask, docs: Sequence[Doc]) -> bool:
     return bool(docs) and all(_LETTER.match(c) for d in docs for c in d.continuations)
 
 
-def _doc_issues(task: MultipleChoiceTask, doc: Doc) -> list[LintIssue]:
+def _doc_issues(task: MultipleChoiceTask, doc: Doc, comparing: Sequence[str]) -> list[LintIssue]:
     where = f"doc {doc.index}"
     out: list[LintIssue] = []
 
     def add(severity: str, code: str, message: str) -> None:
         out.append(LintIssue(severity, code, doc.index, f"{where}: {message}"))
 
+    if doc.n_choices < 2 and comparing:
+        add(
+            ERROR,
+            "single-choice",
+            f"{doc.n_choices} choice: {list(comparing)} weigh a document's choices against each other, so each "
+            "is perfect on this document whatever the model does; expected at least 2 choices",
+        )
     bad_gold = [g for g in doc.gold if not 0 <= g < doc.n_choices]
     if bad_gold or not doc.gold:
         add(
@@ -200,8 +208,9 @@ def lint_docs(
                 f"letter-key task lists {listed}: every choice has the same length, so each is a copy of acc",
             )
         )
+    comparing = comparing_choices(metrics)
     for doc in docs:
-        report.issues.extend(_doc_issues(task, doc))
+        report.issues.extend(_doc_issues(task, doc, comparing))
     spaced = [all(c[:1].isspace() for c in d.continuations) for d in docs if d.continuations]
     if 0 < sum(spaced) < len(spaced):
         report.issues.append(

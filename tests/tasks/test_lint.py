@@ -84,6 +84,7 @@ def test_clean_task_passes():
         ([doc(0, ("iron", "wood"), context=CTX + " ")], {}, "context-trailing-whitespace", WARNING),
         ([doc(0, ("iron", "wood"), context=CTX + "\n")], {}, "context-trailing-whitespace", WARNING),
         ([Doc(0, (CTX, CTX), ("iron", "wood"), (0,), shots=4)], {"num_fewshot": 5}, "fewer-shots", WARNING),
+        ([doc(0, ("iron",)), doc(1, ("wood",))], {}, "single-choice", ERROR),
     ],
 )
 def test_each_problem_is_flagged(docs, attrs, code, severity):
@@ -93,6 +94,17 @@ def test_each_problem_is_flagged(docs, attrs, code, severity):
     report = lint_docs(task, task.docs)
     assert any(i.doc in (0, None) and i.code == code for i in report.issues)
     assert code in report.summary()
+
+
+def test_one_choice_documents_are_an_error_only_where_a_figure_compares_choices():
+    """acc over documents of one choice is 1 whatever the model does; a likelihood figure of the one
+    continuation (a gold-only task) is fine."""
+    single = [doc(0, ("iron",)), doc(1, ("wood",))]
+    report = lint_docs(ListTask("one", single), single)
+    assert [i.doc for i in report.issues if i.code == "single-choice"] == [0, 1]
+    assert "one: 2 docs, 2 errors, 0 warnings" in report.summary()
+    assert "'acc'" in report.issues[0].message
+    assert issues(ListTask("gold_only", single, metrics=("ce_gold", "bpb_gold"))) == {}
 
 
 def test_only_the_problem_is_flagged():
