@@ -34,7 +34,7 @@ class Settings(Protocol):
     data_root: str | None
 
 
-class EntryConfig(Protocol):
+class KindConfig(Protocol):
     """What every kind's config class (an entry of the config's `evaluators:` list) has.
 
     type: the `type:` that selects the kind in YAML; the default of the class's `type` field (`entry_type`).
@@ -93,7 +93,7 @@ class EvalOutput:
     olmo: dict[str, OlmoNames] = field(default_factory=dict)
 
 
-ConfigT = TypeVar("ConfigT", bound=EntryConfig)
+ConfigT = TypeVar("ConfigT", bound=KindConfig)
 PreparedT = TypeVar("PreparedT")
 
 
