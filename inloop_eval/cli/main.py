@@ -23,7 +23,7 @@ from inloop_eval.keys import failed_labels
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-    from inloop_eval.evaluators.downstream import PreparedTask, TaskResult
+    from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 
 log = logging.getLogger("inloop_eval")
 
@@ -366,18 +366,12 @@ def progress_bar(evaluator: Any, enabled: bool) -> tqdm | None:
     return tqdm(desc="requests", unit="req", file=sys.stderr, dynamic_ncols=True)
 
 
-def gather_samples(evaluator: Any) -> list[dict[str, Any]] | None:
-    """Every rank's per-request scores, gathered on rank 0 and deduplicated by (task, doc_id, cont_id)."""
+def gather_samples(evaluator: InLoopEvaluator) -> list[dict[str, Any]] | None:
+    """Every rank's per-request records (`InLoopEvaluator.samples`), gathered on rank 0 (None on the other
+    ranks) and deduplicated by (task, doc_id, cont_id): a document padded onto two ranks counts once."""
     import torch.distributed as dist
 
-    from inloop_eval.evaluators.downstream import TaskResult
-
-    local = [
-        record
-        for name, output in evaluator.last_outputs.items()
-        if isinstance(output.detail, TaskResult)
-        for record in sample_records(evaluator.evaluators[name].prepared, output.detail)
-    ]
+    local = evaluator.samples()
     if dist.is_initialized() and dist.get_world_size() > 1:
         gathered: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
         dist.gather_object(local, gathered if dist.get_rank() == 0 else None, dst=0)
@@ -386,30 +380,6 @@ def gather_samples(evaluator: Any) -> list[dict[str, Any]] | None:
         local = [r for part in gathered for r in part]
     unique = {(r["task"], r["doc_id"], r["cont_id"]): r for r in reversed(local)}
     return sorted(unique.values(), key=lambda r: (r["task"], r["doc_id"], r["cont_id"]))
-
-
-def sample_records(prepared: PreparedTask, result: TaskResult) -> list[dict[str, Any]]:
-    table = prepared.table
-    n = len(result.rows)
-    uncond_ll = dict(zip(result.uncond_ids.tolist(), result.scores.ll[n:].tolist(), strict=True))
-    records = []
-    for i, row in enumerate(result.rows.tolist()):
-        uid = int(table.uncond_id[row])
-        records.append(
-            {
-                "task": prepared.config.label,
-                "doc_id": int(table.doc_id[row]),
-                "cont_id": int(table.cont_id[row]),
-                "context": table.context_text[row],
-                "continuation": table.continuation_text[row],
-                "ll": float(result.scores.ll[i]),
-                "ll_uncond": uncond_ll.get(uid) if uid >= 0 else None,
-                "n_tokens": int(table.pairs.cont_len[row]),
-                "is_greedy": bool(result.scores.greedy[i]),
-                "gold": bool(table.is_gold[row]),
-            }
-        )
-    return records
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

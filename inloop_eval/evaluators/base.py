@@ -1,59 +1,169 @@
-"""What every kind of evaluator is: built from its config entry, run on a model adapter, and answering with
-`EvalOutput`. The orchestrator (`inloop_eval.evaluators.orchestrator.InLoopEvaluator`) only loops over them; a new kind of
-evaluation is one new module with a config class and an `Evaluator` subclass, and one entry in the
-orchestrator's table.
+"""What every kind of evaluator is: built from its config entry, prepared once, evaluated at each evaluation,
+and answering with bare figure names per label (`EvalOutput`). The orchestrator
+(`inloop_eval.evaluators.orchestrator.InLoopEvaluator`) only loops over them and names the figures' keys
+(`inloop_eval.keys`); `inloop_eval.evaluators.kinds` maps each config `type:` to its evaluator class.
+
+What a kind promises, and the orchestrator relies on:
+- `run` is called by every rank, with the same config, in the same order as the other evaluators; it makes
+  the same collectives on every rank, and its figures are the same on every rank (synced).
+- `prepare` joins the agreement's first point on every rank, even with everything already in memory, and
+  `evaluate` joins the same number of further points on every rank (`inloop_eval.distributed`).
+- A failure raised by either step, on any rank, is agreed by all ranks in `run` (`run_agreed`): all report
+  `failed = 1` for each of the entry's labels, or all raise when `strict`. A kind whose labels may fail one
+  by one (perplexity domains) reports `failed = 1` for those labels itself and raises them when `strict`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+from inloop_eval.config_fields import shown
 from inloop_eval.data.tokenizer import TokenizerLike
+from inloop_eval.distributed import TaskAgreement, run_agreed
 from inloop_eval.engine.adapters import ModelAdapter
+from inloop_eval.errors import ConfigError
+from inloop_eval.keys import FAILED
 
 
 class Settings(Protocol):
     """What an evaluator reads of the whole evaluator config (`EvaluatorConfig`)."""
 
     data_root: str | None
-    key_style: str
+
+
+class KindConfig(Protocol):
+    """What every kind's config class (an entry of the config's `evaluators:` list) has.
+
+    type: the `type:` that selects the kind in YAML; the default of the class's `type` field (`entry_type`).
+    labels_name: what its labels are, in the error naming repeated ones (e.g. "lm domain labels").
+    """
+
+    type: str
+    labels_name: ClassVar[str]
+
+    def labels(self) -> list[str]:
+        """The labels the entry reports under (`<prefix>/<kind>/<label>/...`), in order."""
+        ...
+
+
+def entry_type(config_class: type) -> str:
+    """The `type:` that selects `config_class` in a config: the default of its `type` field (the default
+    `inloop_eval.config_fields` builds a mapping by)."""
+    return next(f.default for f in dataclasses.fields(config_class) if f.name == "type")
+
+
+def check_entry_type(config: Any, where: str) -> None:
+    """ConfigError unless the entry `config`'s `type` is its class's own (`entry_type`); `where` names the
+    entry. (A mapping read from a config is built into the class its `type:` selects; this catches a class
+    built directly with another type.)"""
+    expected = entry_type(type(config))
+    if config.type != expected:
+        raise ConfigError(f"{where}: type must be {expected!r}, found {shown(config.type)}")
+
+
+@dataclass(frozen=True)
+class OlmoNames:
+    """How OLMo-core names the figures of an `olmo:` task (used with `key_style: olmo_core`).
+
+    label: the task's label in OLMo-core (its task id without `olmo:`).
+    figures: the figures OLMo-core reports for the task's metric type (`metrics.olmo.olmo_figures`).
+    """
+
+    label: str
+    figures: frozenset[str]
 
 
 @dataclass
 class EvalOutput:
-    """One evaluator's answer to one evaluation.
+    """One evaluator's answer to one evaluation, in bare figure names.
 
-    metrics: `{key: float}`, the same on every rank (synced); a failure is `<prefix>/<label>/failed = 1`.
+    figures: label -> {figure: value}, labels in the entry's order, the same on every rank (synced); a
+        label whose evaluation failed holds `{keys.FAILED: 1.0}`.
     tokens_forwarded: tokens this rank sent through the model, padding and dummy batches included.
     detail: the evaluator's own result object (scores per request or per sequence), None after a failure.
+    olmo: label -> its OLMo-core names, for the labels that are `olmo:` tasks.
     """
 
-    metrics: dict[str, float]
+    figures: dict[str, dict[str, float]]
     tokens_forwarded: int = 0
     detail: Any = None
+    olmo: dict[str, OlmoNames] = field(default_factory=dict)
 
 
-class Evaluator:
-    """One entry of the config's `evaluators:` list.
+ConfigT = TypeVar("ConfigT", bound=KindConfig)
+PreparedT = TypeVar("PreparedT")
 
-    config: the entry; settings: the whole evaluator config (data root, key style, ...).
+
+class Evaluator(Generic[ConfigT, PreparedT]):
+    """One entry of the config's `evaluators:` list. A kind sets `kind` and `config_class`, and implements
+    `prepare` and `evaluate`; `run` is the same for every kind.
+
+    config: the entry; settings: the whole evaluator config (data root, ...).
     name: unique among the entries (a task's label; for other kinds, their own).
-    Subclasses keep what they loaded between evaluations, and make the same collectives on every rank.
+    labels: the labels the entry reports, in order.
     """
 
+    kind: ClassVar[str]
+    """The second part of its keys (`keys.DOWNSTREAM`, `keys.PERPLEXITY`)."""
+    config_class: ClassVar[type]
+    """Its config entry class; its `type` field's default selects it in a config."""
     name: str
 
-    def __init__(self, config: Any, *, tokenizer: TokenizerLike, settings: Settings) -> None:
+    def __init__(self, config: ConfigT, *, tokenizer: TokenizerLike, settings: Settings) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.settings = settings
+        self.labels: tuple[str, ...] = tuple(config.labels())
+
+    def prepare(self, adapter: ModelAdapter, agreement: TaskAgreement, *, strict: bool) -> PreparedT:
+        """What the evaluation needs that does not change between evaluations (documents, tokenized
+        requests), loaded once and reused. Joins the agreement's first point on every rank.
+
+        adapter: the model (its context length decides how requests are cut).
+        strict: raise a failure of one label rather than reporting it (kinds whose labels fail one by one).
+        """
+        raise NotImplementedError
+
+    def evaluate(
+        self,
+        adapter: ModelAdapter,
+        prepared: PreparedT,
+        agreement: TaskAgreement,
+        *,
+        strict: bool,
+        progress: Callable[[int], None] | None = None,
+    ) -> EvalOutput:
+        """Score this rank's share of `prepared` and compute the figures over all ranks, joining the same
+        agreement points on every rank.
+
+        progress: called with the number of requests (or sequences) of each batch scored.
+        """
+        raise NotImplementedError
 
     def run(
         self, adapter: ModelAdapter, *, strict: bool, progress: Callable[[int], None] | None = None
     ) -> EvalOutput:
-        """Evaluate the model once. Under torch.distributed every rank calls this; a failure on any rank is
-        agreed by all (`inloop_eval.distributed.run_agreed`): all report it in the metrics, or all raise when
-        `strict`."""
-        raise NotImplementedError
+        """Prepare and evaluate once. Under torch.distributed every rank calls this; a failure on any rank is
+        agreed by all (`inloop_eval.distributed.run_agreed`): all report `failed = 1` for every label, or all
+        raise when `strict`."""
+
+        def body(agreement: TaskAgreement) -> EvalOutput:
+            prepared = self.prepare(adapter, agreement, strict=strict)
+            return self.evaluate(adapter, prepared, agreement, strict=strict, progress=progress)
+
+        output = run_agreed(self.title(), body, strict=strict)
+        if output is None:
+            return EvalOutput({label: {FAILED: 1.0} for label in self.labels})
+        return output
+
+    def title(self) -> str:
+        """The entry as logs and errors name it, e.g. `task 'piqa'`."""
+        return self.name
+
+    def samples(self, output: EvalOutput) -> list[dict[str, Any]]:
+        """This rank's record of each request scored in `output` (this evaluator's latest answer), for
+        `inloop-eval evaluate --samples`; [] for a kind without per-request records."""
+        return []

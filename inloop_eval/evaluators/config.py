@@ -1,5 +1,5 @@
-"""The whole evaluator config: the list of evaluators (each kind's own config class) and the settings they
-share; logged whole with each run."""
+"""The whole evaluator config: the list of evaluators (each kind's own config class, `kinds.EntryConfig`) and
+the settings they share; logged whole with each run."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from inloop_eval.config_fields import (
     repeated,
 )
 from inloop_eval.errors import ConfigError
-from inloop_eval.evaluators.downstream import TaskEvalConfig
-from inloop_eval.evaluators.perplexity import LMEvalConfig
+from inloop_eval.evaluators.kinds import KINDS, EntryConfig
 from inloop_eval.keys import KEY_STYLES
 
 
@@ -26,7 +25,7 @@ from inloop_eval.keys import KEY_STYLES
 class EvaluatorConfig:
     """Everything `InLoopEvaluator` needs; logged whole with each run."""
 
-    evaluators: list[TaskEvalConfig | LMEvalConfig] = field(default_factory=list)
+    evaluators: list[EntryConfig] = field(default_factory=list)
     """The evaluators to run at each evaluation, in order: tasks (`type: downstream`, the default) and
     domain perplexity (`type: lm`). A config read from YAML or a dict must list at least one; an empty list
     is allowed only in code, to be filled in later."""
@@ -39,7 +38,8 @@ class EvaluatorConfig:
     max_length: Annotated[int, AtLeast(2)] | None = None
     """Longest input in tokens; default: the model's own (position embeddings), else 2048."""
     strict: bool = False
-    """Re-raise a task's failure instead of reporting `eval/downstream/<task>/failed = 1`."""
+    """Re-raise an evaluator's failure instead of reporting `failed = 1` under its labels
+    (`eval/downstream/<label>/failed`, `eval/lm/<label>/failed`)."""
     pad_to_multiple: Annotated[int, AtLeast(1)] = 1
     """Round every batch's width up to a multiple of this many tokens (bucketed shapes, so a model whose
     forward is compiled sees a few widths rather than one per batch); 1 is off. An adapter passed to `run`
@@ -57,18 +57,15 @@ class EvaluatorConfig:
     def __post_init__(self) -> None:
         check_fields(self, "")
         one_of(self.key_style, KEY_STYLES, "key_style")
-        labels = [e.label for e in self.evaluators if isinstance(e, TaskEvalConfig)]
-        duplicated = repeated(labels)
-        if duplicated:
-            raise ConfigError(
-                f"evaluator labels must be unique; repeated: {duplicated} (set `label:` to tell them apart)"
-            )
-        lm_labels = [d.label for e in self.evaluators if isinstance(e, LMEvalConfig) for d in e.domains]
-        duplicated = repeated(lm_labels)
-        if duplicated:
-            raise ConfigError(
-                f"lm domain labels must be unique across `lm` evaluators; repeated: {duplicated}"
-            )
+        # A label names keys `<prefix>/<kind>/<label>/...`: unique among the entries of one kind.
+        for type_name, kind in KINDS.items():
+            entries = [e for e in self.evaluators if isinstance(e, kind.config_class)]
+            duplicated = repeated([label for e in entries for label in e.labels()])
+            if duplicated:
+                raise ConfigError(
+                    f"{kind.config_class.labels_name} must be unique across `{type_name}` evaluators; "
+                    f"repeated: {duplicated} (set `label:` to tell them apart)"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

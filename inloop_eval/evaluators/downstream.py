@@ -1,4 +1,5 @@
-"""The downstream evaluator: one multiple-choice task scored by loglikelihood, `eval/downstream/<label>/...`.
+"""The downstream evaluator (`type: downstream`): one multiple-choice task scored by loglikelihood, its
+figures under its label (`eval/downstream/<label>/<figure>`).
 
 One evaluation reads top to bottom: prepare the task once (documents, tokenized requests through the
 request cache), this rank's share of documents, batches (planned once), forward passes, metric update,
@@ -11,21 +12,21 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
 
-from inloop_eval.config_fields import AtLeast, check_fields, check_label, one_of, shown
+from inloop_eval.config_fields import AtLeast, check_fields, check_label, shown
 from inloop_eval.data.tokenizer import TokenizerLike
-from inloop_eval.distributed import TaskAgreement, run_agreed, world
+from inloop_eval.distributed import TaskAgreement, world
 from inloop_eval.engine.adapters import ModelAdapter, probe_vocab_size
 from inloop_eval.engine.batching import Batch, equalize_forward_calls, plan_batches
 from inloop_eval.engine.scoring import PairScores, run_batches
 from inloop_eval.engine.sharding import ICLMultiChoiceTaskDataset, rank_rows, shard_documents, subset_size
 from inloop_eval.errors import ConfigError, ModelOutputError
-from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings
-from inloop_eval.keys import olmo_core_key
+from inloop_eval.evaluators.base import EvalOutput, Evaluator, OlmoNames, Settings, check_entry_type
+from inloop_eval.keys import DOWNSTREAM
 from inloop_eval.metrics.icl import ICLMetric
 from inloop_eval.metrics.olmo import olmo_figures
 from inloop_eval.metrics.registry import ALL_METRICS, needs_uncond, unknown_metrics
@@ -34,8 +35,6 @@ from inloop_eval.requests.pairs import PairSet, RequestTable, build_requests
 from inloop_eval.tasks import Doc, MultipleChoiceTask, get_task, load_docs
 
 log = logging.getLogger(__name__)
-
-EVALUATOR_TYPES = ("downstream",)
 
 
 @dataclass(kw_only=True)
@@ -62,6 +61,8 @@ class TaskEvalConfig:
     per rank, so every world size scores the same documents; the documents left out are counted in
     `n_skipped_docs`. null: every document (up to `limit`)."""
 
+    labels_name: ClassVar[str] = "task labels"
+
     def __post_init__(self) -> None:
         check_fields(self, f"evaluator {shown(self.label or self.task)}")
         if not self.task:
@@ -74,7 +75,7 @@ class TaskEvalConfig:
                 f"evaluator {self.task!r}: label {self.label!r} must be lower-case without spaces "
                 "(set `label:` when the task id is not)"
             )
-        one_of(self.type, EVALUATOR_TYPES, f"evaluator {self.label!r}: type")
+        check_entry_type(self, f"evaluator {self.label!r}")
         if self.metrics is not None:
             unknown = unknown_metrics(self.metrics)
             if unknown:
@@ -82,6 +83,11 @@ class TaskEvalConfig:
                     f"evaluator {self.label!r}: unknown metrics {unknown}; choose from {list(ALL_METRICS)}"
                 )
 
+    def labels(self) -> list[str]:
+        return [self.label]
+
+
+# The context length of a model that does not tell its own.
 DEFAULT_MAX_LENGTH = 2048
 
 
@@ -105,68 +111,39 @@ class PreparedTask:
 
 @dataclass
 class TaskResult:
-    """One evaluation of a task: its figures, and this rank's raw scores (rows of the table, then the
-    unconditional ids)."""
+    """One evaluation of a task (the `detail` of its `EvalOutput`): the metric's figures, this rank's raw
+    scores (of `rows` of the table, then of the unconditional pairs `uncond_ids`), and the prepared task
+    they index."""
 
     metrics: dict[str, float]
     rows: np.ndarray
     uncond_ids: np.ndarray
     scores: PairScores
+    prepared: PreparedTask
 
 
-class DownstreamEvaluator(Evaluator):
-    """A `type: downstream` entry: one task's metrics under `eval/downstream/<label>/<metric>`."""
+class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
+    """A `type: downstream` entry: one task's figures under its label (`eval/downstream/<label>/<figure>`)."""
 
-    config: TaskEvalConfig
+    kind = DOWNSTREAM
+    config_class = TaskEvalConfig
 
-    def __init__(
-        self, config: TaskEvalConfig, *, tokenizer: TokenizerLike, settings: Settings
-    ) -> None:
+    def __init__(self, config: TaskEvalConfig, *, tokenizer: TokenizerLike, settings: Settings) -> None:
         super().__init__(config, tokenizer=tokenizer, settings=settings)
         self.name = config.label
-        self.prepared: PreparedTask | None = None
+        self._prepared: PreparedTask | None = None
 
-    def run(
-        self, adapter: ModelAdapter, *, strict: bool, progress: Callable[[int], None] | None = None
-    ) -> EvalOutput:
+    def title(self) -> str:
+        return f"task {self.config.label!r}"
+
+    def prepare(self, adapter: ModelAdapter, agreement: TaskAgreement, *, strict: bool) -> PreparedTask:
+        """Load and tokenize the task once (again only for another context length); later evaluations
+        reuse it. Every rank joins the task's first agreement point here, even with the task in memory.
+        A task fails whole (`strict` changes nothing here)."""
         max_length = adapter.max_length or DEFAULT_MAX_LENGTH
-
-        def body(agreement: TaskAgreement) -> tuple[PreparedTask, TaskResult]:
-            prepared = self.prepare(max_length, agreement)
-            min_vocab = int(getattr(self.tokenizer, "vocab_size", 0) or 0)
-            return prepared, evaluate(adapter, prepared, agreement, progress, min_vocab=min_vocab)
-
-        done = run_agreed(f"task {self.config.label!r}", body, strict=strict)
-        if done is None:
-            return EvalOutput({f"eval/downstream/{self.config.label}/failed": 1.0})
-        prepared, result = done
-        metrics = dict(result.metrics)
-        if "n_skipped_docs" in metrics:
-            metrics["n_skipped_docs"] += prepared.dataset.n_left_out
-        if prepared.n_fewshot_short_docs is not None:
-            metrics["n_fewshot_short_docs"] = float(prepared.n_fewshot_short_docs)
-        return EvalOutput(self.keys(prepared.task, metrics), result.scores.tokens_forwarded, result)
-
-    def keys(self, task: MultipleChoiceTask, metrics: dict[str, float]) -> dict[str, float]:
-        """`eval/downstream/<label>/<figure>`; with `key_style: olmo_core` an `olmo:` task's OLMo figures
-        take OLMo-core's keys (`eval/downstream/<OLMo label> (accuracy)`)."""
-        olmo = set(olmo_figures(task.olmo_metric_type)) if task.olmo_metric_type else set()
-        olmo_label = self.config.task.removeprefix("olmo:")
-        out: dict[str, float] = {}
-        for figure, value in metrics.items():
-            if figure in olmo and self.settings.key_style == "olmo_core":
-                out[olmo_core_key(olmo_label, figure)] = value
-            else:
-                out[f"eval/downstream/{self.config.label}/{figure}"] = value
-        return out
-
-    def prepare(self, max_length: int, agreement: TaskAgreement | None = None) -> PreparedTask:
-        """Load and tokenize the task once (again only for another `max_length`); later evaluations reuse
-        it. Every rank joins the task's first agreement point here, even with the task already in memory."""
-        agreement = agreement or TaskAgreement(self.config.label)
-        if self.prepared is not None and self.prepared.max_length == max_length:
+        if self._prepared is not None and self._prepared.max_length == max_length:
             agreement.agree()
-            return self.prepared
+            return self._prepared
         ev = self.config
         task = get_task(ev.task)
         metrics = tuple(ev.metrics) if ev.metrics is not None else task.metrics
@@ -175,7 +152,7 @@ class DownstreamEvaluator(Evaluator):
         table = self.requests(task, docs, max_length, with_uncond, agreement)
         n_docs = subset_size(table, ev.subset_num_batches, ev.batch_tokens) if ev.subset_num_batches else None
         dataset = ICLMultiChoiceTaskDataset(table, n_docs=n_docs)
-        self.prepared = PreparedTask(
+        self._prepared = PreparedTask(
             ev,
             task,
             max_length,
@@ -185,7 +162,7 @@ class DownstreamEvaluator(Evaluator):
             dataset,
             count_short_fewshot(ev.label, task, docs, dataset),
         )
-        return self.prepared
+        return self._prepared
 
     def requests(
         self,
@@ -216,6 +193,61 @@ class DownstreamEvaluator(Evaluator):
             table = build_requests(task, docs, self.tokenizer, max_length, with_uncond=with_uncond)
         return table
 
+    def evaluate(
+        self,
+        adapter: ModelAdapter,
+        prepared: PreparedTask,
+        agreement: TaskAgreement,
+        *,
+        strict: bool,
+        progress: Callable[[int], None] | None = None,
+    ) -> EvalOutput:
+        """Score this rank's share of the task and compute its figures over all ranks, joining the task's
+        agreement points (planning, between forward passes, before the metric sync). Logits narrower than
+        the tokenizer's vocabulary are an error (`run_batches`)."""
+        min_vocab = int(getattr(self.tokenizer, "vocab_size", 0) or 0)
+        rows, uncond_ids = assign_work(prepared)
+        pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
+        check_vocabulary(adapter, prepared, pair_ids, min_vocab=min_vocab)
+        batches = equalize_forward_calls(plan(adapter, prepared, pair_ids), agreement)
+        scores = run_batches(
+            adapter,
+            batches,
+            len(pair_ids),
+            describe=lambda p: describe_pair(prepared, int(pair_ids[p])),
+            progress=progress,
+            min_vocab=min_vocab,
+        )
+        metric = ICLMetric(prepared.metrics, prepared.task.olmo_metric_type).to(adapter.device)
+        update_metric(metric, prepared.table, rows, uncond_ids, scores)
+        agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
+        result = TaskResult(metric.compute(), rows, uncond_ids, scores, prepared)
+        label, olmo_type = self.config.label, prepared.task.olmo_metric_type
+        olmo = {label: olmo_names(self.config.task, olmo_type)} if olmo_type else {}
+        return EvalOutput({label: task_figures(prepared, result.metrics)}, scores.tokens_forwarded, result, olmo)
+
+    def samples(self, output: EvalOutput) -> list[dict[str, Any]]:
+        """One record per request this rank scored: the texts, the loglikelihood (and its unconditional one),
+        the continuation's tokens, whether it was the greedy one and whether it is gold."""
+        return sample_records(output.detail) if isinstance(output.detail, TaskResult) else []
+
+
+def task_figures(prepared: PreparedTask, computed: dict[str, float]) -> dict[str, float]:
+    """The metric's figures with what preparing counted: documents left out by `subset_num_batches` in
+    `n_skipped_docs`, and documents given fewer few-shot examples than asked."""
+    figures = dict(computed)
+    if "n_skipped_docs" in figures:
+        figures["n_skipped_docs"] += prepared.dataset.n_left_out
+    if prepared.n_fewshot_short_docs is not None:
+        figures["n_fewshot_short_docs"] = float(prepared.n_fewshot_short_docs)
+    return figures
+
+
+def olmo_names(task_id: str, olmo_metric_type: str) -> OlmoNames:
+    """OLMo-core's names of an `olmo:` task: its label there (the id without `olmo:`) and the figures it
+    reports for the task's OLMo metric type."""
+    return OlmoNames(task_id.removeprefix("olmo:"), frozenset(olmo_figures(olmo_metric_type)))
+
 
 def count_short_fewshot(
     label: str, task: MultipleChoiceTask, docs: list[Doc], dataset: ICLMultiChoiceTaskDataset
@@ -235,37 +267,6 @@ def count_short_fewshot(
             short[0],
         )
     return len(short)
-
-
-def evaluate(
-    adapter: ModelAdapter,
-    prepared: PreparedTask,
-    agreement: TaskAgreement,
-    progress: Callable[[int], None] | None = None,
-    *,
-    min_vocab: int = 0,
-) -> TaskResult:
-    """Score this rank's share of a prepared task and compute the metric over all ranks, joining the task's
-    agreement points (planning, between forward passes, before the metric sync).
-
-    min_vocab: the tokenizer's vocabulary size; logits narrower than it are an error (`run_batches`).
-    """
-    rows, uncond_ids = assign_work(prepared)
-    pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
-    check_vocabulary(adapter, prepared, pair_ids, min_vocab=min_vocab)
-    batches = equalize_forward_calls(plan(adapter, prepared, pair_ids), agreement)
-    scores = run_batches(
-        adapter,
-        batches,
-        len(pair_ids),
-        describe=lambda p: describe_pair(prepared, int(pair_ids[p])),
-        progress=progress,
-        min_vocab=min_vocab,
-    )
-    metric = ICLMetric(prepared.metrics, prepared.task.olmo_metric_type).to(adapter.device)
-    update_metric(metric, prepared.table, rows, uncond_ids, scores)
-    agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
-    return TaskResult(metric.compute(), rows, uncond_ids, scores)
 
 
 def plan(adapter: ModelAdapter, prepared: PreparedTask, pair_ids: np.ndarray) -> list[Batch]:
@@ -374,3 +375,28 @@ def update_metric(
         is_greedy=t(scores.greedy[:n]),
     )
     metric.update_uncond(t(uncond_ids), t(scores.ll[n:]))
+
+
+def sample_records(result: TaskResult) -> list[dict[str, Any]]:
+    """One record per request of `result` (this rank's), in the order scored."""
+    table = result.prepared.table
+    n = len(result.rows)
+    uncond_ll = dict(zip(result.uncond_ids.tolist(), result.scores.ll[n:].tolist(), strict=True))
+    records = []
+    for i, row in enumerate(result.rows.tolist()):
+        uid = int(table.uncond_id[row])
+        records.append(
+            {
+                "task": result.prepared.config.label,
+                "doc_id": int(table.doc_id[row]),
+                "cont_id": int(table.cont_id[row]),
+                "context": table.context_text[row],
+                "continuation": table.continuation_text[row],
+                "ll": float(result.scores.ll[i]),
+                "ll_uncond": uncond_ll.get(uid) if uid >= 0 else None,
+                "n_tokens": int(table.pairs.cont_len[row]),
+                "is_greedy": bool(result.scores.greedy[i]),
+                "gold": bool(table.is_gold[row]),
+            }
+        )
+    return records

@@ -1,8 +1,9 @@
 """The trainer-facing hook: `if evaluator.should_run(step): metrics = evaluator.run(model, step=step)`.
 
-`InLoopEvaluator` only orchestrates: it builds one evaluator per entry of the config (`EVALUATORS` maps each
-config type to its class: downstream tasks, per-domain perplexity), and at each evaluation runs them in
-order on one model adapter, with training state left as it was, and merges their metrics.
+`InLoopEvaluator` only orchestrates: it builds one evaluator per entry of the config (`kinds.KINDS` maps each
+entry's `type:` to its class: downstream tasks, per-domain perplexity), and at each evaluation runs them in
+order on one model adapter, with training state left as it was, and names their figures' keys
+(`metric_keys`, through `inloop_eval.keys`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,10 @@ from inloop_eval.engine.training_state import training_untouched
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.base import EvalOutput, Evaluator
 from inloop_eval.evaluators.config import EvaluatorConfig
-from inloop_eval.evaluators.downstream import DownstreamEvaluator, TaskEvalConfig
-from inloop_eval.evaluators.perplexity import LMEvalConfig, LMEvaluator
+from inloop_eval.evaluators.kinds import KINDS
+from inloop_eval.keys import PREFIX, figure_key, olmo_core_key
 
 log = logging.getLogger(__name__)
-
-# The evaluator class of each kind of config entry.
-EVALUATORS: dict[type, type[Evaluator]] = {TaskEvalConfig: DownstreamEvaluator, LMEvalConfig: LMEvaluator}
 
 
 class InLoopEvaluator:
@@ -43,10 +41,7 @@ class InLoopEvaluator:
                 raise ConfigError("evaluator: set `tokenizer:` in the config or pass tokenizer=")
             tokenizer = load_tokenizer(config.tokenizer)
         self.tokenizer = tokenizer
-        built = [
-            EVALUATORS[type(entry)](entry, tokenizer=tokenizer, settings=config)
-            for entry in config.evaluators
-        ]
+        built = [KINDS[entry.type](entry, tokenizer=tokenizer, settings=config) for entry in config.evaluators]
         self.evaluators: dict[str, Evaluator] = {e.name: e for e in built}
         self.last_outputs: dict[str, EvalOutput] = {}
         self._tokens_probed = 0
@@ -59,12 +54,20 @@ class InLoopEvaluator:
         return step % self.config.eval_interval == 0
 
     def run(
-        self, model: Any, step: int | None = None, progress: Callable[[int], None] | None = None
+        self,
+        model: Any,
+        step: int | None = None,
+        progress: Callable[[int], None] | None = None,
+        *,
+        prefix: str = PREFIX,
     ) -> dict[str, float]:
-        """Run every evaluator; returns their metrics merged (`eval/downstream/...`, `eval/lm/...`).
+        """Run every evaluator; returns their figures under their keys, in the config's order
+        (`eval/downstream/...`, `eval/lm/...`).
 
         Under torch.distributed every rank calls this with its part of the model; training state is left
         as it was (`training_untouched`), and `compiler_reset` drops torch.compile's graphs afterwards.
+        step: logged with the figures. progress: called with the requests of each batch scored.
+        prefix: the first part of every key (`eval`; e.g. `eval/merged` for merged weights).
         """
         adapter = make_adapter(model, self.config.max_length)
         if self.config.pad_to_multiple > 1:
@@ -80,7 +83,9 @@ class InLoopEvaluator:
                 torch.compiler.reset()
         self.last_outputs = outputs
         self._tokens_probed = adapter.tokens_probed - probed_before
-        metrics = {key: value for output in outputs.values() for key, value in output.metrics.items()}
+        metrics: dict[str, float] = {}
+        for name, output in outputs.items():
+            metrics.update(metric_keys(self.evaluators[name].kind, output, self.config.key_style, prefix))
         if step is not None:
             log.info("step %d: %s", step, {k: round(v, 4) for k, v in metrics.items()})
         return metrics
@@ -96,3 +101,30 @@ class InLoopEvaluator:
         when it failed or has not run."""
         output = self.last_outputs.get(name)
         return output.detail if output is not None else None
+
+    def samples(self, name: str | None = None) -> list[dict[str, Any]]:
+        """This rank's record of each request scored in the latest `run` (texts, loglikelihoods, greedy,
+        gold; see `DownstreamEvaluator.samples`), of the evaluator `name` or of all, in the config's order.
+        Kinds without requests (perplexity), and evaluators that failed or have not run, have none."""
+        names = list(self.last_outputs) if name is None else [name]
+        return [
+            record
+            for n in names
+            if n in self.last_outputs
+            for record in self.evaluators[n].samples(self.last_outputs[n])
+        ]
+
+
+def metric_keys(kind: str, output: EvalOutput, key_style: str, prefix: str = PREFIX) -> dict[str, float]:
+    """The figures of one evaluator of kind `kind` under their keys: `<prefix>/<kind>/<label>/<figure>`;
+    with `key_style: olmo_core`, the OLMo figures of an `olmo:` task under OLMo-core's key instead
+    (`<prefix>/downstream/<OLMo label> (<words>)`)."""
+    metrics: dict[str, float] = {}
+    for label, figures in output.figures.items():
+        olmo = output.olmo.get(label) if key_style == "olmo_core" else None
+        for figure, value in figures.items():
+            if olmo is not None and figure in olmo.figures:
+                metrics[olmo_core_key(olmo.label, figure, prefix)] = value
+            else:
+                metrics[figure_key(kind, label, figure, prefix)] = value
+    return metrics

@@ -1,4 +1,5 @@
-"""Perplexity per domain label, the evaluator of type `lm`: `eval/lm/<label>/<ce|ppl|bpb>`.
+"""The perplexity evaluator (`type: lm`): perplexity per domain label, figures `ce`, `ppl`, `bpb` under each
+label (`eval/lm/<label>/<figure>`).
 
 One evaluation reads top to bottom: every label's sequences, this rank's share of them, token-budget batches
 (as many on every rank), per-token log-probabilities in float32 summed per sequence, one metric per label
@@ -12,24 +13,25 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import numpy as np
 import torch
 
-from inloop_eval.config_fields import AtLeast, check_fields, repeated, shown
+from inloop_eval.config_fields import AtLeast, check_fields, repeated
 from inloop_eval.data.perplexity.domain_config import LMDomainConfig
 from inloop_eval.data.perplexity.domain_set import DomainSet
 from inloop_eval.data.perplexity.loading import load_domains
 from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
 from inloop_eval.data.root import home
 from inloop_eval.data.tokenizer import TokenizerLike
-from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, run_agreed, world
+from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, world
 from inloop_eval.engine.adapters import ModelAdapter, probe_vocab_size
 from inloop_eval.engine.batching import Batch, equalize_forward_calls
 from inloop_eval.engine.scoring import run_batches
 from inloop_eval.errors import ConfigError, LMDataError
-from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings
+from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings, check_entry_type
+from inloop_eval.keys import FAILED, PERPLEXITY
 from inloop_eval.metrics.perplexity import FIGURES, PerplexityMetric
 
 log = logging.getLogger(__name__)
@@ -53,9 +55,10 @@ class LMEvalConfig:
     cache_dir: str | None = None
     """Where tokenized text domains are cached; default `<home>/lm_cache` (`$INLOOP_EVAL_HOME`)."""
 
+    labels_name: ClassVar[str] = "lm domain labels"
+
     def __post_init__(self) -> None:
-        if self.type != "lm":
-            raise ConfigError(f"lm evaluator: type must be 'lm', found {shown(self.type)}")
+        check_entry_type(self, "lm evaluator")
         check_fields(self, "lm evaluator")
         if not self.domains:
             raise ConfigError(
@@ -78,6 +81,9 @@ class LMEvalConfig:
                     f"lm domain {d.label!r}: max_tokens ({cap}) must be >= seq_len - 1 ({self.seq_len - 1}), "
                     "the tokens one sequence predicts"
                 )
+
+    def labels(self) -> list[str]:
+        return [d.label for d in self.domains]
 
     def cap(self, domain: LMDomainConfig) -> int | None:
         """The token cap that applies to `domain`: its own, else the evaluator's."""
@@ -124,46 +130,28 @@ class DomainsResult:
     tokens_forwarded: int
 
 
-class LMEvaluator(Evaluator):
+class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
     """A `type: lm` entry: perplexity per domain label; keeps the domain sets it loaded between evaluations
     (`loaded`, label -> sequences, the same labels on every rank) and tries the others again at each."""
 
-    config: LMEvalConfig
+    kind = PERPLEXITY
+    config_class = LMEvalConfig
 
     def __init__(self, config: LMEvalConfig, *, tokenizer: TokenizerLike, settings: Settings) -> None:
         super().__init__(config, tokenizer=tokenizer, settings=settings)
-        self.labels = tuple(d.label for d in config.domains)
         self.name = "lm:" + ",".join(self.labels)
         self.loaded: dict[str, DomainSet] = {}
 
-    def run(
-        self, adapter: ModelAdapter, *, strict: bool, progress: Callable[[int], None] | None = None
-    ) -> EvalOutput:
-        """`eval/lm/<label>/<figure>` for every label; `eval/lm/<label>/failed = 1` for a label that failed
-        (every label when the evaluation itself failed), unless `strict`."""
+    def title(self) -> str:
+        return f"lm {','.join(self.labels)}"
 
-        def body(agreement: TaskAgreement) -> tuple[PreparedDomains, DomainsResult]:
-            prepared = self.prepare(agreement, strict=strict)
-            agreement.agree()
-            return prepared, self.evaluate(adapter, prepared, progress, agreement, strict=strict)
-
-        done = run_agreed(f"lm {','.join(self.labels)}", body, strict=strict)
-        if done is None:
-            return EvalOutput({f"eval/lm/{label}/failed": 1.0 for label in self.labels})
-        prepared, result = done
-        out: dict[str, float] = {}
-        for label in self.labels:
-            if label in prepared.failed or label in result.failed:
-                out[f"eval/lm/{label}/failed"] = 1.0
-            out.update({f"eval/lm/{label}/{k}": v for k, v in result.figures.get(label, {}).items()})
-        return EvalOutput(out, result.tokens_forwarded, result)
-
-    def prepare(self, agreement: TaskAgreement | None = None, *, strict: bool = False) -> PreparedDomains:
+    def prepare(self, adapter: ModelAdapter, agreement: TaskAgreement, *, strict: bool) -> PreparedDomains:
         """The domain sets to evaluate: those loaded at an earlier evaluation, and the others loaded (for text,
-        tokenized and cached) now. Every rank ends with the same labels: a label that failed on any rank is
-        dropped on all (`load_domains` agrees it), logged, reported as failed, and tried again at the next
-        evaluation (a file back after a file system's hiccup). With `strict` such a failure raises on every
-        rank: its own error where it failed, TaskFailedOnAnotherRank elsewhere."""
+        tokenized and cached) now; then the entry's first agreement point. Every rank ends with the same
+        labels: a label that failed on any rank is dropped on all (`load_domains` agrees it), logged,
+        reported as failed, and tried again at the next evaluation (a file back after a file system's
+        hiccup). With `strict` such a failure raises on every rank: its own error where it failed,
+        TaskFailedOnAnotherRank elsewhere."""
         ev = self.config
         pending = [d.label for d in ev.domains if d.label not in self.loaded]
         failed: dict[str, str] = {}
@@ -178,26 +166,25 @@ class LMEvaluator(Evaluator):
             for exc in result.errors.values():
                 log.error("in-loop lm eval: %s", exc)
             if result.errors and strict:
-                if agreement is not None:
-                    agreement.failure_agreed()  # every rank raises here, so none may wait at another point
+                agreement.failure_agreed()  # every rank raises here, so none may wait at another point
                 own = [e for e in result.errors.values() if not isinstance(e, TaskFailedOnAnotherRank)]
                 raise (own or list(result.errors.values()))[0]
             failed = {label: str(exc) for label, exc in result.errors.items()}
         domains = [self.loaded[d.label] for d in ev.domains if d.label in self.loaded]
+        agreement.agree()
         return PreparedDomains(ev, domains, failed)
 
     def evaluate(
         self,
         adapter: ModelAdapter,
         prepared: PreparedDomains,
-        progress: Callable[[int], None] | None = None,
-        agreement: TaskAgreement | None = None,
+        agreement: TaskAgreement,
         *,
-        strict: bool = False,
-    ) -> DomainsResult:
+        strict: bool,
+        progress: Callable[[int], None] | None = None,
+    ) -> EvalOutput:
         """Score this rank's share of every domain the model can take and compute each label's figures over
         all ranks."""
-        agreement = agreement or TaskAgreement("lm")
         domains, failed = usable_domains(adapter, prepared, strict=strict)
         shard = assign_work(domains)
         planned = plan_sequence_batches(
@@ -217,25 +204,46 @@ class LMEvaluator(Evaluator):
         )
         nll_S = -scores.ll
         agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
-        figures: dict[str, dict[str, float]] = {}
-        totals: dict[str, tuple[float, int, int]] = {}
-        # Every rank updates and computes every label, in order, zeros included: the same collectives.
-        for d, domain in enumerate(domains):
-            mine = shard.domain_S == d
-            seqs = shard.seq_S[mine]
-            metric = PerplexityMetric().to(adapter.device)
-            metric.update(
-                torch.from_numpy(nll_S[mine]),
-                torch.from_numpy(domain.length_S[seqs] - 1),
-                torch.from_numpy(domain.bytes_S[seqs]),
-            )
-            computed = metric.compute()
-            totals[domain.label] = (computed["sum_nll"], int(computed["n_tokens"]), int(computed["n_bytes"]))
-            if computed["n_tokens"] > 0:
-                figures[domain.label] = {k: v for k, v in computed.items() if k in FIGURES}
-        return DomainsResult(
+        figures, totals = domain_figures(adapter, domains, shard, nll_S)
+        result = DomainsResult(
             figures, totals, domains, failed, shard, nll_S, len(batches), scores.tokens_forwarded
         )
+        return EvalOutput(self.label_figures(prepared, result), scores.tokens_forwarded, result)
+
+    def label_figures(self, prepared: PreparedDomains, result: DomainsResult) -> dict[str, dict[str, float]]:
+        """Every label's figures, in the config's order: `failed = 1` for a label that could not be loaded or
+        that the model cannot take, and `ce`, `ppl`, `bpb` for a label that has tokens."""
+        out: dict[str, dict[str, float]] = {}
+        for label in self.labels:
+            figures = {FAILED: 1.0} if label in prepared.failed or label in result.failed else {}
+            figures.update(result.figures.get(label, {}))
+            if figures:
+                out[label] = figures
+        return out
+
+
+def domain_figures(
+    adapter: ModelAdapter, domains: list[DomainSet], shard: Shard, nll_S: np.ndarray
+) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, int, int]]]:
+    """Each label's figures over all ranks (labels without tokens left out) and its totals (Σ nll, Σ tokens,
+    Σ bytes), from this rank's summed NLL of each of its sequences. Every rank updates and computes every
+    label, in order, zeros included: the same collectives."""
+    figures: dict[str, dict[str, float]] = {}
+    totals: dict[str, tuple[float, int, int]] = {}
+    for d, domain in enumerate(domains):
+        mine = shard.domain_S == d
+        seqs = shard.seq_S[mine]
+        metric = PerplexityMetric().to(adapter.device)
+        metric.update(
+            torch.from_numpy(nll_S[mine]),
+            torch.from_numpy(domain.length_S[seqs] - 1),
+            torch.from_numpy(domain.bytes_S[seqs]),
+        )
+        computed = metric.compute()
+        totals[domain.label] = (computed["sum_nll"], int(computed["n_tokens"]), int(computed["n_bytes"]))
+        if computed["n_tokens"] > 0:
+            figures[domain.label] = {k: v for k, v in computed.items() if k in FIGURES}
+    return figures, totals
 
 
 def usable_domains(

@@ -2,7 +2,8 @@
 
 The plain loop needs nothing from here (`if evaluator.should_run(step): evaluator.run(model, step=step)`);
 `run_and_log` adds the wall time and tokens forwarded and hands the result to a logger. The trainer
-callbacks live in `inloop_eval.integrations.hf` (Hugging Face `Trainer`) and `.lightning` (Lightning).
+callbacks live in `inloop_eval.integrations.hf` (Hugging Face `Trainer`), `.lightning` (Lightning) and
+`.olmo_core` (OLMo-core); each decides when to evaluate with `EvalSchedule`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,25 @@ from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
 from inloop_eval.loggers import MetricsLogger
 
-__all__ = ["SECONDS_KEY", "TOKENS_KEY", "run_and_log"]  # the keys are importable from here, as before
+__all__ = ["SECONDS_KEY", "TOKENS_KEY", "EvalSchedule", "run_and_log"]  # the keys as before
+
+
+class EvalSchedule:
+    """When a trainer callback evaluates: at a step the evaluator's `should_run` accepts (or any step the
+    callback asks for, e.g. before the first or after the last), but never twice at one step (trainers call
+    several hooks at one step: a step's end and the training's end, a resumed run's start)."""
+
+    def __init__(self, evaluator: InLoopEvaluator) -> None:
+        self.evaluator = evaluator
+        self.last_step: int | None = None
+
+    def due(self, step: int, *, forced: bool = False) -> bool:
+        """Whether to evaluate at `step`: `should_run(step)` (whatever it says when `forced`), and `step` not
+        evaluated yet. True records `step` as evaluated."""
+        if step == self.last_step or not (forced or self.evaluator.should_run(step)):
+            return False
+        self.last_step = step
+        return True
 
 
 def run_and_log(

@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from inloop_eval.integrations import run_and_log
+from inloop_eval.integrations import EvalSchedule, run_and_log
 from inloop_eval.loggers import MetricsLogger
 
 
@@ -28,7 +28,7 @@ class InLoopEvalCallback(TrainerCallback):
         self.evaluator = evaluator
         self.trainer = trainer
         self.logger = logger
-        self.last_step: int | None = None
+        self.schedule = EvalSchedule(evaluator)
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -42,9 +42,8 @@ class InLoopEvalCallback(TrainerCallback):
 
     def maybe_evaluate(self, state: TrainerState, model: Any) -> None:
         step = state.global_step
-        if model is None or step == self.last_step or not self.evaluator.should_run(step):
+        if model is None or not self.schedule.due(step):
             return
-        self.last_step = step
         metrics = run_and_log(self.evaluator, model, step, self.logger)
         if self.trainer is not None:
             self.trainer.log(dict(metrics))

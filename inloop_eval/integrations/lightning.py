@@ -13,7 +13,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from inloop_eval.integrations import run_and_log
+from inloop_eval.integrations import EvalSchedule, run_and_log
 from inloop_eval.loggers import MetricsLogger
 
 
@@ -32,7 +32,7 @@ class InLoopEvalCallback(pl.Callback):
         self.evaluator = evaluator
         self.model_attr = model_attr
         self.logger = logger
-        self.last_step: int | None = None
+        self.schedule = EvalSchedule(evaluator)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.maybe_evaluate(trainer, pl_module)
@@ -44,9 +44,8 @@ class InLoopEvalCallback(pl.Callback):
 
     def maybe_evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         step = trainer.global_step
-        if step == self.last_step or not self.evaluator.should_run(step):
+        if not self.schedule.due(step):
             return
-        self.last_step = step
         model = getattr(pl_module, self.model_attr) if self.model_attr else pl_module
         metrics = run_and_log(self.evaluator, model, step, self.logger)
         # Already synced across ranks by the evaluator: no further reduction.

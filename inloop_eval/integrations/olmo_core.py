@@ -16,7 +16,6 @@ OLMo-core's `throughput/in-loop eval time (s)`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator
@@ -37,11 +36,9 @@ from inloop_eval.errors import ConfigError, TokenizerError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.integrations import run_and_log
+from inloop_eval.integrations import EvalSchedule, run_and_log
 from inloop_eval.keys import KEY_STYLES, OLMO_CORE_EVAL_TIME_KEY, SECONDS_KEY
 
-# OLMo-core's own evaluator callback adds its time here (merged by sum), so both kinds of in-loop evaluation
-# show in one throughput figure.
 # OLMo's tokenizer identifiers (Hugging Face repositories) -> the file `inloop-eval data fetch` writes.
 FETCHED_TOKENIZERS: dict[str, str] = {repo: filename for filename, (_, repo) in TOKENIZER_FILES.items()}
 DEFAULT_BATCH_TOKENS = TaskEvalConfig.__dataclass_fields__["batch_tokens"].default
@@ -115,10 +112,11 @@ class InLoopEvalCallbackConfig(CallbackConfig):
             entries = [
                 {"task": t, "limit": self.limit, "batch_tokens": self.batch_tokens} for t in self.tasks or []
             ]
-            settings: dict[str, Any] = {"eval_interval": self.eval_interval, "data_root": self.data_root}
-            # key_style is passed on only where EvaluatorConfig has the field (older versions lack it).
-            if any(f.name == "key_style" for f in dataclasses.fields(EvaluatorConfig)):
-                settings["key_style"] = self.key_style
+            settings: dict[str, Any] = {
+                "eval_interval": self.eval_interval,
+                "data_root": self.data_root,
+                "key_style": self.key_style,
+            }
             config = EvaluatorConfig.from_dict(
                 {"evaluators": entries, **settings}, "InLoopEvalCallbackConfig"
             )
@@ -168,26 +166,23 @@ class InLoopEvalCallback(Callback):
         self.autocast = autocast
         self.eval_on_startup = eval_on_startup
         self.eval_on_finish = eval_on_finish
-        self.last_step: int | None = None
+        self.schedule = EvalSchedule(evaluator)
 
     def pre_train(self) -> None:
-        if self.eval_on_startup:
+        if self.eval_on_startup and self.schedule.due(self.step, forced=True):
             self.evaluate()
 
     def post_step(self) -> None:
-        if self.evaluator.should_run(self.step):
+        if self.schedule.due(self.step):
             self.evaluate()
 
     def post_train(self) -> None:
-        if self.eval_on_finish:
+        if self.eval_on_finish and self.schedule.due(self.step, forced=True):
             self.evaluate()
 
     def evaluate(self) -> None:
         """Run the evaluator at the trainer's step and record every figure for that step."""
         step = self.step
-        if step == self.last_step:
-            return
-        self.last_step = step
         model = self.trainer.train_module.model
         with self.autocast_context():
             metrics = run_and_log(self.evaluator, model, step)

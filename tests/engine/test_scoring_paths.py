@@ -382,8 +382,8 @@ def test_the_evaluator_packs_when_the_model_allows(data_root, neox_tokenizer):
     )
     packed.run(model)
     plain.run(LogitsAdapter(logits_fn(model), max_length=MAX_LENGTH))
-    prepared = packed.evaluators["hellaswag"].prepared
     result, plain_result = packed.detail("hellaswag"), plain.detail("hellaswag")
+    prepared = result.prepared
     ids = np.concatenate([result.rows, len(prepared.table) + result.uncond_ids])
     assert result.scores.tokens_forwarded <= 1.10 * minimum_tokens(prepared.pairs, ids)
     assert plain_result.scores.tokens_forwarded > result.scores.tokens_forwarded

@@ -18,7 +18,7 @@ from inloop_eval.tasks import get_task
     [
         ({"task": ""}, "`task` is required"),
         ({"task": "piqa", "label": "My Task"}, "lower-case without spaces"),
-        ({"task": "piqa", "type": "generate"}, "type must be one of"),
+        ({"task": "piqa", "type": "generate"}, "type must be 'downstream', found 'generate'"),
         ({"task": "piqa", "batch_tokens": 0}, "batch_tokens must be an integer >= 1, found 0"),
         ({"task": "piqa", "limit": 0}, "limit must be an integer >= 1 or null, found 0"),
         ({"task": "piqa", "metrics": ["acc", "mcc"]}, r"unknown metrics \['mcc'\]"),

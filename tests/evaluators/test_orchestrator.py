@@ -184,7 +184,7 @@ def test_contexts_are_cut_from_the_left(data_root, neox_tokenizer, model):
     out = ev.run(model)
     assert out["eval/downstream/boolq/n_docs"] == 10
     pairs = ev.detail("boolq")
-    table = ev.evaluators["boolq"].prepared.table
+    table = pairs.prepared.table
     assert (table.pairs.ctx_len + table.pairs.cont_len - 1).max() <= 64
     assert len(pairs.rows) == 20
 

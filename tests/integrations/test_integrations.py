@@ -12,7 +12,7 @@ from lm_helpers import SEQ_LEN, lm_entry, tiny_gpt, write_domains
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.evaluators.perplexity import plan_sequence_batches
-from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY, run_and_log
+from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY, EvalSchedule, run_and_log
 from inloop_eval.loggers import JSONLLogger
 from inloop_eval.models.gpt import GPT, GPTConfig
 
@@ -133,3 +133,13 @@ def test_lightning_callback_logs_eval_keys(data_root, neox_tokenizer, tmp_path):
     with open(trainer.logger.log_dir + "/metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("eval/downstream/piqa/acc")]
     assert [int(r["step"]) for r in rows] == list(range(0, STEPS + 1, INTERVAL))
+
+
+def test_schedule_is_due_at_accepted_steps_and_never_twice_at_one():
+    class EveryOtherStep:
+        def should_run(self, step: int) -> bool:
+            return step % 2 == 0
+
+    schedule = EvalSchedule(EveryOtherStep())
+    assert [schedule.due(step) for step in (0, 0, 1, 2, 2, 3)] == [True, False, False, True, False, False]
+    assert schedule.due(3, forced=True) and not schedule.due(3, forced=True) and not schedule.due(3)

@@ -53,9 +53,8 @@ def evaluated(data_root, neox_tokenizer, model) -> InLoopEvaluator:
 
 def reference_from_run(evaluator: InLoopEvaluator, label: str, metrics: tuple[str, ...]) -> dict[str, float]:
     """The NumPy reference on the request rows and scores the evaluator produced for one task."""
-    prepared = evaluator.evaluators[label].prepared
     result = evaluator.detail(label)
-    table, rows, n = prepared.table, result.rows, len(result.rows)
+    table, rows, n = result.prepared.table, result.rows, len(result.rows)
     columns = {
         "doc_id": table.doc_id[rows],
         "cont_id": table.cont_id[rows],

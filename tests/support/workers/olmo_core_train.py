@@ -132,7 +132,7 @@ def train(
     max_lengths = {}
     if with_callback:
         evaluator = trainer.callbacks["inloop_eval"].evaluator
-        max_lengths = {name: e.prepared.max_length for name, e in evaluator.evaluators.items()}
+        max_lengths = {name: evaluator.detail(name).prepared.max_length for name in evaluator.evaluators}
     result = {
         "logged": {str(step): metrics for step, metrics in sorted(collector.logged.items())},
         "evaluations": {str(step): n for step, n in sorted(collector.evaluations.items())},
