@@ -54,6 +54,9 @@ class ModelAdapter:
     probed_vocab_size: int | None = None
     # Tokens that probe forwarded (counted in the evaluator's tokens forwarded).
     tokens_probed: int = 0
+    # Tokens `run_batches` sent through the model, padding and dummies included, over the adapter's life;
+    # counted per forward, so an evaluation that fails after some forwards still counts them.
+    tokens_scored: int = 0
 
     def __init__(self, model: Any) -> None:
         self.model = model

@@ -196,6 +196,7 @@ def run_batches(
         mask_B1TT, position_ids_BT = _packing_inputs(adapter, batch, device)
         features_UX, head = adapter.features(input_ids_BT, rows_U, cols_U, mask_B1TT, position_ids_BT)
         forwarded += batch.n_tokens
+        adapter.tokens_scored += batch.n_tokens
         if batch.pair_N.size == 0:
             continue
         try:

@@ -33,6 +33,7 @@ from inloop_eval.metrics.registry import ALL_METRICS, needs_uncond, unknown_metr
 from inloop_eval.requests.cache import RequestCacheError, cache_path, load_table, save_table
 from inloop_eval.requests.pairs import PairSet, RequestTable, build_requests
 from inloop_eval.tasks import Doc, MultipleChoiceTask, get_task, load_docs
+from inloop_eval.tasks.registry import check_task_id
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,7 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
 
     def __init__(self, config: TaskEvalConfig, *, tokenizer: TokenizerLike, settings: Settings) -> None:
         super().__init__(config, tokenizer=tokenizer, settings=settings)
+        check_task_id(config.task)  # a misspelled id stops the build on every rank, not the first evaluation
         self.name = config.label
         self._prepared: PreparedTask | None = None
 

@@ -44,7 +44,7 @@ class InLoopEvaluator:
         built = [KINDS[entry.type](entry, tokenizer=tokenizer, settings=config) for entry in config.evaluators]
         self.evaluators: dict[str, Evaluator] = {e.name: e for e in built}
         self.last_outputs: dict[str, EvalOutput] = {}
-        self._tokens_probed = 0
+        self._tokens_forwarded = 0
 
     @classmethod
     def from_yaml(cls, path: str | Path, **kwargs: Any) -> InLoopEvaluator:
@@ -73,7 +73,8 @@ class InLoopEvaluator:
         if self.config.pad_to_multiple > 1:
             adapter.pad_to_multiple = self.config.pad_to_multiple
         outputs: dict[str, EvalOutput] = {}
-        probed_before = adapter.tokens_probed  # an adapter passed in keeps its probe across runs
+        # An adapter passed in keeps its counts across runs: this run's tokens are the difference.
+        tokens_before = adapter.tokens_probed + adapter.tokens_scored
         try:
             with training_untouched(adapter.model):
                 for name, evaluator in self.evaluators.items():
@@ -82,7 +83,7 @@ class InLoopEvaluator:
             if self.config.compiler_reset:
                 torch.compiler.reset()
         self.last_outputs = outputs
-        self._tokens_probed = adapter.tokens_probed - probed_before
+        self._tokens_forwarded = adapter.tokens_probed + adapter.tokens_scored - tokens_before
         metrics: dict[str, float] = {}
         for name, output in outputs.items():
             metrics.update(metric_keys(self.evaluators[name].kind, output, self.config.key_style, prefix))
@@ -92,9 +93,10 @@ class InLoopEvaluator:
 
     @property
     def tokens_forwarded(self) -> int:
-        """Tokens this rank sent through the model in the latest `run`, padding and dummies included."""
-        outputs = sum(output.tokens_forwarded for output in self.last_outputs.values())
-        return outputs + self._tokens_probed  # the vocabulary probe of a model of unknown vocabulary
+        """Tokens this rank sent through the model in the latest `run`, padding and dummies included: every
+        forward of every evaluator, those of an evaluator that then failed too, and the vocabulary probe of a
+        model of unknown vocabulary."""
+        return self._tokens_forwarded
 
     def detail(self, name: str) -> Any:
         """The latest result object of the evaluator `name` (scores per request or sequence), or None

@@ -16,6 +16,9 @@ from inloop_eval.tasks.base import MultipleChoiceTask
 
 _FACTORIES: dict[str, Callable[[], MultipleChoiceTask]] = {}
 _RESOLVERS: dict[str, Callable[[str], MultipleChoiceTask]] = {}
+# Prefixes whose resolver reads files (`harness:`): their ids are checked when the task is loaded, where a
+# missing file is a data failure agreed across ranks, not when the evaluator is built.
+_READS_FILES: set[str] = set()
 _SHOTS = re.compile(r"^(?P<base>.+)_(?P<k>\d+)shot$")
 
 
@@ -28,11 +31,26 @@ def register(name: str, factory: Callable[[], MultipleChoiceTask], *, replace: b
     _FACTORIES[name] = factory
 
 
-def register_resolver(prefix: str, resolve: Callable[[str], MultipleChoiceTask]) -> None:
-    """Ids `<prefix>:<rest>` are built by `resolve(rest)` (tasks defined by files rather than code)."""
+def register_resolver(
+    prefix: str, resolve: Callable[[str], MultipleChoiceTask], *, reads_files: bool = False
+) -> None:
+    """Ids `<prefix>:<rest>` are built by `resolve(rest)` (tasks defined by files rather than code);
+    `reads_files`: resolving opens files, so `check_task_id` leaves the rest to loading."""
     if prefix in _RESOLVERS:
         raise ValueError(f"task id prefix {prefix!r} is registered twice")
     _RESOLVERS[prefix] = resolve
+    if reads_files:
+        _READS_FILES.add(prefix)
+
+
+def check_task_id(name: str) -> None:
+    """UnknownTaskError (naming the closest ids) unless `name` is a task id the registry can build. Reads
+    no file, so it gives the same answer on every rank: ids of a resolver that reads files (`harness:`) are
+    only checked for their prefix here."""
+    prefix, colon, _ = name.partition(":")
+    if colon and prefix in _READS_FILES:
+        return
+    get_task(name)
 
 
 def get_task(name: str) -> MultipleChoiceTask:

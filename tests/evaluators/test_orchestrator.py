@@ -149,19 +149,26 @@ def test_training_state_is_restored(data_root, neox_tokenizer):
     assert rng_draws() == expected
 
 
-def test_unknown_task(data_root, neox_tokenizer, model):
-    with pytest.raises(UnknownTaskError, match="unknown task 'hellaswg'.*hellaswag"):
-        make_evaluator(data_root, neox_tokenizer, ["hellaswg"]).run(model)
+@pytest.mark.parametrize("task", ["hellaswg", "olmo:hellaswg", "oe_eval:arc_easy"])
+def test_an_unknown_task_id_stops_the_build(data_root, neox_tokenizer, task):
+    """Refused when the evaluator is built (the same on every rank, the registry reads no file), not at the
+    first evaluation thousands of steps in; the message names the closest ids."""
+    with pytest.raises(UnknownTaskError, match=f"unknown task '{task}'"):
+        make_evaluator(data_root, neox_tokenizer, [task])
+    with pytest.raises(UnknownTaskError, match="did you mean hellaswag"):
+        make_evaluator(data_root, neox_tokenizer, ["hellaswg"])
 
 
-def test_failure_is_reported_when_not_strict(data_root, neox_tokenizer, model, caplog):
+def test_failure_is_reported_when_not_strict(data_root, neox_tokenizer, model, caplog, tmp_path):
+    missing = tmp_path / "missing.yaml"  # a task file is checked when it is loaded: a failure of that task
     config = EvaluatorConfig(
-        evaluators=[{"task": "hellaswg"}, {"task": "copa", "limit": 4}], data_root=str(data_root)
+        evaluators=[{"task": f"harness:{missing}", "label": "broken"}, {"task": "copa", "limit": 4}],
+        data_root=str(data_root),
     )
     out = InLoopEvaluator(config, tokenizer=neox_tokenizer).run(model)
-    assert out["eval/downstream/hellaswg/failed"] == 1.0
+    assert out["eval/downstream/broken/failed"] == 1.0
     assert out["eval/downstream/copa/n_docs"] == 4
-    assert "hellaswg" in caplog.text
+    assert "missing.yaml" in caplog.text
 
 
 def test_missing_data_root(tmp_path, neox_tokenizer, model):

@@ -9,6 +9,7 @@ import torch
 from helpers import tiny_neox
 from lm_helpers import SEQ_LEN, lm_entry, tiny_gpt, write_domains
 
+from inloop_eval.engine.adapters import LogitsAdapter
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.evaluators.perplexity import plan_sequence_batches
@@ -35,7 +36,7 @@ def token_batches(tokenizer, n: int, seq_len: int = 32) -> torch.Tensor:
 
 
 def test_run_and_log_adds_wall_time_and_tokens_forwarded(data_root, neox_tokenizer, tmp_path):
-    evaluator = make_evaluator(data_root, neox_tokenizer, tasks=("piqa", "no_such_task"))
+    evaluator = make_evaluator(data_root, neox_tokenizer, tasks=("piqa", f"harness:{tmp_path / 'missing.yaml'}"))
     torch.manual_seed(0)
     model = GPT(GPTConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=256))
     logger = JSONLLogger(tmp_path)
@@ -43,7 +44,7 @@ def test_run_and_log_adds_wall_time_and_tokens_forwarded(data_root, neox_tokeniz
     logger.finish()
     assert metrics[SECONDS_KEY] > 0
     assert metrics[TOKENS_KEY] == evaluator.detail("piqa").scores.tokens_forwarded > 0
-    assert metrics["eval/downstream/no_such_task/failed"] == 1.0
+    assert metrics[f"eval/downstream/harness:{tmp_path / 'missing.yaml'}/failed"] == 1.0
     again = run_and_log(evaluator, model, step=8)
     assert again[TOKENS_KEY] == metrics[TOKENS_KEY]  # each evaluation counts its own forwards only
     assert '"step": 7' in (tmp_path / "metrics.jsonl").read_text()
@@ -143,3 +144,26 @@ def test_schedule_is_due_at_accepted_steps_and_never_twice_at_one():
     schedule = EvalSchedule(EveryOtherStep())
     assert [schedule.due(step) for step in (0, 0, 1, 2, 2, 3)] == [True, False, False, True, False, False]
     assert schedule.due(3, forced=True) and not schedule.due(3, forced=True) and not schedule.due(3)
+
+
+def test_tokens_forwarded_count_the_forwards_of_a_task_that_then_failed(data_root, neox_tokenizer):
+    """A task whose model call fails after some forwards reports failed = 1, and the forwards that ran are
+    still counted in `eval/tokens_forwarded` (the cost was paid)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=256))
+    calls = []
+
+    def failing_second_call(input_ids):
+        calls.append(input_ids.numel())
+        if len(calls) == 2:
+            raise RuntimeError("the second forward fails")
+        return model(input_ids)
+
+    config = EvaluatorConfig(
+        evaluators=[{"task": "piqa", "limit": 8, "batch_tokens": 128}], data_root=str(data_root)
+    )
+    evaluator = InLoopEvaluator(config, tokenizer=neox_tokenizer)
+    metrics = run_and_log(evaluator, LogitsAdapter(failing_second_call, max_length=256), step=1)
+    assert metrics["eval/downstream/piqa/failed"] == 1.0
+    assert len(calls) == 2
+    assert metrics[TOKENS_KEY] == calls[0] > 0

@@ -132,4 +132,4 @@ def _resolve(rest: str) -> MultipleChoiceTask:
     return suite.task(name)
 
 
-register_resolver("harness", _resolve)
+register_resolver("harness", _resolve, reads_files=True)
