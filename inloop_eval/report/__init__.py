@@ -1,14 +1,16 @@
 """`inloop-eval report RUN_DIR`: one HTML page of a run's evaluations over training steps.
 
 For every task, acc, acc_norm and acc_pmi (those it reports) on one chart, with ±1 standard error bands
-when logged, and flags (acc and acc_norm diverging, letter keys); for every perplexity domain
-(`eval/lm/<domain>/...`), ppl and bits per byte. Modules, in the order the report runs them:
+when logged, and flags (acc and acc_norm diverging, letter keys, figures not finite, documents left out for
+non-finite scores); for every perplexity domain (`eval/lm/<domain>/...`), ppl and bits per byte. Modules, in
+the order the report runs them:
 - `runs`: a run directory (`metrics.jsonl` + `config.json`, or a W&B run file) read into a `RunHistory`,
   skipping and naming what it cannot read; `ReportError`.
 - `analysis`: per-task views (`task_views`): the divergence flag, length normalisation a no-op by
-  construction (letter keys), failures.
-- `plots`: the PNGs (matplotlib, optional and imported only when drawing).
-- `page`: `write_report`, the HTML page and its PNGs.
+  construction (letter keys), failures, figures that are not finite or cover a subset of the documents.
+- `plots`: the PNGs (matplotlib, optional and imported only when drawing), labels drawn verbatim.
+- `page`: `write_report`, the HTML page and its PNGs (one file name per label; a plot that fails costs
+  only that plot).
 - `command`: the CLI glue (`add_arguments`, `run`, `main`).
 
 The names below are re-exported here, as `inloop_eval.report` exported them before it was split.

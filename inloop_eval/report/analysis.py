@@ -7,10 +7,14 @@
 - *letter keys*: tasks whose choices all have the same length (`*_mc` letter keys, WinoGrande's shared
   continuation) have acc_norm identical to acc by construction; they do not report it, and the page says so.
   A task that reports acc_norm equal to acc at every evaluation is flagged too.
+- *not finite*: a figure that was NaN or infinite at some evaluation (logged as `null`).
+- *subset*: `n_nonfinite_docs` > 0: documents whose scores were not finite (NaN logits) were left out, so the
+  task's figures at that evaluation are over the other documents only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +23,13 @@ import numpy as np
 
 from inloop_eval.errors import InLoopEvalError
 from inloop_eval.loggers.base import CURVE_METRICS
-from inloop_eval.report.runs import RunHistory, Series
+from inloop_eval.report.runs import RunHistory, Series, shown_numbers
 from inloop_eval.tasks import get_task
+
+# The start of each flag the page's summary counts.
+DIVERGING = "diverging"
+NONFINITE = "not a finite number"
+SUBSET = "subset"
 
 
 def fitted_change(points: Series) -> float:
@@ -69,6 +78,36 @@ def identical(acc: Series, acc_norm: Series) -> bool:
     a, n = dict(acc), dict(acc_norm)
     common = set(a) & set(n)
     return bool(common) and all(a[s] == n[s] for s in common)
+
+
+def nonfinite_steps(figures: Mapping[str, Series]) -> dict[str, list[int]]:
+    """figure -> the steps at which it was NaN or infinite, for the figures that ever were."""
+    out = {name: [s for s, v in points if not math.isfinite(v)] for name, points in sorted(figures.items())}
+    return {name: steps for name, steps in out.items() if steps}
+
+
+def nonfinite_flags(figures: Mapping[str, Series]) -> list[str]:
+    """Flags for the figures of one task or domain that were not finite numbers, and for its documents left
+    out because their scores were not (`n_nonfinite_docs` > 0): its figures then cover a subset."""
+    flags = []
+    bad = nonfinite_steps(figures)
+    if bad:
+        where = "; ".join(
+            f"{name} at step{'s' if len(steps) > 1 else ''} {shown_numbers(steps)}"
+            for name, steps in bad.items()
+        )
+        flags.append(f"{NONFINITE} (NaN or infinite, logged as null): {where}")
+    dropped = [(s, v) for s, v in figures.get("n_nonfinite_docs", []) if v > 0]
+    if dropped:
+        step, count = dropped[-1]
+        kept = dict(figures.get("n_docs", [])).get(step, math.nan)
+        over = f"the other {kept:.0f}" if math.isfinite(kept) else "the others"
+        at = f"at {len(dropped)} evaluations, first at step {dropped[0][0]}; " if len(dropped) > 1 else ""
+        flags.append(
+            f"{SUBSET}: {at}at step {step} {count:.0f} document(s) whose scores were not finite (NaN logits) "
+            f"were left out, and the figures are over {over} only"
+        )
+    return flags
 
 
 @dataclass
@@ -127,7 +166,7 @@ def task_views(history: RunHistory, window: int = 4, min_change: float = 0.01) -
                 stderr.get("acc_norm"),
             )
             if sentence:
-                flags.append("diverging: " + sentence)
+                flags.append(f"{DIVERGING}: {sentence}")
             if identical(curves["acc"], curves["acc_norm"]):
                 why = " by construction (letter keys / shared continuation)" if noop else ""
                 flags.append(f"identical: acc_norm equals acc at every evaluation{why}")
@@ -136,5 +175,6 @@ def task_views(history: RunHistory, window: int = 4, min_change: float = 0.01) -
                 "letter keys / shared continuation: every choice has the same length, so acc_norm would equal "
                 "acc by construction; it is not reported"
             )
+        flags += nonfinite_flags(metrics)
         views.append(TaskView(label, task_id, curves, stderr, flags, notes))
     return views

@@ -1,11 +1,19 @@
-"""`write_report`: a run's HTML page (`index.html`) and its PNGs, one per task and one per perplexity domain."""
+"""`write_report`: a run's HTML page (`index.html`) and its PNGs, one per task and one per perplexity domain.
+
+Each label has its own PNG (`plot_file`: distinct labels never share a file name, whatever their characters
+and on file systems that ignore case), and a plot that cannot be drawn costs only that plot: the page is
+still written and says which plot is missing and why. Only a missing matplotlib stops the report.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
+from functools import partial
 from html import escape
 from pathlib import Path
 
@@ -13,18 +21,49 @@ import numpy as np
 
 from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
 from inloop_eval.loggers.base import CURVE_METRICS
-from inloop_eval.report.analysis import TaskView, task_views
+from inloop_eval.report.analysis import DIVERGING, NONFINITE, SUBSET, TaskView, nonfinite_steps, task_views
 from inloop_eval.report.plots import plot_domain, plot_task
 from inloop_eval.report.runs import LM_FIGURES, ReportError, RunHistory, Series, load_run
 
 REPORT_DIR = "report"
+# A label used as it is in its file name: lower case (file systems that ignore case cannot tell two apart)
+# and characters every file system and URL takes; any other label gets a hash of itself.
+PLAIN_LABEL = re.compile(r"[a-z0-9_.-]{1,100}")
+# A plot failure's message shown on the page, at most this long.
+MAX_ERROR_CHARS = 300
 
 log = logging.getLogger(__name__)
 
 
 def safe_name(name: str) -> str:
-    """`name` as a file name: every character but letters, digits and `-_.` replaced by `_`."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    """`name` as a file name: every character but ASCII letters, digits and `-_.` replaced by `_`."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in name)
+
+
+def plot_file(kind: str, label: str) -> str:
+    """The PNG file name of `label`'s plot: `<kind>_<label>.png` for a PLAIN_LABEL, else
+    `<kind>_<label sanitised>~<hash of label>.png` (`~` is never in a plain label), so two labels that
+    sanitise alike (`olmo:piqa`, `olmo_piqa`) or differ only in case get two files."""
+    if PLAIN_LABEL.fullmatch(label):
+        return f"{kind}_{label}.png"
+    digest = hashlib.sha256(label.encode("utf-8", errors="surrogatepass")).hexdigest()[:12]
+    return f"{kind}_{safe_name(label)[:100]}~{digest}.png"
+
+
+def draw(what: str, path: Path, plot: Callable[[], None]) -> str:
+    """Call `plot()`, which writes the PNG `path`; "" when drawn, else what went wrong (warned, any
+    half-written PNG removed). A missing matplotlib (`ReportError`) is raised: no plot could be drawn."""
+    try:
+        plot()
+        return ""
+    except ReportError:
+        raise
+    except Exception as exc:
+        path.unlink(missing_ok=True)
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:MAX_ERROR_CHARS]
+        message = f"plot of {what} not drawn ({reason})"
+        log.warning("report: %s", message)
+        return message
 
 
 def write_report(
@@ -42,15 +81,26 @@ def write_report(
     views = task_views(history, window, min_change)
     for view in views:
         if view.curves:
-            view.plot = f"task_{safe_name(view.label)}.png"
-            plot_task(view, out / view.plot)
-    domain_plots = {}
+            name = plot_file("task", view.label)
+            failure = draw(f"task {view.label!r}", out / name, partial(plot_task, view, out / name))
+            if failure:
+                view.flags.append(failure)
+            else:
+                view.plot = name
+    domain_plots: dict[str, str] = {}
+    domain_failures: dict[str, str] = {}
     for domain, figures in history.domains().items():
         if any(f in figures for f in LM_FIGURES):
-            domain_plots[domain] = f"lm_{safe_name(domain)}.png"
-            plot_domain(domain, figures, out / domain_plots[domain])
+            name = plot_file("lm", domain)
+            plot = partial(plot_domain, domain, figures, out / name)
+            failure = draw(f"perplexity domain {domain!r}", out / name, plot)
+            if failure:
+                domain_failures[domain] = failure
+            else:
+                domain_plots[domain] = name
     path = out / "index.html"
-    path.write_text(render_html(history, views, history.domains(), domain_plots, window, min_change))
+    html = render_html(history, views, history.domains(), domain_plots, window, min_change, domain_failures)
+    path.write_text(html)
     return path
 
 
@@ -75,22 +125,24 @@ def render_html(
     domain_plots: Mapping[str, str],
     window: int,
     min_change: float,
+    domain_failures: Mapping[str, str] | None = None,
 ) -> str:
     """The page: a summary, the tasks' table and cards, the perplexity domains' table and plots, the config.
 
     views: from `task_views`, with `plot` set to each PNG's file name ("" for none).
     domains: domain -> figure -> series (`RunHistory.domains`); domain_plots: domain -> PNG file name.
     window, min_change: the divergence flag's settings, stated on the page.
+    domain_failures: domain -> why its plot was not drawn.
     """
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>in-loop evaluation report</title>",
         f"{STYLE}</head><body>",
-        *summary_section(history, views, len(domains), window, min_change),
+        *summary_section(history, views, domains, window, min_change),
     ]
     if views:
         parts += task_section(views)
     if domains:
-        parts += perplexity_section(domains, domain_plots)
+        parts += perplexity_section(domains, domain_plots, domain_failures or {})
     if history.config:
         config = json.dumps(history.config, indent=2, sort_keys=True, default=str)
         parts.append(
@@ -101,20 +153,35 @@ def render_html(
 
 
 def summary_section(
-    history: RunHistory, views: list[TaskView], n_domains: int, window: int, min_change: float
+    history: RunHistory,
+    views: list[TaskView],
+    domains: Mapping[str, Mapping[str, Series]],
+    window: int,
+    min_change: float,
 ) -> list[str]:
-    """The title, what was read (and skipped), the tasks flagged as diverging, the evaluation cost."""
+    """The title, what was read (and skipped), the tasks flagged as diverging, the tasks and domains with
+    figures that are not finite or cover a subset of their documents, the evaluation cost."""
     steps = sorted({s for points in history.series.values() for s, _ in points})
-    flagged = [v for v in views if any(f.startswith("diverging") for f in v.flags)]
+    flagged = [v.label for v in views if any(f.startswith(DIVERGING) for f in v.flags)]
+    unsound = [v.label for v in views if any(f.startswith((NONFINITE, SUBSET)) for f in v.flags)]
+    unsound += [f"{domain} (perplexity)" for domain, figures in domains.items() if nonfinite_steps(figures)]
     return [
         "<h1>In-loop evaluation report</h1>",
         f"<p>Source: <code>{escape(history.source)}</code>. {len(steps)} logged steps"
         + (f", {steps[0]} to {steps[-1]}" if steps else "")
-        + f". {len(views)} tasks, {n_domains} perplexity domains.</p>",
+        + f". {len(views)} tasks, {len(domains)} perplexity domains.</p>",
         *(f"<p class='flag'>Reading: {escape(note)}</p>" for note in history.notes),
         f"<p>Divergence flag: over the last {window} evaluations the fitted trends of acc and acc_norm have "
         f"opposite signs and each moves by at least {min_change:g} and by at least its standard error. "
-        f"{len(flagged)} task(s) flagged{': ' + escape(', '.join(v.label for v in flagged)) if flagged else ''}.</p>",
+        f"{len(flagged)} task(s) flagged{': ' + escape(', '.join(flagged)) if flagged else ''}.</p>",
+        *(
+            [
+                f"<p class='flag'>Figures that were not finite numbers (NaN, infinite) or cover only the documents "
+                f"whose scores were finite: {escape(', '.join(unsound))}.</p>"
+            ]
+            if unsound
+            else []
+        ),
         cost_paragraph(history.series),
     ]
 
@@ -148,9 +215,11 @@ def task_section(views: list[TaskView]) -> list[str]:
 
 
 def perplexity_section(
-    domains: Mapping[str, Mapping[str, Series]], domain_plots: Mapping[str, str]
+    domains: Mapping[str, Mapping[str, Series]],
+    domain_plots: Mapping[str, str],
+    domain_failures: Mapping[str, str],
 ) -> list[str]:
-    """A table of each domain's last ppl, bpb and ce, then its plots."""
+    """A table of each domain's last ppl, bpb and ce, then its plots (or why one was not drawn)."""
     parts = ["<h2>Perplexity</h2><table><tr><th>domain</th><th>ppl</th><th>bpb</th><th>ce</th></tr>"]
     for domain, figures in domains.items():
         parts.append(
@@ -159,8 +228,12 @@ def perplexity_section(
             + "</tr>"
         )
     parts.append("</table><div class='grid'>")
-    for domain, plot in domain_plots.items():
-        parts.append(f"<div class='card'><img src='{escape(plot)}' alt='{escape(domain)} perplexity'></div>")
+    for domain in domains:
+        if domain in domain_plots:
+            image = escape(domain_plots[domain])
+            parts.append(f"<div class='card'><img src='{image}' alt='{escape(domain)} perplexity'></div>")
+        elif domain in domain_failures:
+            parts.append(f"<div class='card'><p class='flag'>{escape(domain_failures[domain])}</p></div>")
     parts.append("</div>")
     return parts
 

@@ -1,5 +1,10 @@
 """The report's PNGs, drawn with matplotlib's object API (no pyplot: no global state, no display needed).
-matplotlib is optional (`pip install 'inloop_eval[report]'`), imported only when a plot is drawn."""
+matplotlib is optional (`pip install 'inloop_eval[report]'`), imported only when a plot is drawn.
+
+Labels are user data: every text holding one (titles, legend entries) is drawn as it is, never parsed as
+matplotlib math (`$...$`) or LaTeX, so a label such as `cost $x$`, `a_b^c` or `\\d` is shown verbatim and
+cannot make drawing fail.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +29,16 @@ def new_figure(**kwargs: Any) -> Any:
     return Figure(layout="constrained", **kwargs)
 
 
+# Text properties that draw a string verbatim: no math text, no LaTeX (whatever the user's matplotlibrc says).
+VERBATIM: dict[str, Any] = {"parse_math": False, "usetex": False}
+
+
+def verbatim_legend(ax: Any, **kwargs: Any) -> None:
+    """The legend of `ax`, its entries drawn verbatim."""
+    for text in ax.legend(**kwargs).get_texts():
+        text.update(VERBATIM)
+
+
 def integer_steps(ax: Any) -> None:
     """Label the x axis of `ax` with whole trainer steps, and grid it."""
     from matplotlib.ticker import MaxNLocator
@@ -45,10 +60,10 @@ def plot_task(view: TaskView, path: Path) -> None:
             err = dict(view.stderr[metric])
             e = np.array([err.get(int(s), 0.0) for s in steps])
             ax.fill_between(steps, values - e, values + e, alpha=0.15, color=line.get_color())
-    ax.set_title(view.label if view.label == view.task_id else f"{view.label} ({view.task_id})")
+    ax.set_title(view.label if view.label == view.task_id else f"{view.label} ({view.task_id})", **VERBATIM)
     ax.set_ylabel("accuracy")
     integer_steps(ax)
-    ax.legend(loc="best", fontsize="small")
+    verbatim_legend(ax, loc="best", fontsize="small")
     fig.savefig(path, dpi=100)
 
 
@@ -62,6 +77,6 @@ def plot_domain(domain: str, figures: Mapping[str, Series], path: Path) -> None:
         ax.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=3)
         if name == "ppl":
             ax.set_yscale("log")
-        ax.set_title(f"{domain}: {name}")
+        ax.set_title(f"{domain}: {name}", **VERBATIM)
         integer_steps(ax)
     fig.savefig(path, dpi=100)

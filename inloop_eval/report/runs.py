@@ -4,7 +4,8 @@ RUN_DIR holds `metrics.jsonl` (+ `config.json`) as `JSONLLogger` writes them, or
 with a `run-*.wandb` file, e.g. `wandb/offline-run-...` or `wandb/run-...`), read offline. A run may still be
 writing, or may have been killed: lines that cannot be read (cut off, not JSON objects, without a step) and a
 corrupt `config.json` are skipped, and `RunHistory.notes` says which. A step logged more than once (a job
-resumed from an earlier checkpoint) keeps its last value for each key.
+resumed from an earlier checkpoint) keeps its last value for each key. A figure that was not a finite number
+is NaN in the series: `null` as `JSONLLogger` writes it, or bare `NaN` / `Infinity` in older files.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def row_step(row: Mapping[str, Any]) -> int | None:
 def collect_rows(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Series], list[int]]:
     """Rows with a step (`step` or `trainer/step`) as sorted per-key series, and the steps at which a later row
     replaced a different value of some key (a resumed run logging a step again: the later value wins). Rows
-    without a step, `_`-prefixed keys and non-numeric values are skipped."""
+    without a step, `_`-prefixed keys and non-numeric values are skipped; `null` (how `JSONLLogger` writes NaN
+    and infinities) is read as NaN, as is the bare NaN of older files."""
     by_key: dict[str, dict[int, float]] = {}
     replaced: set[int] = set()
     for row in rows:
@@ -85,6 +87,8 @@ def collect_rows(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Series], 
         for key, value in row.items():
             if key in STEP_KEYS or key.startswith("_") or isinstance(value, bool):
                 continue
+            if value is None:
+                value = math.nan
             if isinstance(value, (int, float)):
                 points = by_key.setdefault(key, {})
                 if step in points and not same_value(points[step], float(value)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import struct
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import inloop_eval.loggers.jsonl as jsonl_module
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import SECONDS_KEY, run_and_log
@@ -222,8 +224,21 @@ def test_run_and_log_returns_the_figures_when_the_disk_is_full(data_root, neox_t
     assert len(warnings_of(caplog, "No space left on device")) == 1
 
 
-# A file-size limit makes the kernel write part of a line and fail the rest (EFBIG), as a nearly full disk
-# does: the logger must cut the part back out and write the next line whole once there is room again.
+def run_script(script: str, *args: str) -> subprocess.Popen:
+    """Start `python -c script *args` with this checkout first on the path; stdout and stderr piped."""
+    repo = str(Path(__file__).parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+# A file-size limit makes the kernel write part of a line, as a nearly full disk does: the logger must cut
+# the part back out and write the next line whole once there is room again.
 _PARTIAL_WRITE_SCRIPT = """
 import os, resource, signal, sys
 from inloop_eval.loggers import JSONLLogger
@@ -245,22 +260,73 @@ def test_a_write_that_fails_halfway_leaves_no_partial_line(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"step": 0, "eval/x": 0.0}\n{"step": 5, "eval/')
-    repo = str(Path(__file__).parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(
-        [sys.executable, "-c", _PARTIAL_WRITE_SCRIPT, str(run)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "step 1 not written" in proc.stderr and "File too large" in proc.stderr
+    proc = run_script(_PARTIAL_WRITE_SCRIPT, str(run))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    # One write per line: the kernel writes what fits and reports no error for the rest.
+    assert "step 1 not written" in err and "bytes fit: the disk or the file size limit is full" in err
     assert (run / "metrics.jsonl").read_text().splitlines() == [
         '{"step": 0, "eval/x": 0.0}',
         '{"step": 5, "eval/',
         '{"step": 2, "eval/x": 2.0}',
     ]
+
+
+# One of several writers sharing a metrics.jsonl on a disk that keeps filling: before each line the file size
+# limit lands somewhere in the next line or two (other jobs fill and free the disk), so most writes fail
+# whole or partway while the other writer appends. Prints the steps `JSONLLogger` reported written.
+_SHARED_LOG_SCRIPT = """
+import json, os, pathlib, random, resource, signal, sys, time
+from inloop_eval.loggers import JSONLLogger
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG instead of killing the process
+run, writer, n_lines, n_writers = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+rng = random.Random(writer)
+logger = JSONLLogger(run)
+# Start together (imports take seconds on a busy machine), so that the writers overlap.
+pathlib.Path(run, f"ready-{writer}").touch()
+while len(list(pathlib.Path(run).glob("ready-*"))) < n_writers:
+    time.sleep(0.01)
+written = []
+write = logger._write
+def recording_write(*args):
+    ok = write(*args)
+    if ok:
+        written.append(args[-1])
+    return ok
+logger._write = recording_write
+hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+for step in range(n_lines):
+    room = os.path.getsize(logger.path) + rng.randrange(0, 200)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (room, hard))
+    logger.log({f"eval/{writer}/{i}": step + i / 10 for i in range(rng.randrange(1, 6))}, step)
+logger.finish()
+print(json.dumps(written))
+"""
+
+
+def test_two_writers_on_a_filling_disk_lose_no_line_and_leave_no_part(tmp_path):
+    """Two processes log to one metrics.jsonl while writes keep failing whole or partway: every line a writer
+    was told is written is in the file whole, once; nothing else is (no cut lines, no NUL bytes)."""
+    run = tmp_path / "run"
+    writers = ("a", "b")
+    procs = {w: run_script(_SHARED_LOG_SCRIPT, str(run), w, "1000", str(len(writers))) for w in writers}
+    believed = {}
+    for writer, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        assert "not written" in err  # the disk did fill for this writer
+        believed[writer] = json.loads(out)
+    data = (run / "metrics.jsonl").read_bytes()
+    assert b"\0" not in data
+    found = {w: [] for w in writers}
+    for line in data.decode().splitlines():
+        row = json.loads(line)  # every line whole
+        (writer,) = {key.split("/")[1] for key in row if key != "step"}
+        found[writer].append(row["step"])
+    for writer in writers:
+        assert 0 < len(believed[writer]) < 1000
+        assert found[writer] == believed[writer]
 
 
 class BrokenLogger(MetricsLogger):
@@ -306,3 +372,58 @@ def test_a_value_or_step_that_is_not_a_number_is_left_out_not_raised(tmp_path, c
     assert jsonl_rows(tmp_path / "metrics.jsonl") == [{"step": 3, "eval/z": 2.0}]
     assert len(warnings_of(caplog, "step inf is not an integer")) == 1
     assert len(warnings_of(caplog, "is not a number")) == 2
+
+
+def test_a_writer_whose_lock_is_held_waits_briefly_then_writes_whole(tmp_path, monkeypatch, caplog):
+    """Another writer holding the file's lock (a stopped process) delays a line by LOCK_WAIT_S, never more."""
+    monkeypatch.setattr(jsonl_module, "LOCK_WAIT_S", 0.2)
+    with JSONLLogger(tmp_path) as logger, open(logger.path, "ab") as holder:
+        fcntl = pytest.importorskip("fcntl")
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+        started = time.monotonic()
+        logger.log({"eval/x": 1.0}, 0)
+        logger.log({"eval/x": 2.0}, 1)
+        assert time.monotonic() - started < 2.0
+    assert jsonl_rows(tmp_path / "metrics.jsonl") == [{"step": 0, "eval/x": 1.0}, {"step": 1, "eval/x": 2.0}]
+    assert len(warnings_of(caplog, "cannot lock")) == 1
+
+
+def strict_json(line: str) -> dict:
+    """`line` parsed as strict JSON (RFC 8259 has no NaN or Infinity), as jq or a JavaScript reader would."""
+
+    def reject(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(line, parse_constant=reject)
+
+
+def test_non_finite_figures_are_written_as_null_and_read_back_as_nan(tmp_path, caplog):
+    with JSONLLogger(tmp_path) as logger:
+        logger.log(
+            {"eval/downstream/piqa/acc": float("nan"), "eval/lm/c4/ppl": float("inf"), "eval/x": 1.0}, 0
+        )
+        logger.log({"eval/downstream/piqa/acc": 0.5, "eval/lm/c4/ppl": -float("inf")}, 1)
+    rows = [strict_json(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [
+        {"step": 0, "eval/downstream/piqa/acc": None, "eval/lm/c4/ppl": None, "eval/x": 1.0},
+        {"step": 1, "eval/downstream/piqa/acc": 0.5, "eval/lm/c4/ppl": None},
+    ]
+    (warning,) = warnings_of(caplog, "not a finite number")
+    assert "eval/downstream/piqa/acc = nan at step 0" in warning and "null" in warning
+    series = load_run(tmp_path).series
+    assert [s for s, _ in series["eval/downstream/piqa/acc"]] == [0, 1]
+    assert (
+        math.isnan(series["eval/downstream/piqa/acc"][0][1])
+        and series["eval/downstream/piqa/acc"][1][1] == 0.5
+    )
+
+
+def test_a_file_with_bare_nan_from_an_older_logger_is_still_read(tmp_path, caplog):
+    """Files written before NaN became null hold bare NaN and Infinity: a resumed logger and the report read
+    them."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval/x": NaN, "eval/y": Infinity}\n')
+    with JSONLLogger(tmp_path) as resumed:
+        resumed.log({"eval/x": 0.5}, 0)
+    assert "step 0 twice" in warnings_of(caplog, "twice")[0]  # the old line was read
+    series = load_run(tmp_path).series
+    assert series["eval/x"] == [(0, 0.5)] and series["eval/y"] == [(0, math.inf)]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import importlib
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -11,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+import inloop_eval.report.page as page_module
 from inloop_eval.report import ReportError, RunHistory, divergence, load_run, task_views, write_report
+from inloop_eval.report.page import plot_file
 
 STEPS = [0, 100, 200, 300, 400, 500]
 
@@ -181,3 +185,155 @@ def test_a_corrupt_line_in_the_middle_is_skipped_and_counted(tmp_path):
     (note,) = history.notes
     assert "skipped 13 of 15 lines: lines 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and 2 more not valid JSON; " in note
     assert "line 14 without a step" in note
+
+
+def write_run(run: Path, curves: dict[str, list[float]], **extra: list[float | None]) -> None:
+    """A run directory logging `eval/downstream/<label>/acc` for each label of `curves` and each further
+    key of `extra` (`name=values`, `__` for `/`) at the last len(values) of STEPS."""
+    run.mkdir()
+    rows = {step: {"step": step} for step in STEPS}
+    for label, values in curves.items():
+        for step, value in series(values):
+            rows[step][f"eval/downstream/{label}/acc"] = value
+    for name, values in extra.items():
+        for step, value in series(values):
+            rows[step][name.replace("__", "/")] = value
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows.values()))
+
+
+def cards(page: str) -> dict[str, str]:
+    """label -> the HTML of its card on the page."""
+    found = re.findall(r"<div class='card' id='task-([^']*)'>(.*?)</div>", page, re.S)
+    return {html.unescape(label): body for label, body in found}
+
+
+def test_labels_that_sanitise_alike_each_get_their_own_plot(tmp_path):
+    """`olmo:piqa` and `olmo_piqa` (and `PIQA` beside `piqa`, one file on a file system that ignores case)
+    each show their own curve."""
+    importlib.import_module("matplotlib")
+    labels = ["olmo:piqa", "olmo_piqa", "PIQA", "piqa"]
+    write_run(tmp_path / "run", {label: [0.1 * (i + 1), 0.1 * (i + 2)] for i, label in enumerate(labels)})
+    page = write_report(tmp_path / "run").read_text()
+    images = {label: re.search(r"<img src='([^']+)'", card).group(1) for label, card in cards(page).items()}
+    assert images["olmo_piqa"] == "task_olmo_piqa.png" and images["piqa"] == "task_piqa.png"
+    assert len({name.lower() for name in images.values()}) == len(labels)
+    pngs = {(tmp_path / "run" / "report" / name).read_bytes() for name in images.values()}
+    assert len(pngs) == len(labels)  # four different curves drawn
+
+
+def test_plot_file_names_are_distinct_and_short():
+    labels = [
+        "olmo:piqa",
+        "olmo_piqa",
+        "olmo piqa",
+        "a/b",
+        "a_b",
+        "A_B",
+        "$x$",
+        "_x_",
+        "..",
+        "é",
+        "e",
+        "x" * 100,
+    ]
+    labels += ["x" * 101, "x" * 1000, "x" * 1001]
+    names = [plot_file("task", label) for label in labels]
+    assert len({name.lower() for name in names}) == len(labels)
+    assert all(len(name.encode()) < 255 and "/" not in name and name.endswith(".png") for name in names)
+
+
+MATH_LABELS = ["$\\nocommand$", "$x$", "a_b^c\\d", "cost $5 and $6", "50% {#&}"]
+
+
+def test_labels_matplotlib_would_parse_are_drawn_verbatim(tmp_path, monkeypatch):
+    """Titles and legends are never math text or LaTeX: a label with `$` no longer fails the report, and
+    `$x$` shows as typed."""
+    figure = importlib.import_module("matplotlib.figure")
+    drawn = []
+    savefig = figure.Figure.savefig
+
+    def recording_savefig(fig, *args, **kwargs):
+        drawn.append(fig)
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(figure.Figure, "savefig", recording_savefig)
+    run = tmp_path / "run"
+    write_run(run, {label: [0.3, 0.4] for label in MATH_LABELS}, **{"eval__lm__$\\bad$__ppl": [9.0, 8.0]})
+    page = write_report(run).read_text()
+    assert len(re.findall(r"<img src='([^']+)'", page)) == len(MATH_LABELS) + 1
+    assert "not drawn" not in page
+    texts = [ax.title for fig in drawn for ax in fig.axes]
+    texts += [
+        text for fig in drawn for ax in fig.axes if ax.get_legend() for text in ax.get_legend().get_texts()
+    ]
+    assert {t.get_text() for t in texts} >= {*MATH_LABELS, "$\\bad$: ppl", "acc"}
+    assert not any(t.get_parse_math() or t.get_usetex() for t in texts)
+
+
+def test_a_plot_that_cannot_be_drawn_costs_only_that_plot(tmp_path, monkeypatch, caplog):
+    """One task's and one domain's plot raise (after writing part of their PNG): the page is written with
+    every other plot and says which plot is missing and why."""
+    importlib.import_module("matplotlib")
+    real_task, real_domain = page_module.plot_task, page_module.plot_domain
+
+    def plot_task(view, path):
+        if view.label != "broken":
+            return real_task(view, path)
+        path.write_bytes(b"\x89PNG half")
+        raise RuntimeError("renderer\nfailed")
+
+    def plot_domain(domain, figures, path):
+        if domain != "books":
+            return real_domain(domain, figures, path)
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(page_module, "plot_task", plot_task)
+    monkeypatch.setattr(page_module, "plot_domain", plot_domain)
+    run = tmp_path / "run"
+    write_run(
+        run, {"piqa": [0.3, 0.4], "broken": [0.5, 0.6]}, eval__lm__books__ppl=[9.0], eval__lm__c4__ppl=[7.0]
+    )
+    page = write_report(run).read_text()
+    assert re.findall(r"<img src='([^']+)'", page) == ["task_piqa.png", "lm_c4.png"]
+    assert not (run / "report" / "task_broken.png").exists()
+    assert (
+        "plot of task &#x27;broken&#x27; not drawn (RuntimeError: renderer failed)" in cards(page)["broken"]
+    )
+    assert "plot of perplexity domain &#x27;books&#x27; not drawn (MemoryError: out of memory)" in page
+    assert len(warnings_of(caplog, "not drawn")) == 2
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and text in r.getMessage()]
+
+
+@pytest.mark.parametrize("nan", ["null", "NaN"])  # as JSONLLogger writes it now, and as older files hold it
+def test_figures_that_are_not_finite_and_tasks_over_a_subset_are_flagged(tmp_path, nan):
+    importlib.import_module("matplotlib")
+    run = tmp_path / "run"
+    write_run(
+        run,
+        {"piqa": [0.5, 0.6, 0.7], "hellaswag": [0.3, 0.3, 0.4]},
+        eval__downstream__piqa__n_nonfinite_docs=[0.0, 3.0, 0.0],
+        eval__downstream__piqa__n_docs=[40.0, 37.0, 40.0],
+        eval__downstream__hellaswag__n_nonfinite_docs=[0.0, 0.0, 0.0],
+        eval__lm__c4__ppl=[12.0, 11.0],
+    )
+    text = (run / "metrics.jsonl").read_text()
+    text = text.replace('"eval/downstream/piqa/acc": 0.6', f'"eval/downstream/piqa/acc": {nan}')
+    text = text.replace('"eval/lm/c4/ppl": 11.0', f'"eval/lm/c4/ppl": {nan}')
+    (run / "metrics.jsonl").write_text(text)
+    history = load_run(run)
+    assert history.notes == []
+    views = task_views(history)
+    assert flags(views, "hellaswag") == []
+    nonfinite, subset = flags(views, "piqa")
+    assert nonfinite == "not a finite number (NaN or infinite, logged as null): acc at step 400"
+    assert subset == (
+        "subset: at step 400 3 document(s) whose scores were not finite (NaN logits) were left out, and the "
+        "figures are over the other 37 only"
+    )
+    page = write_report(run).read_text()
+    assert html.escape(nonfinite) in cards(page)["piqa"] and html.escape(subset) in cards(page)["piqa"]
+    assert "cover only the documents whose scores were finite: piqa, c4 (perplexity)." in page
+    assert re.findall(r"<img src='([^']+)'", page) == ["task_hellaswag.png", "task_piqa.png", "lm_c4.png"]
