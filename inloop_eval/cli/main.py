@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -383,7 +384,10 @@ def gather_samples(evaluator: InLoopEvaluator) -> list[dict[str, Any]] | None:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    write_text_atomically(path, json.dumps(data, indent=2, sort_keys=True))
+    """`data` as strict JSON: a figure that is not finite (NaN, inf) is `null`, which every parser reads."""
+    metrics = {k: v if math.isfinite(v) else None for k, v in data.get("metrics", {}).items()}
+    text = json.dumps({**data, "metrics": metrics}, indent=2, sort_keys=True, allow_nan=False)
+    write_text_atomically(path, text)
 
 
 def write_samples(path: Path, samples: list[dict[str, Any]]) -> None:

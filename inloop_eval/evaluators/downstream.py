@@ -224,6 +224,7 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         update_metric(metric, prepared.table, rows, uncond_ids, scores)
         agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
         result = TaskResult(metric.compute(), rows, uncond_ids, scores, prepared)
+        check_finite_documents(self.title(), result.metrics, strict=strict)
         label, olmo_type = self.config.label, prepared.task.olmo_metric_type
         olmo = {label: olmo_names(self.config.task, olmo_type)} if olmo_type else {}
         return EvalOutput({label: task_figures(prepared, result.metrics)}, scores.tokens_forwarded, result, olmo)
@@ -232,6 +233,23 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         """One record per request this rank scored: the texts, the loglikelihood (and its unconditional one),
         the continuation's tokens, whether it was the greedy one and whether it is gold."""
         return sample_records(output.detail) if isinstance(output.detail, TaskResult) else []
+
+
+def check_finite_documents(title: str, figures: dict[str, float], *, strict: bool) -> None:
+    """Say when documents were left out because their scores were not finite (NaN or inf logits): the
+    figures are then over a subset of the task. With `strict` that fails the task (on every rank alike:
+    the counts are synced)."""
+    bad = int(figures.get("n_nonfinite_docs", 0))
+    if not bad:
+        return
+    scored = int(figures.get("n_docs", 0))
+    message = (
+        f"{title}: {bad} documents had scores that are not finite (NaN or inf logits) and were left out; "
+        f"its figures are over the other {scored} documents only"
+    )
+    if strict:
+        raise ModelOutputError(message + " (strict: the task fails)")
+    log.warning("%s", message)
 
 
 def task_figures(prepared: PreparedTask, computed: dict[str, float]) -> dict[str, float]:

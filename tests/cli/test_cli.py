@@ -11,7 +11,7 @@ import pytest
 import torch
 from workers.launch import torchrun
 
-from inloop_eval.cli.main import build_parser, evaluate_config, main
+from inloop_eval.cli.main import build_parser, evaluate_config, main, write_json
 from inloop_eval.errors import ConfigError
 from inloop_eval.requests.pairs import encode_pair
 
@@ -163,3 +163,15 @@ def test_evaluate_exits_non_zero_naming_the_tasks_that_failed(hf_model_dir, tmp_
     assert code == 1
     assert "eval/downstream/piqa/failed\t1.000000" in out
     assert "evaluate: 2 of the evaluations failed: downstream/piqa, downstream/copa" in err
+
+
+def test_evaluate_output_writes_a_figure_that_is_not_finite_as_null(tmp_path):
+    """`--output` is strict JSON (bare NaN is refused by most parsers): a NaN or inf figure is `null`."""
+    path = tmp_path / "results.json"
+    write_json(path, {"metrics": {"a": 0.5, "b": float("nan"), "c": float("inf")}, "model": "m"})
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"bare {name} in the output")
+
+    data = json.loads(path.read_text(), parse_constant=refuse)
+    assert data["metrics"] == {"a": 0.5, "b": None, "c": None} and data["model"] == "m"

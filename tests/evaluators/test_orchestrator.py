@@ -26,8 +26,9 @@ def model() -> GPT:
 
 
 def make_evaluator(data_root, neox_tokenizer, tasks, **overrides) -> InLoopEvaluator:
+    strict = overrides.pop("strict", True)
     evaluators = [{"task": t, "limit": overrides.pop("limit", 20), **overrides} for t in tasks]
-    config = EvaluatorConfig(evaluators=evaluators, data_root=str(data_root), strict=True)
+    config = EvaluatorConfig(evaluators=evaluators, data_root=str(data_root), strict=strict)
     return InLoopEvaluator(config, tokenizer=neox_tokenizer)
 
 
@@ -211,18 +212,30 @@ def test_model_that_cannot_embed_the_tokens(data_root, neox_tokenizer):
         make_evaluator(data_root, neox_tokenizer, ["copa"], limit=4).run(tiny_vocab)
 
 
-def test_nan_logits_are_counted_not_averaged(data_root, neox_tokenizer, model):
-    """Documents whose scores are NaN are skipped and counted; the rest are still scored."""
+def poisoned_logits(model):
+    """The model's logits with NaN in every row whose first context token is odd: some documents, not all."""
 
     def poisoned(ids: torch.Tensor) -> torch.Tensor:
         logits = model(ids)
-        # Poison every row whose first context token is odd: some documents, not all.
         return torch.where((ids[:, :1] % 2 == 1)[:, :, None], torch.full_like(logits, math.nan), logits)
 
-    ev = make_evaluator(data_root, neox_tokenizer, ["hellaswag"], limit=30)
-    out = ev.run(LogitsAdapter(poisoned, max_length=1024))
+    return LogitsAdapter(poisoned, max_length=1024)
+
+
+def test_nan_logits_are_counted_not_averaged(data_root, neox_tokenizer, model, caplog):
+    """Documents whose scores are NaN are skipped, counted and said in the log; the rest are still scored."""
+    ev = make_evaluator(data_root, neox_tokenizer, ["hellaswag"], limit=30, strict=False)
+    out = ev.run(poisoned_logits(model))
     n_bad = out["eval/downstream/hellaswag/n_nonfinite_docs"]
     assert 0 < n_bad < 30
     assert out["eval/downstream/hellaswag/n_skipped_docs"] == n_bad
     assert out["eval/downstream/hellaswag/n_docs"] == 30 - n_bad
     assert all(math.isfinite(v) for v in out.values())
+    assert f"task 'hellaswag': {n_bad:.0f} documents had scores that are not finite" in caplog.text
+    assert f"over the other {30 - n_bad:.0f} documents only" in caplog.text
+
+
+def test_nan_documents_fail_the_task_under_strict(data_root, neox_tokenizer, model):
+    ev = make_evaluator(data_root, neox_tokenizer, ["hellaswag"], limit=30, strict=True)
+    with pytest.raises(ModelOutputError, match=r"task 'hellaswag': \d+ documents had scores that are not finite"):
+        ev.run(poisoned_logits(model))
