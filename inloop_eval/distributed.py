@@ -106,8 +106,8 @@ class TaskAgreement:
     raised calls `report_failure` once instead of its remaining `agree` calls.
     """
 
-    def __init__(self, label: str) -> None:
-        self.label = label
+    def __init__(self, title: str) -> None:
+        self.title = title  # the evaluation as messages name it, e.g. `task 'piqa'`
         self.points_passed = 0
         self.closed = False
 
@@ -118,13 +118,13 @@ class TaskAgreement:
         Raises TaskFailedOnAnotherRank when another rank reported a failure at this point.
         """
         if self.closed:
-            raise RuntimeError(f"task {self.label!r}: agreement point after the last one")
+            raise RuntimeError(f"{self.title}: agreement point after the last one")
         value_max, failed = all_reduce_max_many([value, 0])
         self.points_passed += 1
         self.closed = last or bool(failed)
         if failed:
             raise TaskFailedOnAnotherRank(
-                f"task {self.label!r}: evaluation failed on rank {failed - 1} (its log has the reason); "
+                f"{self.title}: evaluation failed on rank {failed - 1} (its log has the reason); "
                 f"this rank stopped at agreement point {self.points_passed} with it"
             )
         return value_max

@@ -257,7 +257,7 @@ def check_failures(ctx: Context) -> dict[str, Any]:
             ctx.evaluator(tasks, strict=True).run(fsdp_gpt())
             results["strict"] = "no exception"
         except (TaskDataError, TaskFailedOnAnotherRank) as exc:
-            results["strict"] = type(exc).__name__
+            results["strict"] = f"{type(exc).__name__}: {exc}"
 
     # Scoring a batch, between forward passes, on a model whose forward all-gathers (FSDP2).
     failing_logprobs = raise_on_rank(
