@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from inloop_eval.errors import TaskDataError
-from inloop_eval.requests.pairs import move_trailing_whitespace
+from inloop_eval.requests.tokenize import move_trailing_whitespace
 from inloop_eval.tasks.base import MultipleChoiceTask
 from inloop_eval.tasks.loading import load_docs
 

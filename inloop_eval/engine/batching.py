@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from inloop_eval.distributed import AgreedSequence, TaskAgreement
-from inloop_eval.requests.pairs import PairSet
+from inloop_eval.requests.table import PairSet
 
 # A packed row's pieces may span at least this many tokens (or the context's length, if longer) before the
 # group is cut into another row: attention over one long row costs more than repeating a short context.

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset, DistributedSampler
 
 from inloop_eval.engine.batching import row_lengths
 from inloop_eval.errors import ConfigError, RequestError
-from inloop_eval.requests.pairs import RequestTable
+from inloop_eval.requests.table import RequestTable
 
 
 class ICLMultiChoiceTaskDataset(Dataset):

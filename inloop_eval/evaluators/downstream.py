@@ -31,7 +31,7 @@ from inloop_eval.metrics.icl import ICLMetric
 from inloop_eval.metrics.olmo import olmo_figures
 from inloop_eval.metrics.registry import ALL_METRICS, needs_uncond, unknown_metrics
 from inloop_eval.requests.cache import RequestCacheError, cache_path, load_table, save_table
-from inloop_eval.requests.pairs import PairSet, RequestTable, build_requests
+from inloop_eval.requests.table import PairSet, RequestTable, build_requests
 from inloop_eval.tasks import Doc, MultipleChoiceTask, get_task, load_docs
 from inloop_eval.tasks.registry import check_task_id
 

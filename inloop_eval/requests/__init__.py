@@ -1,2 +1,2 @@
-"""Requests: (context, continuation) pairs tokenized into flat tables (`pairs`), and the on-disk request
-cache (`cache`)."""
+"""Requests: one (context, continuation) pair tokenized as lm-evaluation-harness or OLMo does (`tokenize`),
+a task's pairs in flat request tables (`table`), and the on-disk request cache (`cache`)."""

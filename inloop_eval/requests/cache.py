@@ -5,7 +5,7 @@ folder: the key is the task id made safe for a file name (`file_label`: no '/', 
 `harness:../x/task.yaml` cannot name a file elsewhere) and a hash of everything the table depends on: the task
 id, the documents as the task renders them (so a change of data or of a task's prompt gives a new key), the
 tokenizer's fingerprint, `max_length`, `limit`, whether unconditional requests are built, the source of
-`pairs.py` and `tokenizer.py`, and this module's format version. Tokenizers without a `fingerprint` are never
+`tokenize.py`, `table.py` and `tokenizer.py`, and this module's format version. Tokenizers without a `fingerprint` are never
 cached.
 
 Each file is an archive entry of the checksummed cache (`inloop_eval.data.cache`): written atomically, its
@@ -30,8 +30,9 @@ from inloop_eval.data import tokenizer as tokenizer_module
 from inloop_eval.data.cache import CacheMismatch, read_archive, write_archive
 from inloop_eval.data.root import home
 from inloop_eval.errors import InLoopEvalError
-from inloop_eval.requests import pairs as pairs_module
-from inloop_eval.requests.pairs import PairSet, RequestTable
+from inloop_eval.requests import table as table_module
+from inloop_eval.requests import tokenize as tokenize_module
+from inloop_eval.requests.table import PairSet, RequestTable
 from inloop_eval.tasks.base import Doc, MultipleChoiceTask
 
 FORMAT_VERSION = 2  # 2: a checksummed cache entry (`inloop_eval.data.cache`)
@@ -70,10 +71,10 @@ def file_label(task_id: str) -> str:
 
 
 def _code_digest() -> str:
-    """Hash of the tokenization code (pairs and the tokenizer wrapper): a change to how requests are
+    """Hash of the tokenization code (pair tokenizing, request tables and the tokenizer wrapper): a change to how requests are
     tokenized must never read tables made by the old code."""
     h = hashlib.sha256()
-    for module in (pairs_module, tokenizer_module):
+    for module in (tokenize_module, table_module, tokenizer_module):
         h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()
 

@@ -79,7 +79,7 @@ class MultipleChoiceTask:
     target_delimiter: str = " "
     # Context of the unconditional request for PMI; "" means the tokenizer's BOS (or EOS) token alone.
     uncond_context: str = ""
-    # How a (context, continuation) pair becomes tokens (see `inloop_eval.requests.pairs`): "harness" (split at the
+    # How a (context, continuation) pair becomes tokens (see `inloop_eval.requests.tokenize`): "harness" (split at the
     # common prefix of context and context + continuation) or "olmo" (OLMo's in-loop tasks: each encoded
     # on its own, exactly as given).
     pair_encoding: str = "harness"

@@ -13,7 +13,7 @@ from workers.launch import torchrun
 
 from inloop_eval.cli.main import build_parser, evaluate_config, main, write_json
 from inloop_eval.errors import ConfigError
-from inloop_eval.requests.pairs import encode_pair
+from inloop_eval.requests.tokenize import encode_pair
 
 transformers = importlib.import_module("transformers")
 

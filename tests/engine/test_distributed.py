@@ -22,7 +22,7 @@ from inloop_eval.engine.batching import row_lengths
 from inloop_eval.engine.sharding import ICLMultiChoiceTaskDataset, subset_size
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.downstream import TaskEvalConfig
-from inloop_eval.requests.pairs import build_requests
+from inloop_eval.requests.table import build_requests
 from inloop_eval.tasks import get_task, load_docs
 
 # World size -> the checks its launch runs.

@@ -35,7 +35,7 @@ from inloop_eval.errors import ModelOutputError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
-from inloop_eval.requests.pairs import PairSet, RequestTable, build_requests
+from inloop_eval.requests.table import PairSet, RequestTable, build_requests
 from inloop_eval.tasks import get_task, load_docs
 
 transformers = importlib.import_module("transformers")

@@ -10,7 +10,7 @@ import pytest
 from inloop_eval.data.root import load_split, neox_tokenizer_path
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer
 from inloop_eval.errors import RequestError
-from inloop_eval.requests.pairs import encode_pair
+from inloop_eval.requests.tokenize import encode_pair
 
 MAX_LENGTH = 2048
 

@@ -25,7 +25,7 @@ from inloop_eval.requests.cache import (
     load_table,
     save_table,
 )
-from inloop_eval.requests.pairs import PairSet, build_requests
+from inloop_eval.requests.table import PairSet, build_requests
 from inloop_eval.tasks import get_task, load_docs
 
 

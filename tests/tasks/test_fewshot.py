@@ -16,7 +16,7 @@ import pytest
 from inloop_eval.data.root import load_split
 from inloop_eval.engine.sharding import ICLMultiChoiceTaskDataset, rank_rows, shard_documents
 from inloop_eval.errors import TaskDataError, UnknownTaskError
-from inloop_eval.requests.pairs import build_requests
+from inloop_eval.requests.table import build_requests
 from inloop_eval.tasks import Doc, get_task, load_docs
 from inloop_eval.tasks.base import MultipleChoiceTask
 from inloop_eval.tasks.fewshot import ExamplePool, add_fewshot, example_indices, render_example

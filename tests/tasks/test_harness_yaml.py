@@ -16,7 +16,7 @@ from inloop_eval.data.root import load_split
 from inloop_eval.errors import ConfigError, TaskDataError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.requests.pairs import build_requests
+from inloop_eval.requests.table import build_requests
 from inloop_eval.tasks import get_task, load_docs, registry, task_names
 from inloop_eval.tasks.harness.loader import load_yaml
 from inloop_eval.tasks.harness.suite import HarnessSuite, register_harness_tasks

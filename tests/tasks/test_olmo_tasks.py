@@ -37,7 +37,7 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.keys import olmo_core_key
 from inloop_eval.requests.cache import docs_digest
-from inloop_eval.requests.pairs import build_requests
+from inloop_eval.requests.table import build_requests
 from inloop_eval.tasks import Doc, get_task, load_docs
 from inloop_eval.tasks.olmo.formats import OWN_FORMATS
 from inloop_eval.tasks.olmo.labels import MMLU_LABELS, OE_EVAL_LABELS, olmo_labels

@@ -6,7 +6,7 @@ the native class renders the prompt, the choices and the gold, and the mixin cha
 differently:
 
 - requests encoded as OLMo encodes them (`pair_encoding = "olmo"`: the context and the continuation each on
-  their own, see `inloop_eval.requests.pairs.tokenize_pair_olmo`);
+  their own, see `inloop_eval.requests.tokenize.tokenize_pair_olmo`);
 - each choice's unconditional context is OLMo's domain conditional (`doc_to_uncond`, encoded without BOS):
   `uncond_context`, OLMo's default " " unless the format names one, or one per document;
 - OLMo's metric type of the label in `olmo_metric_type`, which also decides the figures (`set_metric_type`);

@@ -35,7 +35,7 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests.cache import cache_dir, load_table, save_table
-from inloop_eval.requests.pairs import build_requests
+from inloop_eval.requests.table import build_requests
 from inloop_eval.tasks import get_task, load_docs
 
 MAX_LENGTH = 512
