@@ -22,7 +22,7 @@ from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.base import EvalOutput, Evaluator
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.kinds import KINDS
-from inloop_eval.keys import PREFIX, figure_key, olmo_core_key
+from inloop_eval.keys import PREFIX, failed_labels, figure_key, olmo_core_key
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class InLoopEvaluator:
         for name, output in outputs.items():
             metrics.update(metric_keys(self.evaluators[name].kind, output, self.config.key_style, prefix))
         if step is not None:
-            log.info("step %d: %s", step, {k: round(v, 4) for k, v in metrics.items()})
+            log.info("%s", summary_line(step, metrics, self.tokens_forwarded))
         return metrics
 
     @property
@@ -130,3 +130,11 @@ def metric_keys(kind: str, output: EvalOutput, key_style: str, prefix: str = PRE
             else:
                 metrics[figure_key(kind, label, figure, prefix)] = value
     return metrics
+
+
+def summary_line(step: int, metrics: dict[str, float], tokens_forwarded: int) -> str:
+    """One short log line per evaluation (the figures themselves go to the loggers): how many figures, how
+    many tokens this rank forwarded, and the evaluations that failed, by name."""
+    failed = failed_labels(metrics)
+    line = f"step {step}: {len(metrics)} figures, {tokens_forwarded} tokens forwarded on this rank"
+    return line + (f"; failed: {', '.join(failed)}" if failed else "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import numpy as np
@@ -239,3 +240,11 @@ def test_nan_documents_fail_the_task_under_strict(data_root, neox_tokenizer, mod
     ev = make_evaluator(data_root, neox_tokenizer, ["hellaswag"], limit=30, strict=True)
     with pytest.raises(ModelOutputError, match=r"task 'hellaswag': \d+ documents had scores that are not finite"):
         ev.run(poisoned_logits(model))
+
+
+def test_each_evaluation_logs_one_short_line(data_root, neox_tokenizer, model, caplog):
+    """The figures go to the loggers; the log gets one short line per evaluation, naming failures."""
+    caplog.set_level(logging.INFO, logger="inloop_eval.evaluators.orchestrator")
+    out = make_evaluator(data_root, neox_tokenizer, ["copa", "piqa"], limit=4).run(model, step=12)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "inloop_eval.evaluators.orchestrator"]
+    assert line.startswith(f"step 12: {len(out)} figures, ") and len(line) < 120
