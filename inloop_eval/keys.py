@@ -51,6 +51,8 @@ OLMO_CORE_FIGURE_NAMES: dict[str, str] = {
     "soft_log_v2": "log soft loss v2",
 }
 
+_OLMO_CORE_WORDS = frozenset(OLMO_CORE_FIGURE_NAMES.values())
+
 
 def kind_prefix(kind: str, prefix: str = PREFIX) -> str:
     """`<prefix>/<kind>/`: what every key of one kind of evaluator starts with, e.g. `eval/downstream/`."""
@@ -94,6 +96,13 @@ def olmo_core_key(label: str, figure: str, prefix: str = PREFIX) -> str:
             f"expected one of {sorted(OLMO_CORE_FIGURE_NAMES)} (the keys olmo_icl_compute returns)"
         )
     return f"{prefix}/{DOWNSTREAM}/{label} ({OLMO_CORE_FIGURE_NAMES[figure]})"
+
+
+def is_olmo_core_key(key: str) -> bool:
+    """Whether `key` is one OLMo-core's downstream callback would record (`<prefix>/downstream/<label>
+    (<words>)`), as `olmo_core_key` builds them."""
+    head, _, words = key.rpartition(" (")
+    return bool(head) and words.endswith(")") and words[:-1] in _OLMO_CORE_WORDS
 
 
 def olmo_core_metrics(label: str, figures: dict[str, float], prefix: str = PREFIX) -> dict[str, float]:

@@ -37,7 +37,7 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import EvalSchedule, run_and_log
-from inloop_eval.keys import KEY_STYLES, OLMO_CORE_EVAL_TIME_KEY, SECONDS_KEY
+from inloop_eval.keys import KEY_STYLES, OLMO_CORE_EVAL_TIME_KEY, SECONDS_KEY, is_olmo_core_key
 
 # OLMo's tokenizer identifiers (Hugging Face repositories) -> the file `inloop-eval data fetch` writes.
 FETCHED_TOKENIZERS: dict[str, str] = {repo: filename for filename, (_, repo) in TOKENIZER_FILES.items()}
@@ -73,6 +73,11 @@ class InLoopEvalCallbackConfig(CallbackConfig):
     """False: `build` returns no callback."""
     key_style: str = "inloop"
     """Metric key names: `inloop`, or `olmo_core` (an `olmo:` task's OLMo figures under OLMo-core's keys)."""
+    olmo_core_keys_only: bool = False
+    """Record only the keys OLMo-core's own downstream callback records (with `key_style: olmo_core`): the
+    OLMo figures of `olmo:` tasks, and the evaluation time; our other figures are computed but not recorded."""
+    strict: bool = False
+    """Raise a task's failure (stopping training) instead of recording `.../failed = 1` and going on."""
     data_root: str | None = None
     """Task data and fetched tokenizers; default `$INLOOP_EVAL_DATA` or `~/.cache/inloop_eval/data`."""
 
@@ -98,6 +103,11 @@ class InLoopEvalCallbackConfig(CallbackConfig):
                 "TokenizerConfig.gpt_neox_olmo_dolma_v1_5()"
             )
         one_of(self.key_style, KEY_STYLES, f"{where}: key_style")
+        if self.olmo_core_keys_only and self.key_style != "olmo_core" and self.config is None:
+            raise ConfigError(
+                f"{where}: olmo_core_keys_only=True needs key_style='olmo_core' (only then do OLMo's figures "
+                f"take OLMo-core's keys), found key_style={self.key_style!r}"
+            )
 
     def evaluator_config(self, max_sequence_length: int | None) -> EvaluatorConfig:
         """The `EvaluatorConfig` this callback config describes, its `max_length` the train module's
@@ -105,6 +115,8 @@ class InLoopEvalCallbackConfig(CallbackConfig):
         if self.config is not None:
             data = dict(read_config_file(self.config))
             data["eval_interval"] = self.eval_interval
+            if self.strict:
+                data["strict"] = True
             if self.data_root is not None:
                 data["data_root"] = self.data_root
             config = EvaluatorConfig.from_dict(data, self.config)
@@ -116,6 +128,7 @@ class InLoopEvalCallbackConfig(CallbackConfig):
                 "eval_interval": self.eval_interval,
                 "data_root": self.data_root,
                 "key_style": self.key_style,
+                "strict": self.strict,
             }
             config = EvaluatorConfig.from_dict(
                 {"evaluators": entries, **settings}, "InLoopEvalCallbackConfig"
@@ -144,6 +157,7 @@ class InLoopEvalCallbackConfig(CallbackConfig):
             autocast=getattr(train_module, "autocast_precision", None),
             eval_on_startup=self.eval_on_startup,
             eval_on_finish=self.eval_on_finish,
+            olmo_core_keys_only=self.olmo_core_keys_only,
         )
 
 
@@ -152,6 +166,7 @@ class InLoopEvalCallback(Callback):
     the first / after the last step when asked; never twice at one step.
 
     autocast: the train module's autocast dtype; the evaluator's forward runs under it, as training's does.
+    olmo_core_keys_only: record only the keys OLMo-core's own downstream callback would (`recorded`).
     """
 
     def __init__(
@@ -161,8 +176,10 @@ class InLoopEvalCallback(Callback):
         autocast: torch.dtype | None = None,
         eval_on_startup: bool = False,
         eval_on_finish: bool = False,
+        olmo_core_keys_only: bool = False,
     ) -> None:
         self.evaluator = evaluator
+        self.olmo_core_keys_only = olmo_core_keys_only
         self.autocast = autocast
         self.eval_on_startup = eval_on_startup
         self.eval_on_finish = eval_on_finish
@@ -186,7 +203,7 @@ class InLoopEvalCallback(Callback):
         model = self.trainer.train_module.model
         with self.autocast_context():
             metrics = run_and_log(self.evaluator, model, step)
-        for key, value in metrics.items():
+        for key, value in recorded(metrics, self.olmo_core_keys_only).items():
             # Synced across ranks by the evaluator already: OLMo-core must not reduce them again.
             self.trainer.record_metric(key, value, reduce_type=None)
         self.trainer.record_metric(
@@ -201,6 +218,13 @@ class InLoopEvalCallback(Callback):
             return
         with torch.autocast(self.trainer.device.type, dtype=self.autocast):
             yield
+
+
+def recorded(metrics: dict[str, float], olmo_core_keys_only: bool) -> dict[str, float]:
+    """The figures the callback records: all of them, or only those under OLMo-core's own keys."""
+    if not olmo_core_keys_only:
+        return metrics
+    return {key: value for key, value in metrics.items() if is_olmo_core_key(key)}
 
 
 def olmo_tokenizer(config: TokenizerConfig, data_root: Path) -> Tokenizer:

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from workers.olmo_core_train import INTERVAL, LIMIT, SEQ_LEN, STEPS, TASKS, call
 
 from inloop_eval.data.root import TOKENIZER_DIR
 from inloop_eval.engine.adapters import LogitsAdapter, OLMoCoreAdapter, make_adapter
-from inloop_eval.errors import ConfigError, TokenizerError
+from inloop_eval.errors import ConfigError, TokenizerError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY
@@ -27,6 +28,7 @@ from inloop_eval.integrations.olmo_core import (
     OLMO_CORE_EVAL_TIME_KEY,
     InLoopEvalCallbackConfig,
     olmo_tokenizer,
+    recorded,
 )
 
 EVAL_STEPS = ["0", "2", "4"]  # eval_on_startup, every INTERVAL, eval_on_finish at the last step (once)
@@ -165,6 +167,35 @@ def test_config_file_and_checks(data_root, tmp_path):
         InLoopEvalCallbackConfig(tasks=["piqa"], tokenizer=TokenizerConfig.gpt2(), enabled=False).build(None)
         is None
     )
+
+
+def test_strict_and_olmo_core_keys_only(data_root):
+    gpt2 = TokenizerConfig.gpt2()
+    assert InLoopEvalCallbackConfig(tasks=["piqa"], tokenizer=gpt2, strict=True).evaluator_config(64).strict
+    assert not InLoopEvalCallbackConfig(tasks=["piqa"], tokenizer=gpt2).evaluator_config(64).strict
+    with pytest.raises(ConfigError, match="olmo_core_keys_only=True needs key_style='olmo_core'"):
+        InLoopEvalCallbackConfig(tasks=["olmo:piqa"], tokenizer=gpt2, olmo_core_keys_only=True)
+    metrics = {
+        "eval/downstream/piqa (accuracy)": 0.5,
+        "eval/downstream/piqa (length-normalized accuracy v2)": 0.6,
+        "eval/downstream/olmo:piqa/acc": 0.5,
+        "eval/downstream/olmo:piqa/n_docs": 10.0,
+        SECONDS_KEY: 1.0,
+    }
+    assert recorded(metrics, olmo_core_keys_only=False) == metrics
+    assert list(recorded(metrics, olmo_core_keys_only=True)) == [
+        "eval/downstream/piqa (accuracy)",
+        "eval/downstream/piqa (length-normalized accuracy v2)",
+    ]
+
+
+def test_a_misspelled_task_stops_the_trainer_build(data_root):
+    """Refused when OLMo-core builds the callbacks (every rank builds them), with the suggestion, not at the
+    first evaluation."""
+    config = callback_config(data_root, tasks=["olmo:hellaswg"])
+    trainer = SimpleNamespace(train_module=SimpleNamespace(eval_batch_spec=None))
+    with pytest.raises(UnknownTaskError, match="unknown task 'olmo:hellaswg'.*did you mean olmo:hellaswag"):
+        config.build(trainer)
 
 
 def test_tokenizer_from_olmo_tokenizer_config(data_root, tmp_path):
