@@ -126,7 +126,15 @@ class HarnessYamlTask(MultipleChoiceTask):
         if isinstance(spec, str) and spec in self._features:
             return raw[spec]
         text = self._template("doc_to_text", raw, index)
-        return ast.literal_eval(text) if text.isdigit() else text
+        return self._number("doc_to_text", text, index) if text.isdigit() else text
+
+    def _number(self, key: str, text: str, index: int) -> int:
+        """A rendering of digits as the harness reads it (`ast.literal_eval`), or an error naming it ("01",
+        "²" and numbers of over 4300 digits are digits Python does not read as an int)."""
+        try:
+            return ast.literal_eval(text)
+        except (SyntaxError, ValueError):
+            raise self.error(index, f"{key}: expected a choice index, found the digits {shown(text)}") from None
 
     def _choices(self, raw: Mapping[str, Any], index: int) -> list[str]:
         spec = self._function("doc_to_choice")
@@ -160,7 +168,7 @@ class HarnessYamlTask(MultipleChoiceTask):
             return raw[spec]
         text = self._template("doc_to_target", raw, index)
         if text.isdigit():
-            return ast.literal_eval(text)
+            return self._number("doc_to_target", text, index)
         if len(text) >= 2 and text[0] == "[" and text[-1] == "]":
             try:
                 return ast.literal_eval(text)
