@@ -6,6 +6,7 @@ invalid files (never echoing their text), and JSON data with half a surrogate pa
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -16,9 +17,10 @@ from typing import Any
 import jinja2.sandbox
 import pytest
 
-from inloop_eval.errors import TaskDataError
+from inloop_eval.errors import ConfigError, TaskDataError
 from inloop_eval.tasks import get_task, load_docs
 from inloop_eval.tasks.harness import sandbox
+from inloop_eval.tasks.harness.loader import MAX_YAML_BYTES, load_yaml
 
 TASK_YAML = """\
 task: local
@@ -156,3 +158,85 @@ def test_bounded_templates_render_as_jinja_does(template):
     )
     expected.filters["regex_replace"] = lambda s, p, r, count=0: re.sub(p, r, s, count=count)
     assert sandbox.render_template(template, doc) == expected.from_string(template).render(**doc)
+
+
+# ---- include: confined to the named folder, regular files only, text never echoed
+
+
+@pytest.mark.parametrize(
+    "include",
+    ["{outside}/secrets.yaml", "../outside/secrets.yaml", "/dev/zero", "zero.yaml"],
+    ids=["absolute", "relative", "device", "link-to-device"],
+)
+def test_an_include_outside_the_folder_is_refused_before_it_is_read(tmp_path, include):
+    """Files outside (a secret that would not parse, /dev/zero, a link to it) are never opened."""
+    write(tmp_path / "outside", {"secrets.yaml": 'api_key: "sk-live-1234567890\n'})
+    include = include.format(outside=tmp_path / "outside")
+    write(tmp_path / "named", {"t.yaml": f"include: {include}\ntask: t\n"})
+    (tmp_path / "named" / "zero.yaml").symlink_to("/dev/zero")
+    error = finishes_within(10, lambda: get_task(f"harness:{tmp_path / 'named' / 't.yaml'}"))
+    assert isinstance(error, ConfigError), error
+    assert f"(named by `include:` in {tmp_path / 'named' / 't.yaml'}) is outside the task folder" in str(
+        error
+    )
+    assert "files are read only from the folder you name" in str(error) and "sk-live" not in str(error)
+
+
+def test_an_include_of_a_named_pipe_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    write(tmp_path, {"t.yaml": "include: pipe.yaml\ntask: t\n"})
+
+    def unblock() -> None:  # the old reader waits in open() for a writer: give it one that writes nothing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    error = finishes_within(10, lambda: get_task(f"harness:{tmp_path / 't.yaml'}"), unblock)
+    assert isinstance(error, ConfigError), error
+    assert (
+        f"harness YAML {fifo} (named by `include:` in {tmp_path / 't.yaml'}) is a named pipe (FIFO)"
+        in str(error)
+    )
+
+
+def test_a_parse_error_names_line_and_column_not_the_text(tmp_path):
+    write(
+        tmp_path, {"base.yaml": 'task: b\napi_key: "sk-live-1234567890\n', "t.yaml": "include: base.yaml\n"}
+    )
+    with pytest.raises(ConfigError) as info:
+        load_yaml(tmp_path / "t.yaml")
+    message = str(info.value)
+    assert (
+        f"harness YAML {tmp_path / 'base.yaml'} (named by `include:` in {tmp_path / 't.yaml'}): not valid"
+        in message
+    )
+    assert "line 3 column 1: while scanning a quoted scalar; found unexpected end of stream" in message
+    assert "sk-live" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("task: t\ndoc_to_text: '" + "x" * MAX_YAML_BYTES + "'\n", f"is larger than {MAX_YAML_BYTES} bytes"),
+        # aliases that repeat a list within a list: 10 ** 9 choices from a few hundred bytes
+        (
+            "task: t\nl0: &l0 [x, x, x, x, x, x, x, x, x, x]\n"
+            + "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 9))
+            + "doc_to_choice: [*l8]\n",
+            "its aliases expand to more than",
+        ),
+        ("include: [" + ", ".join(["base.yaml"] * 65) + "]\ntask: t\n", "read more than 64 files"),
+        ("include: [base.yaml, 7]\ntask: t\n", "`include:` expected file names, found 7"),
+    ],
+)
+def test_oversized_and_malformed_task_files_are_refused(tmp_path, text, fragment):
+    write(tmp_path, {"t.yaml": text, "base.yaml": "output_type: multiple_choice\n"})
+    error = finishes_within(20, lambda: get_task(f"harness:{tmp_path / 't.yaml'}"))
+    assert isinstance(error, ConfigError) and fragment in str(error), error
+
+
+def test_a_group_files_inline_include_is_confined_too(tmp_path):
+    write(tmp_path / "outside", {"base.yaml": "task: b\n"})
+    group = "group: g\ntask:\n  - {task: b, include: ../outside/base.yaml}\n"
+    write(tmp_path / "named", {"g.yaml": group})
+    with pytest.raises(ConfigError, match="outside/base.yaml is outside the task folder"):
+        get_task(f"harness:{tmp_path / 'named'}#b")

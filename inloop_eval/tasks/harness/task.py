@@ -12,8 +12,8 @@ template, a list, or `!function module.name`), `description` (a template), `targ
 seeded sampling, not the harness's sequence-dependent one), `metric_list`.
 
 Safety: loading a task never runs code from a dataset repository (no hub loading, `trust_remote_code` is
-dropped), `!function` references run only from the folder the user named (`loader`), templates render in the
-bounded sandbox (`sandbox`), local data files are checked before loading (`local_files`), and
+dropped), YAML files are read and `!function` references run only from the folder the user named (`loader`),
+templates render in the bounded sandbox (`sandbox`), local data files are checked before loading (`local_files`), and
 `dataset_kwargs.cache_dir` is ignored, so a YAML file does not choose where files are written.
 """
 
