@@ -240,3 +240,20 @@ def test_a_group_files_inline_include_is_confined_too(tmp_path):
     write(tmp_path / "named", {"g.yaml": group})
     with pytest.raises(ConfigError, match="outside/base.yaml is outside the task folder"):
         get_task(f"harness:{tmp_path / 'named'}#b")
+
+
+# ---- data files
+
+
+def test_json_with_half_a_surrogate_pair_names_file_line_and_column(tmp_path, data_root):
+    task = template_task(tmp_path, "{{ q }}")
+    (tmp_path / "rows.jsonl").write_text('{"q": "fine \\ud83d\\ude00"}\n{"q": "bad \\ud800 x"}\n')
+    with pytest.raises(TaskDataError) as info:
+        load_docs(task, data_root)
+    assert (
+        f"data file {tmp_path / 'rows.jsonl'} line 2: \\ud800 at column 12 is half of a surrogate pair"
+        in str(info.value)
+    )
+    (tmp_path / "rows.jsonl").write_text('{"q": "fine \\ud83d\\ude00"}\n')
+    (doc,) = load_docs(task, data_root)
+    assert doc.contexts[0] == "fine \U0001f600"

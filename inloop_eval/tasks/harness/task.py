@@ -244,9 +244,11 @@ class HarnessYamlTask(MultipleChoiceTask):
                     self.dataset_path, self.dataset_name, data_files=files, split=split, **kwargs
                 )
             except Exception as exc:  # datasets raises many types for missing or malformed files
+                cause = exc.__cause__  # "An error occurred while generating the dataset" names no row
+                because = f" ({type(cause).__name__}: {str(cause)[:200]})" if cause is not None else ""
                 raise TaskDataError(
                     f"task {self.name!r}: split {split!r} of local {self.dataset_path} files {files}: "
-                    f"{type(exc).__name__}: {exc}"
+                    f"{type(exc).__name__}: {exc}{because}"
                 ) from None
         else:
             if kwargs:
