@@ -321,8 +321,9 @@ def test_errors_name_the_task_document_and_key(tmp_path, data_root, extra, error
     assert fragment in str(info.value)
 
 
-def test_functions_run_only_from_the_named_folder(tmp_path, data_root):
-    """An `include:` may reach outside the named folder, but a `!function` there is refused, not run."""
+def test_includes_and_functions_only_from_the_named_folder(tmp_path, data_root):
+    """An `include:` outside the named folder is refused when the task is loaded, naming the file, so its
+    `!function` never runs (a `!function` naming a file outside: test_a_function_given_as_a_path_...)."""
     marker = tmp_path / "ran"
     write(
         tmp_path / "elsewhere",
@@ -332,11 +333,12 @@ def test_functions_run_only_from_the_named_folder(tmp_path, data_root):
         },
     )
     folder = write(tmp_path / "named", {"hs.yaml": "include: ../elsewhere/base.yaml\ntask: hs\n"})
-    task = get_task(f"harness:{folder / 'hs.yaml'}")
-    with pytest.raises(
-        ConfigError, match="outside the task folder .* functions run only from the folder you name"
-    ):
-        load_docs(task, data_root, limit=2)
+    with pytest.raises(ConfigError) as info:
+        get_task(f"harness:{folder / 'hs.yaml'}")
+    assert f"{tmp_path / 'elsewhere' / 'base.yaml'} (named by `include:` in {folder / 'hs.yaml'}) is outside " in str(
+        info.value
+    )
+    assert f"the task folder {folder} that was named" in str(info.value)
     assert not marker.exists()
 
 

@@ -37,7 +37,7 @@ class HarnessSuite:
                 f"harness tasks: the folder {path} holds no .yaml files; name a task YAML file or a folder of them"
             )
         for file in files:
-            config = load_yaml(file)
+            config = load_yaml(file, suite.root)
             task = config.get("task")
             if isinstance(task, list):
                 suite._add_group(config, file)
@@ -64,7 +64,7 @@ class HarnessSuite:
             elif isinstance(entry, Mapping) and isinstance(entry.get("task"), str):
                 inline = dict(entry)
                 if "include" in inline:
-                    base = load_yaml(file.parent / inline.pop("include"))
+                    base = load_yaml(file.parent / str(inline.pop("include")), self.root)
                     inline = {**base, **inline}
                 name = inline["task"]
                 if name in self.configs and len(inline) > 1:

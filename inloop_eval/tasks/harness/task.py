@@ -12,8 +12,8 @@ template, a list, or `!function module.name`), `description` (a template), `targ
 seeded sampling, not the harness's sequence-dependent one), `metric_list`.
 
 Safety: loading a task never runs code from a dataset repository (no hub loading, `trust_remote_code` is
-dropped), `!function` references run only from the folder the user named (`loader`), templates render in the
-bounded sandbox (`sandbox`), local data files are checked before loading (`local_files`), and
+dropped), YAML files are read and `!function` references run only from the folder the user named (`loader`),
+templates render in the bounded sandbox (`sandbox`), local data files are checked before loading (`local_files`), and
 `dataset_kwargs.cache_dir` is ignored, so a YAML file does not choose where files are written.
 """
 
@@ -126,7 +126,15 @@ class HarnessYamlTask(MultipleChoiceTask):
         if isinstance(spec, str) and spec in self._features:
             return raw[spec]
         text = self._template("doc_to_text", raw, index)
-        return ast.literal_eval(text) if text.isdigit() else text
+        return self._number("doc_to_text", text, index) if text.isdigit() else text
+
+    def _number(self, key: str, text: str, index: int) -> int:
+        """A rendering of digits as the harness reads it (`ast.literal_eval`), or an error naming it ("01",
+        "²" and numbers of over 4300 digits are digits Python does not read as an int)."""
+        try:
+            return ast.literal_eval(text)
+        except (SyntaxError, ValueError):
+            raise self.error(index, f"{key}: expected a choice index, found the digits {shown(text)}") from None
 
     def _choices(self, raw: Mapping[str, Any], index: int) -> list[str]:
         spec = self._function("doc_to_choice")
@@ -160,7 +168,7 @@ class HarnessYamlTask(MultipleChoiceTask):
             return raw[spec]
         text = self._template("doc_to_target", raw, index)
         if text.isdigit():
-            return ast.literal_eval(text)
+            return self._number("doc_to_target", text, index)
         if len(text) >= 2 and text[0] == "[" and text[-1] == "]":
             try:
                 return ast.literal_eval(text)
@@ -236,9 +244,11 @@ class HarnessYamlTask(MultipleChoiceTask):
                     self.dataset_path, self.dataset_name, data_files=files, split=split, **kwargs
                 )
             except Exception as exc:  # datasets raises many types for missing or malformed files
+                cause = exc.__cause__  # "An error occurred while generating the dataset" names no row
+                because = f" ({type(cause).__name__}: {str(cause)[:200]})" if cause is not None else ""
                 raise TaskDataError(
                     f"task {self.name!r}: split {split!r} of local {self.dataset_path} files {files}: "
-                    f"{type(exc).__name__}: {exc}"
+                    f"{type(exc).__name__}: {exc}{because}"
                 ) from None
         else:
             if kwargs:
