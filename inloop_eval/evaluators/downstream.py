@@ -29,7 +29,7 @@ from inloop_eval.evaluators.base import EvalOutput, Evaluator, OlmoNames, Settin
 from inloop_eval.keys import DOWNSTREAM
 from inloop_eval.metrics.icl import ICLMetric
 from inloop_eval.metrics.olmo import olmo_figures
-from inloop_eval.metrics.registry import ALL_METRICS, needs_uncond, unknown_metrics
+from inloop_eval.metrics.registry import ALL_METRICS, comparing_choices, needs_uncond, unknown_metrics
 from inloop_eval.requests.cache import RequestCacheError, cache_path, load_table, save_table
 from inloop_eval.requests.table import PairSet, RequestTable, build_requests
 from inloop_eval.tasks import Doc, MultipleChoiceTask, get_task, load_docs
@@ -150,6 +150,7 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         task = get_task(ev.task)
         metrics = tuple(ev.metrics) if ev.metrics is not None else task.metrics
         docs = load_docs(task, self.settings.data_root, limit=ev.limit)
+        warn_single_choice(self.title(), docs, metrics)
         with_uncond = needs_uncond(metrics) or task.olmo_metric_type == "pmi_dc"
         table = self.requests(task, docs, max_length, with_uncond, agreement)
         n_docs = subset_size(table, ev.subset_num_batches, ev.batch_tokens) if ev.subset_num_batches else None
@@ -250,6 +251,22 @@ def check_finite_documents(title: str, figures: dict[str, float], *, strict: boo
     if strict:
         raise ModelOutputError(message + " (strict: the task fails)")
     log.warning("%s", message)
+
+
+def warn_single_choice(title: str, docs: list[Doc], metrics: tuple[str, ...]) -> None:
+    """Say when documents have a single choice under figures that compare choices: those figures are
+    perfect on them whatever the model does (`inloop-eval lint` lists them as errors)."""
+    single = sum(1 for d in docs if d.n_choices < 2)
+    comparing = comparing_choices(metrics)
+    if single and comparing:
+        log.warning(
+            "%s: %d of %d documents have a single choice, so %s are perfect on them whatever the model does "
+            "(`inloop-eval lint` lists them)",
+            title,
+            single,
+            len(docs),
+            comparing,
+        )
 
 
 def task_figures(prepared: PreparedTask, computed: dict[str, float]) -> dict[str, float]:

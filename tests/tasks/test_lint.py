@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 
 from inloop_eval.cli import main
+from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.metrics.registry import MC_METRICS, RC_METRICS
+from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.tasks import Doc, get_task, registry
 from inloop_eval.tasks.base import MultipleChoiceTask
 from inloop_eval.tasks.lint import ERROR, WARNING, lint_docs, lint_task
@@ -182,3 +185,14 @@ def test_describe_shows_olmos_encoding_and_unconditional_contexts(data_root, cap
     assert "pair encoding: olmo" in out and "OLMo metric type: len_norm" in out
     assert "* choice 3: ' starts pulling up roofing on a roof.'  (gold)" in out
     assert "  unconditional context of choice 0: 'He'" in out
+
+
+def test_evaluating_single_choice_documents_says_their_accuracy_means_nothing(neox_tokenizer, caplog):
+    """The evaluation itself warns too: acc over documents of one choice is 1 whatever the model does."""
+    docs = [doc(0, (" iron",)), doc(1, (" wood",)), doc(2, (" glass", " paper"))]
+    registry.register("lint_single_choice", lambda: ListTask("lint_single_choice", docs), replace=True)
+    config = EvaluatorConfig(evaluators=[{"task": "lint_single_choice", "metrics": ["acc", "ce_gold"]}])
+    model = GPT(GPTConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=64))
+    out = InLoopEvaluator(config, tokenizer=neox_tokenizer).run(model)
+    assert out["eval/downstream/lint_single_choice/n_docs"] == 3
+    assert "task 'lint_single_choice': 2 of 3 documents have a single choice, so ['acc'] are perfect" in caplog.text
