@@ -137,7 +137,7 @@ def warnings_of(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 
 
 def test_a_resumed_jsonl_logger_keeps_what_was_logged(tmp_path, monkeypatch):
-    """Issue 13.2: `JSONLLogger("runs/my_run")` as the README writes it, built again by a resumed job."""
+    """`JSONLLogger("runs/my_run")` as the README writes it, built again by a resumed job, appends."""
     monkeypatch.chdir(tmp_path)
     with JSONLLogger("runs/my_run") as first:
         for step in (0, 10, 20):
@@ -195,7 +195,7 @@ def full_disk_run(tmp_path: Path) -> Path:
 
 
 def test_a_full_disk_never_stops_training_and_warns_once_per_kind(tmp_path, caplog):
-    """Issue 13.4: every call returns, one warning for the writes and one for the config; a second logger
+    """Every call returns, one warning for the writes and one for the config; a second logger
     beside the failing one still gets every line."""
     healthy = tmp_path / "healthy"
     logger = MultiLogger([JSONLLogger(full_disk_run(tmp_path)), JSONLLogger(healthy)])

@@ -139,8 +139,7 @@ def write_run_in_progress(run: Path, config_text: str) -> None:
     ],
 )
 def test_report_of_a_run_in_progress_skips_what_it_cannot_read(tmp_path, config_text, config_note):
-    """Issue 13.3: every readable line is rendered; the page and stderr name each skipped line and the
-    config."""
+    """Every readable line is rendered; the page and stderr name each skipped line and the config."""
     importlib.import_module("matplotlib")
     run = tmp_path / "run"
     write_run_in_progress(run, config_text)
