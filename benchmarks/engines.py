@@ -313,11 +313,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_task(
-    args: argparse.Namespace, engines: list[str], model: torch.nn.Module, name: str, task: str, data_root: Path
+    args: argparse.Namespace, engines: list[str], model: torch.nn.Module, name: str, task: str, tokenizer: Any
 ) -> list[Run]:
     """Every engine on one task: ours first, then the baselines on its requests."""
+    data_root = Path(args.data_root) if args.data_root else default_data_root()
     tok_path = neox_tokenizer_path(data_root)
-    tokenizer = load_tokenizer(tok_path)
     limit = args.mmlu_limit if task.startswith("mmlu") else args.limit
     ours, table = run_ours(model, name, task, limit, tokenizer, data_root, args.batch_tokens, args.pmi)
     runs = [ours]
@@ -337,6 +337,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     data_root = Path(args.data_root) if args.data_root else default_data_root()
+    tokenizer = load_tokenizer(neox_tokenizer_path(data_root))
     engines = available_engines(args.engines.split(","))
     runs: list[Run] = []
     comparisons: dict[tuple[str, str], dict[str, Any]] = {}
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         model = models[name]()
         for task in args.tasks.split(","):
             try:
-                task_runs = run_task(args, engines, model, name, task, data_root)
+                task_runs = run_task(args, engines, model, name, task, tokenizer)
             except Exception as exc:
                 print(f"{name} {task}: failed ({type(exc).__name__}: {exc}); skipped")
                 continue
