@@ -96,7 +96,7 @@ def test_evaluate_with_a_tokenizer_that_does_not_load(hf_model_dir, data_root, t
     assert str(bad) in capsys.readouterr().err
 
 
-# --- output paths checked before evaluating (issue 13, item 12) ------------------------------------------
+# --- output paths checked before evaluating ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("flag", ["--output", "--samples"])

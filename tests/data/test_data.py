@@ -347,7 +347,7 @@ def test_load_split_refuses_a_file_changed_after_fetching(
     monkeypatch.setattr(data_root_module, "sha256_of", counting_sha256_of)
     load_split("piqa", "plain_text", "validation", data_root=root_copy, task="piqa")
     assert hashed == [], "an unchanged split was hashed twice in one process"
-    _scribble(root_copy / PIQA_ARROW)  # the 200 bytes: before, 5 requests read "ZZZ..."
+    _scribble(root_copy / PIQA_ARROW)  # 200 bytes overwritten: unchecked, 5 requests would read "ZZZ..."
     with pytest.raises(TaskDataError) as info:
         load_split("piqa", "plain_text", "validation", data_root=root_copy, task="piqa")
     message = str(info.value)

@@ -1,5 +1,5 @@
 """A folder named where a file is expected is reported as a folder, with the fix, not as a file that
-"does not exist" (issue 13, item 14). The harness YAML cases are in test_harness_yaml.py."""
+"does not exist". The harness YAML cases are in test_harness_yaml.py."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def clean(model, domain_files, neox_tokenizer, tmp_path_factory) -> dict[str, fl
     return out
 
 
-# --- item 6: a damaged token cache is rebuilt, not trusted --------------------------------------------
+# --- a damaged token cache is rebuilt, not trusted ----------------------------------------------------
 
 
 def _cut(path: Path) -> None:
@@ -121,7 +121,7 @@ def test_unwritable_cache_location_works_from_memory(
     assert any("label 'prose'" in m and str(cache) in m and "memory" in m for m in warnings), warnings
 
 
-# --- item 9: one bad memmap file fails only its own label ----------------------------------------------
+# --- one bad memmap file fails only its own label ------------------------------------------------------
 
 
 def corrupt_npy(path: Path) -> Path:
@@ -164,7 +164,7 @@ def test_an_io_error_fails_only_its_label(fmt, model, domain_files, neox_tokeniz
     assert any(expected in m for m in errors), errors
 
 
-# --- item 10: a label that failed is tried again at the next evaluation ------------------------------
+# --- a label that failed is tried again at the next evaluation ---------------------------------------
 
 
 @pytest.mark.parametrize("label", ["tiny", "prose"])
@@ -189,7 +189,7 @@ def test_a_failed_label_is_retried_and_each_failure_logged(
     assert evaluator.run(model) == clean
 
 
-# --- item 1: a domain that fails on one rank only ----------------------------------------------------
+# --- a domain that fails on one rank only ------------------------------------------------------------
 
 
 def _worker(rank: int, world_size: int, port: int, workdir: str, tokenizer_path: str) -> None:

@@ -1,4 +1,4 @@
-"""Token ids a model cannot take are refused before the first forward (issue 13, item 15): fed to the
+"""Token ids a model cannot take are refused before the first forward: fed to the
 model they fail inside its embedding ("index out of range in self" on CPU, a device-side assert that ends
 the process on CUDA). The bound is the model's input embedding (`get_input_embeddings()`, else its first
 `nn.Embedding`), or for a plain callable the width of its logits from a one-token probe."""

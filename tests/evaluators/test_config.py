@@ -71,7 +71,7 @@ def test_shipped_configs_load_and_name_real_tasks(name):
             get_task(ev.task)
 
 
-# --- every field checked against its annotation when the config is read (issue 13, item 5) -------------
+# --- every field checked against its annotation when the config is read ------------------------------
 
 PIQA = {"task": "piqa"}
 

@@ -7,9 +7,10 @@ import logging
 import math
 
 import numpy as np
+import pinned_scores as pin
 import pytest
 import torch
-from helpers import REPO, load_script, rng_draws, seed_all
+from helpers import REPO, rng_draws, seed_all
 
 from inloop_eval.engine.adapters import LogitsAdapter
 from inloop_eval.errors import ConfigError, ModelOutputError, RequestError, TaskDataError, UnknownTaskError
@@ -17,8 +18,6 @@ from inloop_eval.evaluators import downstream as downstream_module
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
-
-pin = load_script("pin_scores")
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +33,7 @@ def make_evaluator(data_root, neox_tokenizer, tasks, **overrides) -> InLoopEvalu
 
 
 def test_pinned_scores(data_root, model):
-    """A refactor must not move these numbers; regenerate with scripts/pin_scores.py only on purpose."""
+    """A refactor must not move these numbers; regenerate with tests/support/pinned_scores.py only on purpose."""
     expected = json.loads((REPO / "tests" / "support" / "pinned" / "icl_scores.json").read_text())
     found = pin.pinned_evaluator(data_root).run(model)
     assert found.keys() == expected.keys()

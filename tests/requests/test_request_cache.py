@@ -185,7 +185,7 @@ def test_an_unwritable_cache_is_not_fatal(data_root, neox_tokenizer, model, cach
     assert "not written" in caplog.text
 
 
-# --- file names derived from the task id, always inside the cache (issue 13, item 8) ---------------------
+# --- file names derived from the task id, always inside the cache ---------------------------------------
 
 GOOD_YAML = """\
 task: good

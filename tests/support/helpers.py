@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import random
+import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def load_script(name: str) -> ModuleType:
-    """Import `scripts/<name>.py` once (scripts are not a package; registered in sys.modules so that its
-    dataclasses resolve their module)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def seed_all(seed: int) -> None:
@@ -54,3 +41,12 @@ def tiny_neox(*, layers: int = 2, max_positions: int = 512, seed: int = 0) -> An
         max_position_embeddings=max_positions,
     )
     return transformers.GPTNeoXForCausalLM(config)
+
+
+def run_benchmark(name: str, *args: str, output: Path, timeout: int = 900) -> tuple[dict, str]:
+    """`python -m benchmarks.<name> <args> --output <output>` run from the repository root, as a user runs
+    it: the JSON report it wrote and what it printed. A failing run fails with its output shown."""
+    cmd = [sys.executable, "-m", f"benchmarks.{name}", *args, "--output", str(output)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(output.read_text()), proc.stdout

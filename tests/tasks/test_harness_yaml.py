@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, load_script
+from helpers import REPO
+from pinned_scores import pinned_model
 
 from inloop_eval.data.root import load_split
 from inloop_eval.errors import ConfigError, TaskDataError, UnknownTaskError
@@ -383,13 +384,13 @@ def test_the_readmes_own_task_example_runs(tmp_path, monkeypatch, data_root, neo
     assert (doc.continuations, doc.gold) == (("iron", "wood", "glass"), (0,))
     evaluators = [dict(e, limit=6) for e in yaml.safe_load(entries)["evaluators"]]
     config = EvaluatorConfig(evaluators=evaluators, data_root=str(data_root), strict=True)
-    out = InLoopEvaluator(config, tokenizer=neox_tokenizer).run(load_script("pin_scores").pinned_model())
+    out = InLoopEvaluator(config, tokenizer=neox_tokenizer).run(pinned_model())
     for label in ("science", "my_science", "arc_easy_olmes"):
         assert out[f"eval/downstream/{label}/n_docs"] == 6, sorted(out)
     assert "eval/downstream/science/acc_mutual_info" in out
 
 
-# ---- bounded templates, data files and messages (issue 13, items 11 and 14)
+# ---- bounded templates, data files and messages that name the fix
 
 LOCAL_YAML = """\
 task: local
@@ -450,7 +451,7 @@ def test_a_refused_template_fails_only_its_task(tmp_path, data_root, neox_tokeni
         evaluators=[{"task": f"harness:{task_yaml}", "label": "slow"}, {"task": "copa", "limit": 4}],
         data_root=str(data_root),
     )
-    out = InLoopEvaluator(config, tokenizer=neox_tokenizer).run(load_script("pin_scores").pinned_model())
+    out = InLoopEvaluator(config, tokenizer=neox_tokenizer).run(pinned_model())
     assert out["eval/downstream/slow/failed"] == 1.0 and out["eval/downstream/copa/n_docs"] == 4
     assert "doc_to_text '{{ (9 ** (9 ** 9)) % 7 }}': template failed" in caplog.text
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pinned_scores as pin
 import pytest
-from helpers import load_script
 
 from inloop_eval.errors import TaskDataError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
@@ -17,8 +17,6 @@ from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.metrics.registry import GOLD_ONLY_METRICS, MC_METRICS, PARTIAL_METRICS, RC_METRICS
 from inloop_eval.tasks import get_task, load_docs
 from inloop_eval.tasks.oe_eval import OEEvalRequestsTask
-
-pin = load_script("pin_scores")
 
 # oe-eval rc 0-shot variant -> the built-in task that renders the same requests.
 SAME_AS_BUILT_IN = {

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import load_script
 from olmo_eval import metrics as olmo_metrics
 from olmo_eval import tasks as olmo_tasks
 from olmo_eval.tokenizer import HFTokenizer
+from olmo_eval_data import olmo_eval_reads
 
 from inloop_eval.cli import main
 from inloop_eval.data.fetch import EXTRA_SPLITS
@@ -89,8 +89,8 @@ def olmo_tokenizer(data_root: Path) -> HFTokenizer:
 @pytest.fixture
 def olmo_reads_data_root(data_root: Path) -> Iterator[None]:
     """Point OLMo's data loaders at our data root, keeping the first N_DOCS documents (OLMo's dev splits
-    whole, for its few-shot prompts): the benchmark's own redirection."""
-    with load_script("bench").olmo_eval_reads(data_root, N_DOCS):
+    whole, for its few-shot prompts), as the OLMo-core benchmark does."""
+    with olmo_eval_reads(data_root, N_DOCS):
         yield
 
 

@@ -9,8 +9,8 @@ import json
 import math
 
 import numpy as np
+import pinned_scores as pin
 import pytest
-from helpers import load_script
 from reference import FIELDS, reference_icl
 
 from inloop_eval.data.root import oe_eval_dir
@@ -19,7 +19,6 @@ from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.metrics.registry import CLASSIFICATION_METRICS, GOLD_ONLY_METRICS, GREEDY_METRICS
 from inloop_eval.tasks import Doc, get_task, load_docs
 
-pin = load_script("pin_scores")
 LIMIT = 16
 
 

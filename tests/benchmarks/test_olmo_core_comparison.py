@@ -1,4 +1,4 @@
-"""`scripts/bench.py --olmo-core-labels`: OLMo-core 3.0.0's own `DownstreamEvaluator` and ours, on one OLMo-core
+"""`python -m benchmarks.olmo_core`: OLMo-core 3.0.0's own `DownstreamEvaluator` and ours, on one OLMo-core
 model in one process, evaluate the same documents, predict the same choices and report the same OLMo figures,
 and each side's token count is what reached the model's embedding. No timing is asserted: the benchmark's
 seconds are its output, not a property.
@@ -6,47 +6,25 @@ seconds are its output, not a property.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from helpers import run_benchmark
 
-BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
+LABELS = ("piqa", "mmlu_stem_mc_5shot")
 LIMIT = 4
 
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench"] = module  # its dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
+def report(data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "olmo_core.json"
+    args = ("--labels", ",".join(LABELS), "--limit", str(LIMIT), "--data-root", str(data_root))
+    report, printed = run_benchmark("olmo_core", *args, output=out)
+    assert "all labels" in printed
+    return report
 
 
-@pytest.fixture(scope="module")
-def report(bench: ModuleType, data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("bench") / "bench.json"
-    bench.main(
-        [
-            "--olmo-core-labels",
-            "piqa,mmlu_stem_mc_5shot",
-            "--limit",
-            str(LIMIT),
-            "--data-root",
-            str(data_root),
-            "--output",
-            str(out),
-        ]
-    )
-    return json.loads(out.read_text())
-
-
-@pytest.mark.parametrize("label", ["piqa", "mmlu_stem_mc_5shot"])
+@pytest.mark.parametrize("label", LABELS)
 def test_same_documents_predictions_and_figures(report: dict, label: str) -> None:
     c = report["comparisons"][label]
     assert c["documents"] == LIMIT and c["documents_only_one_side"] == 0
@@ -59,7 +37,7 @@ def test_same_documents_predictions_and_figures(report: dict, label: str) -> Non
 def test_tokens_counted_at_the_embedding(report: dict) -> None:
     runs = report["runs"]
     assert {(r["label"], r["engine"]) for r in runs} == {
-        (label, engine) for label in ("piqa", "mmlu_stem_mc_5shot") for engine in ("ours", "olmo_core")
+        (label, engine) for label in LABELS for engine in ("ours", "olmo_core")
     }
     for r in runs:
         assert r["tokens"] == r["tokens_at_embedding"] > 0
@@ -67,7 +45,9 @@ def test_tokens_counted_at_the_embedding(report: dict) -> None:
         # Every request forwarded at least once: never fewer tokens than each context once + continuations.
         assert r["tokens"] >= r["minimum"]
     by = {(r["label"], r["engine"]): r for r in runs}
-    for label in ("piqa", "mmlu_stem_mc_5shot"):
+    for label in LABELS:
         assert by[(label, "ours")]["minimum"] == by[(label, "olmo_core")]["minimum"]
         # OLMo-core pads every row to a multiple of 128 and forwards one row per request.
         assert by[(label, "olmo_core")]["tokens"] % 128 == 0
+        # What a model taking packed rows would be sent also holds every request.
+        assert by[(label, "ours")]["tokens_if_packed"] >= by[(label, "ours")]["minimum"]
