@@ -26,7 +26,7 @@ import torch
 
 from inloop_eval import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
-from inloop_eval.requests.pairs import RequestTable, build_requests
+from inloop_eval.requests.table import RequestTable, build_requests
 from inloop_eval.tasks import get_task, load_docs
 
 # Every benchmark model's context length, and the longest input its requests are tokenized for.

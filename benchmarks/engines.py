@@ -61,7 +61,7 @@ from benchmarks.common import (
 from inloop_eval import EvaluatorConfig, InLoopEvaluator
 from inloop_eval.data.root import default_data_root, neox_tokenizer_path
 from inloop_eval.data.tokenizer import load_tokenizer
-from inloop_eval.requests.pairs import RequestTable
+from inloop_eval.requests.table import RequestTable
 from inloop_eval.tasks import get_task
 
 # Our task id -> ai2-olmo-eval's label for the same documents, prompts and tokens.

@@ -35,7 +35,7 @@ from inloop_eval.data.root import default_data_root, neox_tokenizer_path
 from inloop_eval.data.tokenizer import load_tokenizer
 from inloop_eval.metrics.icl import ICLMetric
 from inloop_eval.metrics.registry import needs_uncond
-from inloop_eval.requests.pairs import RequestTable
+from inloop_eval.requests.table import RequestTable
 from inloop_eval.tasks import get_task
 
 
