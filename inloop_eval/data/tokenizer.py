@@ -118,6 +118,30 @@ def load_tokenizer(
     return Tokenizer(backend, bos_token_id=bos, eos_token_id=eos, fingerprint=digest, name=str(path))
 
 
+def with_special_ids(
+    base: Tokenizer, *, bos_token_id: int | None, eos_token_id: int | None, name: str
+) -> Tokenizer:
+    """`base` with the BOS and EOS ids a training config gives (used as given, None included), checked to lie
+    inside its vocabulary; its fingerprint tells it apart from `base` in cache keys.
+
+    name: what the config calls the tokenizer, for messages and `Tokenizer.name`.
+    """
+    for field, token in (("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id)):
+        if token is not None and not 0 <= token < base.vocab_size:
+            raise TokenizerError(
+                f"tokenizer {name!r}: {field} {token} is outside the vocabulary of {base.name} "
+                f"({base.vocab_size} tokens); the config and the tokenizer file do not match"
+            )
+    special = json.dumps([bos_token_id, eos_token_id]).encode()
+    return Tokenizer(
+        base.backend,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        fingerprint=hashlib.sha256(base.fingerprint.encode() + special).hexdigest()[:16],
+        name=name,
+    )
+
+
 def _special_tokens_from_dir(path: Path) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):

@@ -16,8 +16,6 @@ OLMo-core's `throughput/in-loop eval time (s)`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,18 +27,16 @@ from olmo_core.train.callbacks import Callback, CallbackConfig
 from olmo_core.train.common import MetricMergeStrategy
 
 from inloop_eval.config_fields import one_of, read_config_file
-from inloop_eval.data.fetch import TOKENIZER_FILES
-from inloop_eval.data.root import TOKENIZER_DIR, default_data_root
-from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer
-from inloop_eval.errors import ConfigError, TokenizerError
+from inloop_eval.data.root import default_data_root
+from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer, with_special_ids
+from inloop_eval.data.tokenizer_lookup import find_tokenizer_file
+from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import EvalSchedule, run_and_log
 from inloop_eval.keys import KEY_STYLES, OLMO_CORE_EVAL_TIME_KEY, SECONDS_KEY, is_olmo_core_key
 
-# OLMo's tokenizer identifiers (Hugging Face repositories) -> the file `inloop-eval data fetch` writes.
-FETCHED_TOKENIZERS: dict[str, str] = {repo: filename for filename, (_, repo) in TOKENIZER_FILES.items()}
 DEFAULT_BATCH_TOKENS = TaskEvalConfig.__dataclass_fields__["batch_tokens"].default
 
 
@@ -228,44 +224,10 @@ def recorded(metrics: dict[str, float], olmo_core_keys_only: bool) -> dict[str, 
 
 
 def olmo_tokenizer(config: TokenizerConfig, data_root: Path) -> Tokenizer:
-    """The tokenizer OLMo's `config` names, with its BOS and EOS ids: `identifier` is a local tokenizer
-    file or Hugging Face tokenizer directory, or an identifier whose file `inloop-eval data fetch` put in
-    `<data_root>/tokenizers/` (no network while training)."""
-    identifier = config.identifier
-    if not identifier:
-        raise TokenizerError(
-            "OLMo TokenizerConfig: `identifier` is empty; set it to a local tokenizer.json (or a directory "
-            f"holding one) or one of {sorted(FETCHED_TOKENIZERS)}"
-        )
-    local = Path(identifier).expanduser()
-    if local.exists():
-        path = local
-    elif identifier in FETCHED_TOKENIZERS:
-        path = data_root / TOKENIZER_DIR / FETCHED_TOKENIZERS[identifier]
-        if not path.is_file():
-            raise TokenizerError(
-                f"OLMo TokenizerConfig identifier {identifier!r}: expected the fetched file {path}, found none; "
-                f"run `inloop-eval data fetch --root {data_root}` once (with network) before training"
-            )
-    else:
-        raise TokenizerError(
-            f"OLMo TokenizerConfig identifier {identifier!r}: not a local path, and not one that `inloop-eval "
-            f"data fetch` materialises ({sorted(FETCHED_TOKENIZERS)}); download its tokenizer.json beforehand "
-            f"(e.g. `hf download {identifier} tokenizer.json --local-dir DIR`) and set identifier=DIR"
-        )
-    base = load_tokenizer(path)
-    for name in ("bos_token_id", "eos_token_id"):
-        token = getattr(config, name)
-        if token is not None and not 0 <= token < base.vocab_size:
-            raise TokenizerError(
-                f"OLMo TokenizerConfig {identifier!r}: {name} {token} is outside the vocabulary of {path} "
-                f"({base.vocab_size} tokens); the config and the tokenizer file do not match"
-            )
-    special = json.dumps([config.bos_token_id, config.eos_token_id]).encode()
-    return Tokenizer(
-        base.backend,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        fingerprint=hashlib.sha256(base.fingerprint.encode() + special).hexdigest()[:16],
-        name=identifier,
+    """The tokenizer OLMo's `config` names, with its BOS and EOS ids as given. Its `identifier` is found on this
+    machine, never downloaded: a local file or directory, a tokenizer `inloop-eval data fetch` put in
+    `<data_root>/tokenizers/`, or one in the local Hugging Face hub cache (`find_tokenizer_file`)."""
+    base = load_tokenizer(find_tokenizer_file(config.identifier, data_root))
+    return with_special_ids(
+        base, bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, name=config.identifier
     )

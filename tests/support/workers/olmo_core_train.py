@@ -52,10 +52,10 @@ class MetricsCollector(Callback):
             self.evaluations[step] = self.evaluations.get(step, 0) + 1
 
 
-def write_tokens(path: Path, n_tokens: int) -> Path:
-    """Seeded random token ids (uint16), as OLMo's memmap files hold them."""
+def write_tokens(path: Path, n_tokens: int, dtype: type[np.unsignedinteger] = np.uint16) -> Path:
+    """Seeded random token ids, as OLMo's memmap files hold them (`dtype`: the dataset's, by vocabulary)."""
     rng = np.random.default_rng(0)
-    rng.integers(2, 50000, size=n_tokens).astype(np.uint16).tofile(path)
+    rng.integers(2, 50000, size=n_tokens).astype(dtype).tofile(path)
     return path
 
 
@@ -82,11 +82,15 @@ def train(
     dropout: float = 0.0,
     autocast: DType | None = None,
     steps: int = STEPS,
+    tokenizer: TokenizerConfig | None = None,
 ) -> tuple[dict[str, Any], Trainer]:
     """Train the seeded tiny model for `steps` steps; returns (what OLMo-core logged, the evaluator's
-    max_length per task (with the callback) and a hash of the final parameters; the trainer)."""
+    max_length per task (with the callback) and a hash of the final parameters; the trainer).
+
+    tokenizer: of the model, the data and the callback; default GPT-NeoX (OLMo 1's).
+    """
     distributed = dist.is_initialized()
-    tokenizer = TokenizerConfig.gpt_neox_olmo_dolma_v1_5()
+    tokenizer = tokenizer or TokenizerConfig.gpt_neox_olmo_dolma_v1_5()
     model_config = TransformerConfig.llama_like(
         d_model=32,
         vocab_size=tokenizer.padded_vocab_size(),
@@ -106,13 +110,14 @@ def train(
         dp_config=TransformerDataParallelConfig(name=DataParallelType.ddp) if distributed else None,
     ).build(model, device=torch.device("cpu"))
     tokens = work / "tokens.npy"
+    dataset_config = NumpyFSLDatasetConfig(
+        paths=[str(tokens)], sequence_length=SEQ_LEN, tokenizer=tokenizer, work_dir=str(work / "dataset")
+    )
     if not distributed or dist.get_rank() == 0:
-        write_tokens(tokens, SEQ_LEN * GLOBAL_SEQUENCES * (steps + 2))
+        write_tokens(tokens, SEQ_LEN * GLOBAL_SEQUENCES * (steps + 2), dataset_config.get_dtype())
     if distributed:
         dist.barrier()
-    dataset = NumpyFSLDatasetConfig(
-        paths=[str(tokens)], sequence_length=SEQ_LEN, tokenizer=tokenizer, work_dir=str(work / "dataset")
-    ).build()
+    dataset = dataset_config.build()
     loader = NumpyDataLoaderConfig(global_batch_size=GLOBAL_SEQUENCES * SEQ_LEN, seed=0).build(
         dataset, dp_process_group=train_module.dp_process_group
     )
@@ -124,7 +129,9 @@ def train(
         metrics_collect_interval=1,
     ).with_callback("collector", MetricsCollector())
     if with_callback:
-        trainer_config = trainer_config.with_callback("inloop_eval", callback_config(data_root))
+        trainer_config = trainer_config.with_callback(
+            "inloop_eval", callback_config(data_root, tokenizer=tokenizer)
+        )
     trainer = trainer_config.build(train_module, loader)
     trainer.fit()
     collector = trainer.callbacks["collector"]  # with_callback deep-copied the one passed in
