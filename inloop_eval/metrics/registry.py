@@ -61,6 +61,13 @@ class MetricDef:
     compares_choices: bool = True
     """Whether the figure weighs a document's choices against each other (an argmax or a softmax over them),
     so that a document with a single choice scores perfectly whatever the model does."""
+    zero_one: bool = False
+    """A `per_doc` figure whose per-document values are 0 or 1 (`accuracy` figures always are)."""
+
+    @property
+    def binary(self) -> bool:
+        """Whether each document scores 0 or 1 (paired comparisons then use the exact sign test)."""
+        return self.kind == "accuracy" or self.zero_one
 
 
 def _brier(c: Choices) -> Tensor:
@@ -139,6 +146,7 @@ METRICS: dict[str, MetricDef] = {
             lambda c: (c.is_greedy & c.is_gold).any(dim=1).to(torch.float64),
             stderr=True,
             compares_choices=False,
+            zero_one=True,
         ),
     )
 }
