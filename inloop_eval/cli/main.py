@@ -1,4 +1,5 @@
-"""`inloop-eval`: list tasks, evaluate a saved model, fetch task data. Works under `torchrun`."""
+"""`inloop-eval`: list tasks, evaluate a saved model, compare evaluations, fetch task data. Works under
+`torchrun`."""
 
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--strict", action="store_true", help="stop at the first failing task")
     ev.set_defaults(func=cmd_evaluate)
 
+    from inloop_eval import compare as compare_run
     from inloop_eval import report as report_run
     from inloop_eval.demo import run as demo_run
 
@@ -96,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report_run.add_arguments(report)
     report.set_defaults(func=report_run.run)
+
+    compare = sub.add_parser(
+        "compare", help="is the difference real? two runs or steps paired on the documents both evaluated"
+    )
+    compare_run.add_arguments(compare)
+    compare.set_defaults(func=compare_run.run)
 
     data = sub.add_parser("data", help="task data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
