@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine",),
     ("evaluators",),
     ("loggers",),
-    ("report",),
+    ("report", "compare"),
     ("integrations", "cli", "demo"),
 ]
 # Public entry points that re-export names from every layer: above them all.

@@ -1,4 +1,5 @@
-"""`inloop-eval`: list tasks, evaluate a saved model, fetch task data. Works under `torchrun`."""
+"""`inloop-eval`: list tasks, evaluate a saved model, compare evaluations, fetch task data. Works under
+`torchrun`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.keys import failed_labels
+from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -72,9 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     ev.add_argument("--output", help="write the metrics and the config as JSON here (rank 0)")
     ev.add_argument("--samples", help="write one JSON line per request here (rank 0)")
+    ev.add_argument(
+        "--outcomes",
+        metavar="DIR",
+        help="write per-document outcomes to DIR/outcomes/step_<STEP>.npz (rank 0), for `inloop-eval compare`",
+    )
+    ev.add_argument("--step", type=int, default=0, help="with --outcomes: the step to file them under (0)")
     ev.add_argument("--strict", action="store_true", help="stop at the first failing task")
     ev.set_defaults(func=cmd_evaluate)
 
+    from inloop_eval import compare as compare_run
     from inloop_eval import report as report_run
     from inloop_eval.demo import run as demo_run
 
@@ -89,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report_run.add_arguments(report)
     report.set_defaults(func=report_run.run)
+
+    compare = sub.add_parser(
+        "compare", help="is the difference real? two runs or steps paired on the documents both evaluated"
+    )
+    compare_run.add_arguments(compare)
+    compare.set_defaults(func=compare_run.run)
 
     data = sub.add_parser("data", help="task data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -253,6 +268,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     outputs = {
         flag: Path(path) for flag, path in (("--output", args.output), ("--samples", args.samples)) if path
     }
+    if args.outcomes:
+        config.outcomes = True
+        outputs["--outcomes"] = step_path(Path(args.outcomes) / OUTCOMES_DIR, args.step)
     check_outputs_writable(outputs, rank)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and world_size > 1:
@@ -280,6 +298,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             )
         if samples is not None:
             write_samples(Path(args.samples), samples)
+        if args.outcomes and evaluator.outcomes():
+            write_step(Path(args.outcomes) / OUTCOMES_DIR, evaluator.outcomes(), args.step)
     if isinstance(config, EvaluatorConfig) and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     failed = failed_labels(metrics)
@@ -295,8 +315,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def unwritable_outputs(outputs: dict[str, Path]) -> list[str]:
-    """What stops each output file (`--output`, `--samples`) from being written, found by writing a
-    temporary file beside it (its folder is made as `evaluate` would make it); [] when all can be."""
+    """What stops each output file (`--output`, `--samples`, the step file of `--outcomes`) from being
+    written, found by writing a temporary file beside it (its folder is made as `evaluate` would make it); [] when all can be."""
     problems = []
     for flag, path in outputs.items():
         if path.is_dir():

@@ -26,6 +26,7 @@ from inloop_eval.distributed import TaskAgreement, run_agreed
 from inloop_eval.engine.adapters import ModelAdapter
 from inloop_eval.errors import ConfigError
 from inloop_eval.keys import FAILED
+from inloop_eval.metrics.icl import DocumentOutcomes
 
 
 class Settings(Protocol):
@@ -85,12 +86,15 @@ class EvalOutput:
     tokens_forwarded: tokens this rank sent through the model, padding and dummy batches included.
     detail: the evaluator's own result object (scores per request or per sequence), None after a failure.
     olmo: label -> its OLMo-core names, for the labels that are `olmo:` tasks.
+    outcomes: label -> the per-document values its figures are the means of (the same on every rank), for
+        the kinds that keep them (downstream tasks).
     """
 
     figures: dict[str, dict[str, float]]
     tokens_forwarded: int = 0
     detail: Any = None
     olmo: dict[str, OlmoNames] = field(default_factory=dict)
+    outcomes: dict[str, DocumentOutcomes] = field(default_factory=dict)
 
 
 ConfigT = TypeVar("ConfigT", bound=KindConfig)

@@ -48,6 +48,10 @@ class EvaluatorConfig:
     """Call `torch.compiler.reset()` after each evaluation, dropping every graph torch.compile holds
     (training's too: its next step recompiles). Evaluation itself runs the uncompiled module
     (`torch.compile`'s `_orig_mod`); use this when submodules compiled in place saw the eval shapes."""
+    outcomes: bool = True
+    """Keep each task's per-document outcomes (the values its figures are the means of) with every
+    evaluation: a logger with a run directory writes them to `<run_dir>/outcomes/step_<N>.npz`, which
+    `inloop-eval compare` pairs. false: keep none."""
     key_style: str = "inloop"
     """How metric keys are named: `inloop` (`eval/downstream/<label>/<metric>`), or `olmo_core`, where the OLMo
     figures of `olmo:<label>` tasks take the keys OLMo-core's downstream callback gives them

@@ -228,7 +228,9 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         check_finite_documents(self.title(), result.metrics, strict=strict)
         label, olmo_type = self.config.label, prepared.task.olmo_metric_type
         olmo = {label: olmo_names(self.config.task, olmo_type)} if olmo_type else {}
-        return EvalOutput({label: task_figures(prepared, result.metrics)}, scores.tokens_forwarded, result, olmo)
+        figures = {label: task_figures(prepared, result.metrics)}
+        outcomes = {label: metric.outcomes} if metric.outcomes is not None else {}
+        return EvalOutput(figures, scores.tokens_forwarded, result, olmo, outcomes)
 
     def samples(self, output: EvalOutput) -> list[dict[str, Any]]:
         """One record per request this rank scored: the texts, the loglikelihood (and its unconditional one),

@@ -23,6 +23,7 @@ from inloop_eval.evaluators.base import EvalOutput, Evaluator
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.kinds import KINDS
 from inloop_eval.keys import PREFIX, failed_labels, figure_key, olmo_core_key
+from inloop_eval.metrics.icl import DocumentOutcomes
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,13 @@ class InLoopEvaluator:
         when it failed or has not run."""
         output = self.last_outputs.get(name)
         return output.detail if output is not None else None
+
+    def outcomes(self) -> dict[str, DocumentOutcomes]:
+        """label -> per-document outcomes of each task of the latest `run` (the same on every rank), for
+        `MetricsLogger.log_outcomes`; {} when the config's `outcomes` is off. Failed tasks have none."""
+        if not self.config.outcomes:
+            return {}
+        return {label: o for output in self.last_outputs.values() for label, o in output.outcomes.items()}
 
     def samples(self, name: str | None = None) -> list[dict[str, Any]]:
         """This rank's record of each request scored in the latest `run` (texts, loglikelihoods, greedy,

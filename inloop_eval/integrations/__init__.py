@@ -42,11 +42,16 @@ def run_and_log(
 ) -> dict[str, float]:
     """`evaluator.run(model, step=step)` plus `eval/seconds` (wall time of the call) and
     `eval/tokens_forwarded` (tokens sent through the model by all ranks, padding and dummies included), logged
-    at `step`. Every rank must call it (the evaluator and the token count sync across ranks)."""
+    at `step`, with each task's per-document outcomes (`logger.log_outcomes`, unless the config's `outcomes`
+    is off). Every rank must call it (the evaluator and the token count sync across ranks)."""
     start = time.perf_counter()
     metrics = dict(evaluator.run(model, step=step))
     metrics[SECONDS_KEY] = time.perf_counter() - start
     metrics[TOKENS_KEY] = float(all_reduce_sum(evaluator.tokens_forwarded))
     if logger is not None:
         logger.log(metrics, step)
+        outcomes = evaluator.outcomes()
+        # A logger written before `log_outcomes` existed (not a MetricsLogger subclass) has none.
+        if outcomes and hasattr(logger, "log_outcomes"):
+            logger.log_outcomes(outcomes, step)
     return metrics

@@ -19,6 +19,7 @@ from typing import Any
 
 from inloop_eval.distributed import world
 from inloop_eval.errors import InLoopEvalError
+from inloop_eval.metrics.icl import DocumentOutcomes
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,10 @@ class MetricsLogger:
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         """Record `metrics` at the trainer's `step`."""
 
+    def log_outcomes(self, outcomes: Mapping[str, DocumentOutcomes], step: int) -> None:
+        """Record each task's per-document outcomes (label -> `DocumentOutcomes`) at `step`; loggers without a
+        run directory ignore them."""
+
     def finish(self) -> None:
         """Flush and close."""
 
@@ -104,6 +109,10 @@ class MultiLogger(MetricsLogger):
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         for logger in self.loggers:
             self._call(logger, "log", metrics, step)
+
+    def log_outcomes(self, outcomes: Mapping[str, DocumentOutcomes], step: int) -> None:
+        for logger in self.loggers:
+            self._call(logger, "log_outcomes", outcomes, step)
 
     def finish(self) -> None:
         for logger in self.loggers:

@@ -26,6 +26,8 @@ from typing import Any
 
 from inloop_eval.data.files import write_text_atomically
 from inloop_eval.loggers.base import LoggerError, MetricsLogger, WarnOnce, as_dict, error_kind, is_rank_zero
+from inloop_eval.loggers.outcomes import OUTCOMES_DIR, OutcomesWriter
+from inloop_eval.metrics.icl import DocumentOutcomes
 
 try:
     import fcntl
@@ -96,6 +98,7 @@ class JSONLLogger(MetricsLogger):
     warning; readers keep the last value of each (step, key). A write that fails (a full disk) removes
     the part of its line it wrote (under the lock; see the module docstring), is warned about once per kind
     of error, and is skipped. NaN and infinite values are written as `null`, warned about once.
+    Per-document outcomes (`log_outcomes`) go to `<run_dir>/outcomes/step_<N>.npz` (`loggers.outcomes`).
 
     run_dir: created if missing.
     """
@@ -104,6 +107,7 @@ class JSONLLogger(MetricsLogger):
         self.run_dir = Path(run_dir)
         self._fd: int | None = None
         self._warn = WarnOnce()
+        self.outcomes = OutcomesWriter(self.run_dir / OUTCOMES_DIR)
         # (key -> steps) already in the file, to notice a step logged twice.
         self._logged: dict[str, set[int]] = {}
         if not is_rank_zero():
@@ -164,6 +168,10 @@ class JSONLLogger(MetricsLogger):
         line = json.dumps(row, allow_nan=False) + "\n"
         if self._write(self._fd, line, row["step"]):
             self._note_steps(row)
+
+    def log_outcomes(self, outcomes: Mapping[str, DocumentOutcomes], step: int) -> None:
+        if self._fd is not None:
+            self.outcomes.write(outcomes, step)
 
     def _row(self, metrics: Mapping[str, float], step: int) -> dict[str, Any] | None:
         """The line's object; keys whose value is not a number are left out (with a warning), NaN and infinite

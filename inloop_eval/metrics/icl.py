@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 from torchmetrics import Metric
@@ -64,6 +66,30 @@ def mean_and_stderr(x_D: Tensor) -> tuple[float, float]:
     return float(x_D.mean()), float(x_D.std(unbiased=True) / math.sqrt(n))
 
 
+@dataclass(frozen=True)
+class DocumentOutcomes:
+    """What each complete document of a task scored: the values its figures are the means of.
+
+    doc_id: [D] the documents' ids, ascending. n_choices: [D] each document's number of choices.
+    values: figure -> [D] float64 (requested names, aliases under their own), for `accuracy` and `per_doc`
+        figures: the figure is the mean of its values (0 or 1 for the figures in `binary`).
+    binary: the figures whose values are 0 or 1.
+    left_out: figure -> why it has no per-document values (`whole` figures, OLMo's figures).
+    """
+
+    doc_id: np.ndarray
+    n_choices: np.ndarray
+    values: dict[str, np.ndarray]
+    binary: frozenset[str] = frozenset()
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
+# Why a `whole` figure has no per-document values.
+WHOLE_FIGURE_NOTE = "computed from all documents at once, not a mean of per-document values"
+# Why OLMo's figures have none.
+OLMO_FIGURE_NOTE = "OLMo's own figure (metrics.olmo); per-document values are kept for our figures only"
+
+
 def icl_compute(
     requests: dict[str, Tensor],
     uncond_id_U: Tensor,
@@ -77,6 +103,16 @@ def icl_compute(
     requests: the REQUEST_FIELDS, each a [R] tensor; rows repeated by sampler padding count once.
     uncond_id_U, uncond_ll_U: scored unconditional pairs, joined to requests by `uncond_id`.
     """
+    return icl_evaluate(requests, uncond_id_U, uncond_ll_U, metrics)[0]
+
+
+def icl_evaluate(
+    requests: dict[str, Tensor],
+    uncond_id_U: Tensor,
+    uncond_ll_U: Tensor,
+    metrics: Sequence[str],
+) -> tuple[dict[str, float], DocumentOutcomes]:
+    """`icl_compute`'s figures, and the per-document values they are the means of (`DocumentOutcomes`)."""
     unknown = unknown_metrics(metrics)
     if unknown:
         raise ValueError(f"icl_compute: unknown metrics {unknown}")
@@ -127,12 +163,26 @@ def icl_compute(
         is_greedy=dense(r["is_greedy"].to(torch.float64), 0.0) > 0,
         present=dense(torch.ones_like(ll_R), 0.0) > 0,
     )
+    values: dict[str, np.ndarray] = {}
+    left_out: dict[str, str] = {}
     for name, definition in zip(metrics, wanted, strict=True):
-        value, stderr = figure(definition, choices)
-        out[name] = value
+        per_doc_D = document_values(definition, choices)
+        if per_doc_D is None:
+            out[name] = float(definition.compute(choices))
+            left_out[name] = WHOLE_FIGURE_NOTE
+            continue
+        out[name], stderr = mean_and_stderr(per_doc_D)
         if definition.stderr:
             out[f"{name}_stderr"] = stderr
-    return out
+        values[name] = per_doc_D.numpy()
+    outcomes = DocumentOutcomes(
+        doc_id=docs_D[complete_D].numpy().astype(np.int64),
+        n_choices=expected_D[complete_D].numpy().astype(np.int64),
+        values=values,
+        binary=frozenset(n for n, d in zip(metrics, wanted, strict=True) if d.binary and n in values),
+        left_out=left_out,
+    )
+    return out, outcomes
 
 
 def olmo_compute(
@@ -157,15 +207,16 @@ def olmo_compute(
     )
 
 
-def figure(definition: MetricDef, choices: Choices) -> tuple[float, float]:
-    """One figure over the documents, and its standard error (0.0 for kinds without one)."""
+def document_values(definition: MetricDef, choices: Choices) -> Tensor | None:
+    """[D] float64 per-document values whose mean is the figure: 1.0 where the prediction is gold, else 0.0,
+    for `accuracy` figures; the value itself for `per_doc` ones; None for `whole` figures."""
     if definition.kind == "whole":
-        return float(definition.compute(choices)), 0.0
+        return None
     values = torch.as_tensor(definition.compute(choices))
     if definition.kind == "accuracy":
         pred_D = torch.argmax(values.masked_fill(~choices.present, -math.inf), dim=1)  # ties: lowest index
-        values = choices.is_gold.gather(1, pred_D[:, None])[:, 0].to(torch.float64)
-    return mean_and_stderr(values)
+        values = choices.is_gold.gather(1, pred_D[:, None])[:, 0]
+    return values.to(torch.float64)
 
 
 class ICLMetric(Metric):
@@ -186,6 +237,8 @@ class ICLMetric(Metric):
             self.add_state(name, default=[], dist_reduce_fx="cat")
         self.add_state("uncond_uid", default=[], dist_reduce_fx="cat")
         self.add_state("uncond_ll", default=[], dist_reduce_fx="cat")
+        self.outcomes: DocumentOutcomes | None = None
+        """The per-document values of the latest `compute`, over all ranks."""
 
     def update(self, **fields: Tensor) -> None:  # type: ignore[override]
         missing = set(REQUEST_FIELDS) - set(fields)
@@ -211,12 +264,15 @@ class ICLMetric(Metric):
 
     def compute(self) -> dict[str, float]:
         """`icl_compute`'s figures, and OLMo's (under OLMo's names, e.g. `len_norm_v1`) when the metric was
-        made with an `olmo_metric_type`."""
+        made with an `olmo_metric_type`. Their per-document values (over all ranks) are kept in `outcomes`."""
         dtypes = {"ll": torch.float64, "is_gold": torch.bool, "is_greedy": torch.bool}
         requests = {name: self._cat(name, dtypes.get(name, torch.long)) for name in REQUEST_FIELDS}
         uncond_id_U = self._cat("uncond_uid", torch.long)
         uncond_ll_U = self._cat("uncond_ll", torch.float64)
-        out = icl_compute(requests, uncond_id_U, uncond_ll_U, self.metric_names)
+        out, outcomes = icl_evaluate(requests, uncond_id_U, uncond_ll_U, self.metric_names)
         if self.olmo_metric_type is not None:
-            out.update(olmo_compute(requests, uncond_id_U, uncond_ll_U, self.olmo_metric_type))
+            olmo = olmo_compute(requests, uncond_id_U, uncond_ll_U, self.olmo_metric_type)
+            out.update(olmo)
+            outcomes.left_out.update({name: OLMO_FIGURE_NOTE for name in olmo})
+        self.outcomes = outcomes
         return out

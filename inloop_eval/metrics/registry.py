@@ -61,6 +61,15 @@ class MetricDef:
     compares_choices: bool = True
     """Whether the figure weighs a document's choices against each other (an argmax or a softmax over them),
     so that a document with a single choice scores perfectly whatever the model does."""
+    zero_one: bool = False
+    """A `per_doc` figure whose per-document values are 0 or 1 (`accuracy` figures always are)."""
+    lower_is_better: bool = False
+    """The figure improves downwards (a loss, an error); `inloop-eval compare` names the better side by it."""
+
+    @property
+    def binary(self) -> bool:
+        """Whether each document scores 0 or 1 (paired comparisons then use the exact sign test)."""
+        return self.kind == "accuracy" or self.zero_one
 
 
 def _brier(c: Choices) -> Tensor:
@@ -121,24 +130,27 @@ METRICS: dict[str, MetricDef] = {
             "per_doc",
             lambda c: -c.at_first_gold(c.ll) / c.at_first_gold(c.n_tokens),
             compares_choices=False,
+            lower_is_better=True,
         ),
         MetricDef(
             "bpb_gold",
             "per_doc",
             lambda c: -c.at_first_gold(c.ll) / c.at_first_gold(c.n_bytes) / math.log(2),
             compares_choices=False,
+            lower_is_better=True,
         ),
-        MetricDef("brier", "per_doc", _brier),
+        MetricDef("brier", "per_doc", _brier, lower_is_better=True),
         MetricDef("prob_gold", "per_doc", lambda c: (c.probabilities() * c.is_gold).sum(1)),
-        MetricDef("ppl_gold", "whole", _ppl_gold, compares_choices=False),
+        MetricDef("ppl_gold", "whole", _ppl_gold, compares_choices=False, lower_is_better=True),
         MetricDef("f1", "whole", _f1),
-        MetricDef("ece", "whole", _ece),
+        MetricDef("ece", "whole", _ece, lower_is_better=True),
         MetricDef(
             "acc_greedy",
             "per_doc",
             lambda c: (c.is_greedy & c.is_gold).any(dim=1).to(torch.float64),
             stderr=True,
             compares_choices=False,
+            zero_one=True,
         ),
     )
 }
@@ -198,6 +210,11 @@ def comparing_choices(metrics: Sequence[str]) -> list[str]:
     """The names among `metrics` whose figure weighs a document's choices against each other (perfect, and
     meaningless, on a document with a single choice)."""
     return [m for m in metrics if canonical(m) in METRICS and METRICS[canonical(m)].compares_choices]
+
+
+def lower_is_better(name: str) -> bool:
+    """Whether the figure `name` (a figure or an alias) improves downwards; False for a name not known."""
+    return canonical(name) in METRICS and METRICS[canonical(name)].lower_is_better
 
 
 def needs_uncond(metrics: Sequence[str]) -> bool:

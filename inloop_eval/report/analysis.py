@@ -10,6 +10,9 @@
 - *not finite*: a figure that was NaN or infinite at some evaluation (logged as `null`).
 - *subset*: `n_nonfinite_docs` > 0: documents whose scores were not finite (NaN logits) were left out, so the
   task's figures at that evaluation are over the other documents only.
+- *noise* (a note): the standard deviation of the last `NOISE_EVALUATIONS` values of each curve around their
+  straight-line trend (how much the figure jumps between checkpoints), beside its binomial standard error (how
+  much it would move on other documents); `inloop-eval compare` says whether a given difference is real.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from inloop_eval.tasks import get_task
 DIVERGING = "diverging"
 NONFINITE = "not a finite number"
 SUBSET = "subset"
+# Evaluations the noise around the trend is measured over.
+NOISE_EVALUATIONS = 6
 
 
 def fitted_change(points: Series) -> float:
@@ -43,6 +48,35 @@ def fitted_change(points: Series) -> float:
         return 0.0
     slope = np.polyfit(steps, values, 1)[0]
     return float(slope * span)
+
+
+def trend_noise(points: Series, n: int = NOISE_EVALUATIONS) -> float | None:
+    """Standard deviation of the last `n` values of `points` around their least-squares line (n - 2 degrees
+    of freedom); None with fewer than 3 finite values."""
+    last = [(s, v) for s, v in points if math.isfinite(v)][-n:]
+    if len(last) < 3:
+        return None
+    steps = np.array([s for s, _ in last], dtype=np.float64)
+    values = np.array([v for _, v in last], dtype=np.float64)
+    residuals = values - np.polyval(np.polyfit(steps, values, 1), steps)
+    return float(np.sqrt((residuals**2).sum() / (len(last) - 2)))
+
+
+def noise_note(curves: Mapping[str, Series], stderr: Mapping[str, Series]) -> str | None:
+    """'noise around the trend' of each curve with enough evaluations, beside its last standard error."""
+    parts = []
+    for name, points in curves.items():
+        noise = trend_noise(points)
+        if noise is None:
+            continue
+        last_stderr = stderr.get(name, [])
+        beside = f" (binomial stderr {last_stderr[-1][1]:.3f})" if last_stderr else ""
+        parts.append(f"{name} {noise:.3f}{beside}")
+    if not parts:
+        return None
+    return (
+        f"noise: sd of the last {NOISE_EVALUATIONS} evaluations around their trend: " + ", ".join(parts)
+    )
 
 
 def divergence(
@@ -176,5 +210,8 @@ def task_views(history: RunHistory, window: int = 4, min_change: float = 0.01) -
                 "acc by construction; it is not reported"
             )
         flags += nonfinite_flags(metrics)
+        noise = noise_note(curves, stderr)
+        if noise:
+            notes.append(noise)
         views.append(TaskView(label, task_id, curves, stderr, flags, notes))
     return views

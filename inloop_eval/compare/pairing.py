@@ -1,0 +1,123 @@
+"""Two evaluations' per-document outcomes paired per task and figure, on the documents both evaluated.
+
+A side is a run directory (its `outcomes/`), an `inloop-eval evaluate --outcomes` directory, or either with
+`@<step>` (default: its latest step). Documents one side evaluated and the other did not (a changed `limit`,
+a subset) are counted and reported, never paired; tasks and figures of one side only are listed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from inloop_eval.loggers.outcomes import (
+    OutcomesError,
+    StepOutcomes,
+    list_steps,
+    outcomes_directory,
+    read_step,
+)
+from inloop_eval.metrics.icl import DocumentOutcomes
+from inloop_eval.metrics.paired import PairedResult, paired_difference
+from inloop_eval.metrics.registry import lower_is_better
+
+
+@dataclass
+class TaskComparison:
+    """One task of both sides: each figure's `PairedResult` on the `n_both` documents both evaluated.
+
+    n_only_a, n_only_b: documents only that side evaluated (left out of every figure).
+    n_nonfinite: paired documents left out of a figure because a value was not finite (figure -> count).
+    figures_only_in: figure -> "A" or "B" for figures one side lacks (not compared).
+    """
+
+    label: str
+    n_both: int
+    n_only_a: int
+    n_only_b: int
+    figures: dict[str, PairedResult] = field(default_factory=dict)
+    n_nonfinite: dict[str, int] = field(default_factory=dict)
+    figures_only_in: dict[str, str] = field(default_factory=dict)
+
+    def note(self) -> str:
+        """What the comparison left out, in words ('' when the two sides evaluated the same documents)."""
+        parts = []
+        if self.n_only_a or self.n_only_b:
+            parts.append(
+                f"compared on the {self.n_both} documents both evaluated (A alone: {self.n_only_a}, "
+                f"B alone: {self.n_only_b})"
+            )
+        parts += [f"{name}: {k} documents with a value not finite left out" for name, k in self.n_nonfinite.items()]
+        parts += [f"{name} only in {side}, not compared" for name, side in self.figures_only_in.items()]
+        return "; ".join(parts)
+
+
+@dataclass
+class Comparison:
+    """Two sides compared: their sources and steps, the tasks both hold, and those only one holds."""
+
+    a: StepOutcomes
+    b: StepOutcomes
+    tasks: dict[str, TaskComparison]
+    tasks_only_in_a: list[str]
+    tasks_only_in_b: list[str]
+
+
+def parse_side(spec: str) -> tuple[Path, int | None]:
+    """(directory, step or None) of `run` or `run@step`."""
+    head, at, tail = spec.rpartition("@")
+    if at and tail.isdigit():
+        return Path(head), int(tail)
+    return Path(spec), None
+
+
+def load_side(spec: str) -> StepOutcomes:
+    """The outcomes `spec` names: `run@step`, or `run` (its latest step); OutcomesError naming what exists."""
+    path, step = parse_side(spec)
+    steps = list_steps(outcomes_directory(path))
+    if step is None:
+        step = max(steps)
+    if step not in steps:
+        shown = ", ".join(str(s) for s in list(steps)[-10:])
+        raise OutcomesError(f"{spec}: no outcomes of step {step} in {path}; steps held: {shown}")
+    return read_step(steps[step])
+
+
+def compare_tasks(label: str, a: DocumentOutcomes, b: DocumentOutcomes) -> TaskComparison:
+    """Pair one task's documents by id and compare every figure both sides hold."""
+    both, index_a, index_b = np.intersect1d(a.doc_id, b.doc_id, assume_unique=True, return_indices=True)
+    task = TaskComparison(label, len(both), len(a.doc_id) - len(both), len(b.doc_id) - len(both))
+    for name in a.values:
+        if name not in b.values:
+            task.figures_only_in[name] = "A"
+            continue
+        a_N, b_N = a.values[name][index_a], b.values[name][index_b]
+        finite_N = np.isfinite(a_N) & np.isfinite(b_N)
+        if not finite_N.all():
+            task.n_nonfinite[name] = int((~finite_N).sum())
+        binary = name in a.binary and name in b.binary
+        task.figures[name] = paired_difference(
+            a_N[finite_N], b_N[finite_N], binary=binary, lower_is_better=lower_is_better(name)
+        )
+    task.figures_only_in.update({name: "B" for name in b.values if name not in a.values})
+    return task
+
+
+def compare_steps(a: StepOutcomes, b: StepOutcomes, figures: list[str] | None = None) -> Comparison:
+    """Every task both sides hold, paired (`compare_tasks`), in A's order; `figures` keeps only those."""
+    tasks = {}
+    for label, task_a in a.tasks.items():
+        if label in b.tasks:
+            task = compare_tasks(label, task_a, b.tasks[label])
+            if figures is not None:
+                task.figures = {name: r for name, r in task.figures.items() if name in figures}
+            tasks[label] = task
+    return Comparison(
+        a,
+        b,
+        tasks,
+        [label for label in a.tasks if label not in b.tasks],
+        [label for label in b.tasks if label not in a.tasks],
+    )
