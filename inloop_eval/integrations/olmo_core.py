@@ -61,6 +61,9 @@ class InLoopEvalCallbackConfig(CallbackConfig):
     tasks: list[str] | None = None
     """Task ids (`inloop-eval tasks` lists them; `olmo:<label>` for OLMo's labels), each evaluated with
     `limit` and `batch_tokens`."""
+    task_set: str | None = None
+    """One of OLMo-core's task sets (`full`, `full__small_compute`, `full__large_compute`, `fast`), instead of
+    `tasks`: its labels as `olmo:<label>` tasks (`task_set_ids`)."""
     config: str | None = None
     """Path of an evaluator YAML config (`configs/`), instead of `tasks`; its `eval_interval` is replaced by
     this config's."""
@@ -92,11 +95,14 @@ class InLoopEvalCallbackConfig(CallbackConfig):
 
     def __post_init__(self) -> None:
         where = "InLoopEvalCallbackConfig"
-        if (self.tasks is None) == (self.config is None):
+        if [self.tasks, self.task_set, self.config].count(None) != 2:
             raise ConfigError(
-                f"{where}: name either `tasks` (e.g. tasks=['piqa']) or `config` (an evaluator YAML file), "
-                f"found tasks={self.tasks!r}, config={self.config!r}"
+                f"{where}: name either `tasks` (e.g. tasks=['piqa']), `task_set` (one of OLMo-core's, e.g. "
+                f"'fast') or `config` (an evaluator YAML file), found tasks={self.tasks!r}, "
+                f"task_set={self.task_set!r}, config={self.config!r}"
             )
+        if self.task_set is not None:
+            task_set_ids(self.task_set)
         if self.config is not None and (
             self.limit is not None or self.batch_tokens != DEFAULT_BATCH_TOKENS or self.key_style != "inloop"
         ):
@@ -118,6 +124,12 @@ class InLoopEvalCallbackConfig(CallbackConfig):
                 f"take OLMo-core's keys), found key_style={self.key_style!r}"
             )
 
+    def task_ids(self) -> list[str]:
+        """The task ids `tasks` or `task_set` names (none with `config`)."""
+        if self.task_set is not None:
+            return task_set_ids(self.task_set)
+        return list(self.tasks or [])
+
     def evaluator_config(self, max_sequence_length: int | None) -> EvaluatorConfig:
         """The `EvaluatorConfig` this callback config describes, its `max_length` the train module's
         sequence length (a config file may only lower it)."""
@@ -131,7 +143,7 @@ class InLoopEvalCallbackConfig(CallbackConfig):
             config = EvaluatorConfig.from_dict(data, self.config)
         else:
             entries = [
-                {"task": t, "limit": self.limit, "batch_tokens": self.batch_tokens} for t in self.tasks or []
+                {"task": t, "limit": self.limit, "batch_tokens": self.batch_tokens} for t in self.task_ids()
             ]
             settings: dict[str, Any] = {
                 "eval_interval": self.eval_interval,
@@ -303,7 +315,8 @@ def with_recommended_evals(
     **callback_fields: Any,
 ) -> TrainerConfig:
     """`trainer_config.with_recommended_evals(...)` with this project's downstream callback: under OLMo-core's
-    name `downstream_evaluator`, the labels of OLMo-core's `TASK_GROUPS[task_set]` as `olmo:<label>` tasks,
+    name `downstream_evaluator`, the labels of OLMo-core's `TASK_GROUPS[task_set]` as `olmo:<label>` tasks
+    (`task_set=` in its config),
     their figures under OLMo-core's keys (`key_style="olmo_core"`), evaluated every `eval_interval` steps
     and after the last.
 
@@ -316,7 +329,7 @@ def with_recommended_evals(
     del lazy_load
     fields: dict[str, Any] = {"key_style": "olmo_core", "eval_on_finish": True, **callback_fields}
     downstream = InLoopEvalCallbackConfig(
-        tasks=task_set_ids(task_set), tokenizer=tokenizer, eval_interval=eval_interval, **fields
+        task_set=task_set, tokenizer=tokenizer, eval_interval=eval_interval, **fields
     )
     if cluster is None:
         return trainer_config.with_callback(OLMO_CORE_DOWNSTREAM_CALLBACK, downstream)

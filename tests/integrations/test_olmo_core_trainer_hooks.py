@@ -170,7 +170,8 @@ def test_with_recommended_evals_fast(data_root, monkeypatch):
     assert isinstance(downstream_config, InLoopEvalCallbackConfig) and list(config.callbacks) == [
         "downstream_evaluator"
     ]
-    labels = [task.removeprefix("olmo:") for task in downstream_config.tasks]
+    assert downstream_config.task_set == "fast"
+    labels = [task.removeprefix("olmo:") for task in downstream_config.task_ids()]
     assert len(labels) == 26 and sorted(labels) == sorted(TASK_GROUPS["fast"])
     assert (
         downstream_config.key_style,
@@ -186,6 +187,10 @@ def test_with_recommended_evals_fast(data_root, monkeypatch):
     monkeypatch.setitem(sys.modules, "olmo_core.internal.common", common)
     both = with_recommended_evals(TrainerConfig(save_folder="unused"), neox, 128, "local", task_set="fast")
     assert isinstance(both.callbacks["lm_evaluator"], LMEvaluatorCallbackConfig)
-    assert both.callbacks["downstream_evaluator"].tasks == downstream_config.tasks
+    assert both.callbacks["downstream_evaluator"].task_ids() == downstream_config.task_ids()
     with pytest.raises(ConfigError, match="task_set 'fastest' is not one of OLMo-core's task sets"):
         with_recommended_evals(TrainerConfig(save_folder="unused"), neox, task_set="fastest")
+    with pytest.raises(ConfigError, match="name either `tasks`.*`task_set`"):
+        InLoopEvalCallbackConfig(tasks=["olmo:piqa"], task_set="fast", tokenizer=neox)
+    saved = TrainerConfig.from_dict(config.as_config_dict())
+    assert saved.callbacks["downstream_evaluator"] == downstream_config
