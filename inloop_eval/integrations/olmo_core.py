@@ -5,6 +5,13 @@
         InLoopEvalCallbackConfig(tasks=["piqa", "arc_easy_rc_5shot"], tokenizer=tokenizer_config, eval_interval=1000),
     )
 
+A trainer config that already holds OLMo-core's `downstream_evaluator` swaps it in one line,
+`replace_callback(trainer_config, "downstream_evaluator", InLoopEvalCallbackConfig(...))`; OLMo-core's task
+sets are `task_set="fast"` (or `with_recommended_evals(trainer_config, tokenizer, task_set="fast")`). To
+OLMo-core the callback is an `EvaluatorCallback`: `Trainer.eval_checkpoints()` and `ModelMergeCallback` (the
+merged weights' figures under `eval/merged/...`) run it, `no_evals=True` switches it off, and the last step it
+evaluated is saved in OLMo-core's checkpoints, so a resumed run evaluates no step twice.
+
 `InLoopEvalCallbackConfig` holds plain fields only, so `TrainerConfig.with_callback`'s deep copy and the saved
 trainer config keep it whole; the evaluator is built in `build`, when the trainer exists. The callback takes
 the tokenizer from OLMo's `TokenizerConfig` (its BOS and EOS ids included), the context length from the train
