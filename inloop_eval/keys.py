@@ -23,9 +23,20 @@ DOWNSTREAM = "downstream"
 PERPLEXITY = "lm"
 # The figure every evaluator reports, set to 1, for a label whose evaluation failed.
 FAILED = "failed"
-# The cost of one evaluation, added by `run_and_log`.
-SECONDS_KEY = f"{PREFIX}/seconds"
-TOKENS_KEY = f"{PREFIX}/tokens_forwarded"
+
+
+def seconds_key(prefix: str = PREFIX) -> str:
+    """The wall time of one evaluation, added by `run_and_log`: `<prefix>/seconds`."""
+    return f"{prefix}/seconds"
+
+
+def tokens_key(prefix: str = PREFIX) -> str:
+    """The tokens one evaluation forwarded, added by `run_and_log`: `<prefix>/tokens_forwarded`."""
+    return f"{prefix}/tokens_forwarded"
+
+
+SECONDS_KEY = seconds_key()
+TOKENS_KEY = tokens_key()
 # OLMo-core's throughput metric its trainer sums the evaluation time into.
 OLMO_CORE_EVAL_TIME_KEY = "throughput/in-loop eval time (s)"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from inloop_eval.distributed import all_reduce_sum
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
+from inloop_eval.keys import PREFIX, SECONDS_KEY, TOKENS_KEY, seconds_key, tokens_key
 from inloop_eval.loggers import MetricsLogger
 
 __all__ = ["SECONDS_KEY", "TOKENS_KEY", "EvalSchedule", "run_and_log"]  # the keys as before
@@ -38,16 +38,22 @@ class EvalSchedule:
 
 
 def run_and_log(
-    evaluator: InLoopEvaluator, model: Any, step: int, logger: MetricsLogger | None = None
+    evaluator: InLoopEvaluator,
+    model: Any,
+    step: int,
+    logger: MetricsLogger | None = None,
+    *,
+    prefix: str = PREFIX,
 ) -> dict[str, float]:
-    """`evaluator.run(model, step=step)` plus `eval/seconds` (wall time of the call) and
+    """`evaluator.run(model, step=step, prefix=prefix)` plus `eval/seconds` (wall time of the call) and
     `eval/tokens_forwarded` (tokens sent through the model by all ranks, padding and dummies included), logged
     at `step`, with each task's per-document outcomes (`logger.log_outcomes`, unless the config's `outcomes`
-    is off). Every rank must call it (the evaluator and the token count sync across ranks)."""
+    is off). Every rank must call it (the evaluator and the token count sync across ranks).
+    prefix: the first part of every key (`eval`; `eval/merged` for OLMo-core's merged weights)."""
     start = time.perf_counter()
-    metrics = dict(evaluator.run(model, step=step))
-    metrics[SECONDS_KEY] = time.perf_counter() - start
-    metrics[TOKENS_KEY] = float(all_reduce_sum(evaluator.tokens_forwarded))
+    metrics = dict(evaluator.run(model, step=step, prefix=prefix))
+    metrics[seconds_key(prefix)] = time.perf_counter() - start
+    metrics[tokens_key(prefix)] = float(all_reduce_sum(evaluator.tokens_forwarded))
     if logger is not None:
         logger.log(metrics, step)
         outcomes = evaluator.outcomes()

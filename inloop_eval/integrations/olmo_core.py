@@ -5,6 +5,13 @@
         InLoopEvalCallbackConfig(tasks=["piqa", "arc_easy_rc_5shot"], tokenizer=tokenizer_config, eval_interval=1000),
     )
 
+A trainer config that already holds OLMo-core's `downstream_evaluator` swaps it in one line,
+`replace_callback(trainer_config, "downstream_evaluator", InLoopEvalCallbackConfig(...))`; OLMo-core's task
+sets are `task_set="fast"` (or `with_recommended_evals(trainer_config, tokenizer, task_set="fast")`). To
+OLMo-core the callback is an `EvaluatorCallback`: `Trainer.eval_checkpoints()` and `ModelMergeCallback` (the
+merged weights' figures under `eval/merged/...`) run it, `no_evals=True` switches it off, and the last step it
+evaluated is saved in OLMo-core's checkpoints, so a resumed run evaluates no step twice.
+
 `InLoopEvalCallbackConfig` holds plain fields only, so `TrainerConfig.with_callback`'s deep copy and the saved
 trainer config keep it whole; the evaluator is built in `build`, when the trainer exists. The callback takes
 the tokenizer from OLMo's `TokenizerConfig` (its BOS and EOS ids included), the context length from the train
@@ -16,27 +23,36 @@ OLMo-core's `throughput/in-loop eval time (s)`.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from olmo_core.data import TokenizerConfig
-from olmo_core.train.callbacks import Callback, CallbackConfig
+from olmo_core.eval.task_groups import TASK_GROUPS
+from olmo_core.train import TrainerConfig
+from olmo_core.train.callbacks import Callback, CallbackConfig, EvaluatorCallback
 from olmo_core.train.common import MetricMergeStrategy
 
 from inloop_eval.config_fields import one_of, read_config_file
 from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer, with_special_ids
 from inloop_eval.data.tokenizer_lookup import find_tokenizer_file
-from inloop_eval.errors import ConfigError
+from inloop_eval.errors import ConfigError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import EvalSchedule, run_and_log
-from inloop_eval.keys import KEY_STYLES, OLMO_CORE_EVAL_TIME_KEY, SECONDS_KEY, is_olmo_core_key
+from inloop_eval.keys import KEY_STYLES, OLMO_CORE_EVAL_TIME_KEY, PREFIX, is_olmo_core_key, seconds_key
+from inloop_eval.tasks.registry import check_task_id
 
+# The name OLMo-core's `with_recommended_evals` and experiment builder give their downstream evaluator.
+OLMO_CORE_DOWNSTREAM_CALLBACK = "downstream_evaluator"
+# Our task ids of OLMo's in-loop labels: `olmo:<label>`.
+OLMO_TASK_PREFIX = "olmo:"
 DEFAULT_BATCH_TOKENS = TaskEvalConfig.__dataclass_fields__["batch_tokens"].default
 
 
@@ -48,13 +64,16 @@ class InLoopEvalCallbackConfig(CallbackConfig):
     tasks: list[str] | None = None
     """Task ids (`inloop-eval tasks` lists them; `olmo:<label>` for OLMo's labels), each evaluated with
     `limit` and `batch_tokens`."""
+    task_set: str | None = None
+    """One of OLMo-core's task sets (`full`, `full__small_compute`, `full__large_compute`, `fast`), instead of
+    `tasks`: its labels as `olmo:<label>` tasks (`task_set_ids`)."""
     config: str | None = None
     """Path of an evaluator YAML config (`configs/`), instead of `tasks`; its `eval_interval` is replaced by
     this config's."""
     tokenizer: TokenizerConfig | None = None
-    """OLMo's tokenizer config: its `identifier` is a local tokenizer file or directory, or one that
-    `inloop-eval data fetch` materialises; its BOS and EOS ids are used as given. None: the config file's
-    `tokenizer:`."""
+    """OLMo's tokenizer config: its `identifier` is a local tokenizer file or directory, a tokenizer
+    `inloop-eval data fetch` fetched, or one in the local Hugging Face hub cache; its BOS and EOS ids are used
+    as given. None: the config file's `tokenizer:`."""
     eval_interval: int = 1000
     """Evaluate after every step divisible by this."""
     limit: int | None = None
@@ -79,11 +98,14 @@ class InLoopEvalCallbackConfig(CallbackConfig):
 
     def __post_init__(self) -> None:
         where = "InLoopEvalCallbackConfig"
-        if (self.tasks is None) == (self.config is None):
+        if [self.tasks, self.task_set, self.config].count(None) != 2:
             raise ConfigError(
-                f"{where}: name either `tasks` (e.g. tasks=['piqa']) or `config` (an evaluator YAML file), "
-                f"found tasks={self.tasks!r}, config={self.config!r}"
+                f"{where}: name either `tasks` (e.g. tasks=['piqa']), `task_set` (one of OLMo-core's, e.g. "
+                f"'fast') or `config` (an evaluator YAML file), found tasks={self.tasks!r}, "
+                f"task_set={self.task_set!r}, config={self.config!r}"
             )
+        if self.task_set is not None:
+            task_set_ids(self.task_set)
         if self.config is not None and (
             self.limit is not None or self.batch_tokens != DEFAULT_BATCH_TOKENS or self.key_style != "inloop"
         ):
@@ -105,6 +127,12 @@ class InLoopEvalCallbackConfig(CallbackConfig):
                 f"take OLMo-core's keys), found key_style={self.key_style!r}"
             )
 
+    def task_ids(self) -> list[str]:
+        """The task ids `tasks` or `task_set` names (none with `config`)."""
+        if self.task_set is not None:
+            return task_set_ids(self.task_set)
+        return list(self.tasks or [])
+
     def evaluator_config(self, max_sequence_length: int | None) -> EvaluatorConfig:
         """The `EvaluatorConfig` this callback config describes, its `max_length` the train module's
         sequence length (a config file may only lower it)."""
@@ -118,7 +146,7 @@ class InLoopEvalCallbackConfig(CallbackConfig):
             config = EvaluatorConfig.from_dict(data, self.config)
         else:
             entries = [
-                {"task": t, "limit": self.limit, "batch_tokens": self.batch_tokens} for t in self.tasks or []
+                {"task": t, "limit": self.limit, "batch_tokens": self.batch_tokens} for t in self.task_ids()
             ]
             settings: dict[str, Any] = {
                 "eval_interval": self.eval_interval,
@@ -157,13 +185,22 @@ class InLoopEvalCallbackConfig(CallbackConfig):
         )
 
 
-class InLoopEvalCallback(Callback):
+class InLoopEvalCallback(EvaluatorCallback):
     """Evaluates the train module's model after every step that `evaluator.should_run` accepts, and before
     the first / after the last step when asked; never twice at one step.
+
+    An `EvaluatorCallback` to OLMo-core: `Trainer.eval_checkpoints()` and `ModelMergeCallback` call its
+    `perform_eval` (the merged weights' figures under `eval/merged/...`), and `TrainerConfig(no_evals=True)`
+    switches it off. It evaluates in `post_train_batch` with a priority above the `CheckpointerCallback`'s,
+    so a checkpoint saved at a step knows that step's evaluation (`state_dict`): a run resumed from it never
+    evaluates that step again.
 
     autocast: the train module's autocast dtype; the evaluator's forward runs under it, as training's does.
     olmo_core_keys_only: record only the keys OLMo-core's own downstream callback would (`recorded`).
     """
+
+    # Above the CheckpointerCallback (1): this step's evaluation runs before its checkpoint is saved.
+    priority: ClassVar[int] = 2
 
     def __init__(
         self,
@@ -174,36 +211,57 @@ class InLoopEvalCallback(Callback):
         eval_on_finish: bool = False,
         olmo_core_keys_only: bool = False,
     ) -> None:
+        # OLMo-core's fields, for whatever reads them (its own `evaluators` stay empty: ours runs `evaluator`).
+        super().__init__(
+            eval_interval=evaluator.config.eval_interval,
+            eval_on_startup=eval_on_startup,
+            eval_on_finish=eval_on_finish,
+        )
         self.evaluator = evaluator
         self.olmo_core_keys_only = olmo_core_keys_only
         self.autocast = autocast
-        self.eval_on_startup = eval_on_startup
-        self.eval_on_finish = eval_on_finish
         self.schedule = EvalSchedule(evaluator)
+
+    def post_attach(self) -> None:
+        """Any train module whose `model` the evaluator can run (OLMo-core's check for transformer train
+        modules is its own evaluators' need)."""
 
     def pre_train(self) -> None:
         if self.eval_on_startup and self.schedule.due(self.step, forced=True):
-            self.evaluate()
+            self.perform_eval()
+
+    def post_train_batch(self) -> None:
+        if self.schedule.due(self.step):
+            self.perform_eval()
 
     def post_step(self) -> None:
-        if self.schedule.due(self.step):
-            self.evaluate()
+        """Nothing: the step's evaluation ran in `post_train_batch`, before its checkpoint."""
 
     def post_train(self) -> None:
         if self.eval_on_finish and self.schedule.due(self.step, forced=True):
-            self.evaluate()
+            self.perform_eval()
 
-    def evaluate(self) -> None:
-        """Run the evaluator at the trainer's step and record every figure for that step."""
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in OLMo-core's checkpoint: the last step evaluated (None: none yet)."""
+        return {"last_evaluated_step": self.schedule.last_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.schedule.last_step = state_dict.get("last_evaluated_step")
+
+    def perform_eval(self, prefix: str = PREFIX) -> None:
+        """Run the evaluator at the trainer's step and record every figure for that step, under `prefix`
+        (`eval/merged` when OLMo-core's `ModelMergeCallback` asks, as it asks its own evaluator callbacks).
+        Unconditional: the schedule is the hooks' business (`eval_checkpoints` calls this after loading a
+        checkpoint whose step was evaluated while training)."""
         step = self.step
         model = self.trainer.train_module.model
         with self.autocast_context():
-            metrics = run_and_log(self.evaluator, model, step)
+            metrics = run_and_log(self.evaluator, model, step, prefix=prefix)
         for key, value in recorded(metrics, self.olmo_core_keys_only).items():
             # Synced across ranks by the evaluator already: OLMo-core must not reduce them again.
             self.trainer.record_metric(key, value, reduce_type=None)
         self.trainer.record_metric(
-            OLMO_CORE_EVAL_TIME_KEY, metrics[SECONDS_KEY], merge_strategy=MetricMergeStrategy.sum
+            OLMO_CORE_EVAL_TIME_KEY, metrics[seconds_key(prefix)], merge_strategy=MetricMergeStrategy.sum
         )
 
     @contextlib.contextmanager
@@ -214,6 +272,78 @@ class InLoopEvalCallback(Callback):
             return
         with torch.autocast(self.trainer.device.type, dtype=self.autocast):
             yield
+
+
+def replace_callback(trainer_config: TrainerConfig, name: str, callback: Callback) -> TrainerConfig:
+    """A copy of `trainer_config` with its callback `name` replaced by `callback` (`with_callback` refuses a
+    name already taken), e.g. OLMo-core's downstream evaluator by this project's:
+
+        trainer_config = replace_callback(trainer_config, "downstream_evaluator", InLoopEvalCallbackConfig(...))
+    """
+    if name not in trainer_config.callbacks:
+        raise ConfigError(
+            f"replace_callback: the trainer config has no callback {name!r} to replace (it has "
+            f"{sorted(trainer_config.callbacks)}); add it with `trainer_config.with_callback({name!r}, ...)`"
+        )
+    out = dataclasses.replace(trainer_config, callbacks=copy.deepcopy(trainer_config.callbacks))
+    out.callbacks[name] = callback
+    return out
+
+
+def task_set_ids(task_set: str) -> list[str]:
+    """Our task ids (`olmo:<label>`, sorted) for exactly the labels of OLMo-core's `TASK_GROUPS[task_set]`
+    (`full`, `full__small_compute`, `full__large_compute`, `fast`)."""
+    if task_set not in TASK_GROUPS:
+        raise ConfigError(f"task_set {task_set!r} is not one of OLMo-core's task sets {sorted(TASK_GROUPS)}")
+    ids = sorted(f"{OLMO_TASK_PREFIX}{label}" for label in TASK_GROUPS[task_set])
+    for task_id in ids:
+        try:
+            check_task_id(task_id)
+        except UnknownTaskError as error:
+            raise ConfigError(
+                f"task_set {task_set!r}: OLMo-core's label {task_id[len(OLMO_TASK_PREFIX) :]!r} has no task "
+                f"{task_id!r} here ({error}); name the set's other labels in `tasks` instead"
+            ) from error
+    return ids
+
+
+def with_recommended_evals(
+    trainer_config: TrainerConfig,
+    tokenizer: TokenizerConfig,
+    sequence_length: int | None = None,
+    cluster: str | None = None,
+    task_set: str = "full",
+    eval_interval: int = 10_000,
+    lazy_load: bool = False,
+    **callback_fields: Any,
+) -> TrainerConfig:
+    """`trainer_config.with_recommended_evals(...)` with this project's downstream callback: under OLMo-core's
+    name `downstream_evaluator`, the labels of OLMo-core's `TASK_GROUPS[task_set]` as `olmo:<label>` tasks
+    (`task_set=` in its config),
+    their figures under OLMo-core's keys (`key_style="olmo_core"`), evaluated every `eval_interval` steps
+    and after the last.
+
+    cluster: given, the perplexity callback is OLMo-core's own (`lm_evaluator`, its validation mix for the
+    cluster at `sequence_length`, built by OLMo-core's method, which needs its `beaker` dependency);
+    None, no perplexity callback. lazy_load: accepted for OLMo-core's signature (task data is read at the first
+    evaluation anyway). callback_fields: more `InLoopEvalCallbackConfig` fields (e.g. `limit`,
+    `olmo_core_keys_only`, `data_root`).
+    """
+    del lazy_load
+    fields: dict[str, Any] = {"key_style": "olmo_core", "eval_on_finish": True, **callback_fields}
+    downstream = InLoopEvalCallbackConfig(
+        task_set=task_set, tokenizer=tokenizer, eval_interval=eval_interval, **fields
+    )
+    if cluster is None:
+        return trainer_config.with_callback(OLMO_CORE_DOWNSTREAM_CALLBACK, downstream)
+    if sequence_length is None:
+        raise ConfigError(
+            "with_recommended_evals: `sequence_length` is required with `cluster` (the validation mix)"
+        )
+    olmo = trainer_config.with_recommended_evals(
+        tokenizer, sequence_length, cluster, task_set=task_set, eval_interval=eval_interval
+    )
+    return replace_callback(olmo, OLMO_CORE_DOWNSTREAM_CALLBACK, downstream)
 
 
 def recorded(metrics: dict[str, float], olmo_core_keys_only: bool) -> dict[str, float]:

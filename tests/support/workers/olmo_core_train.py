@@ -25,7 +25,7 @@ from olmo_core.distributed.parallel import DataParallelType
 from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig
 from olmo_core.train import Duration, Trainer, TrainerConfig
-from olmo_core.train.callbacks import Callback
+from olmo_core.train.callbacks import Callback, CheckpointerCallback
 from olmo_core.train.train_module import TransformerDataParallelConfig, TransformerTrainModuleConfig
 
 from inloop_eval.integrations import SECONDS_KEY
@@ -83,11 +83,20 @@ def train(
     autocast: DType | None = None,
     steps: int = STEPS,
     tokenizer: TokenizerConfig | None = None,
+    callback: InLoopEvalCallbackConfig | None = None,
+    extra_callbacks: dict[str, Any] | None = None,
+    save_interval: int | None = None,
+    fit: bool = True,
+    **trainer_fields: Any,
 ) -> tuple[dict[str, Any], Trainer]:
     """Train the seeded tiny model for `steps` steps; returns (what OLMo-core logged, the evaluator's
     max_length per task (with the callback) and a hash of the final parameters; the trainer).
 
     tokenizer: of the model, the data and the callback; default GPT-NeoX (OLMo 1's).
+    callback: the in-loop callback's config (default `callback_config(data_root)`), under `inloop_eval`.
+    extra_callbacks: more callbacks by name. save_interval: save a checkpoint every this many steps into
+    `<work>/save` (a run with the same `work` resumes from there); None: no checkpoints.
+    fit: False builds the trainer and returns it untrained. trainer_fields: more `TrainerConfig` fields.
     """
     distributed = dist.is_initialized()
     tokenizer = tokenizer or TokenizerConfig.gpt_neox_olmo_dolma_v1_5()
@@ -110,11 +119,13 @@ def train(
         dp_config=TransformerDataParallelConfig(name=DataParallelType.ddp) if distributed else None,
     ).build(model, device=torch.device("cpu"))
     tokens = work / "tokens.npy"
+    work.mkdir(parents=True, exist_ok=True)
     dataset_config = NumpyFSLDatasetConfig(
         paths=[str(tokens)], sequence_length=SEQ_LEN, tokenizer=tokenizer, work_dir=str(work / "dataset")
     )
     if not distributed or dist.get_rank() == 0:
-        write_tokens(tokens, SEQ_LEN * GLOBAL_SEQUENCES * (steps + 2), dataset_config.get_dtype())
+        # The same file for every run up to STEPS steps, so that a longer run resumes a shorter one's data.
+        write_tokens(tokens, SEQ_LEN * GLOBAL_SEQUENCES * (max(steps, STEPS) + 2), dataset_config.get_dtype())
     if distributed:
         dist.barrier()
     dataset = dataset_config.build()
@@ -124,29 +135,43 @@ def train(
     trainer_config = TrainerConfig(
         save_folder=str(work / "save"),
         save_overwrite=True,
-        no_checkpoints=True,
+        no_checkpoints=save_interval is None,
         max_duration=Duration.steps(steps),
         metrics_collect_interval=1,
+        **trainer_fields,
     ).with_callback("collector", MetricsCollector())
+    if save_interval is not None:
+        trainer_config.callbacks["checkpointer"] = CheckpointerCallback(save_interval=save_interval)
     if with_callback:
         trainer_config = trainer_config.with_callback(
-            "inloop_eval", callback_config(data_root, tokenizer=tokenizer)
+            "inloop_eval", callback or callback_config(data_root, tokenizer=tokenizer)
         )
+    trainer_config = trainer_config.with_callbacks(extra_callbacks or {})
     trainer = trainer_config.build(train_module, loader)
+    if not fit:
+        return {}, trainer
     trainer.fit()
+    return collected(trainer), trainer
+
+
+def collected(trainer: Trainer) -> dict[str, Any]:
+    """What the collector kept of a trained (or checkpoint-evaluating) trainer, the evaluator's max_length
+    per task evaluated (with the callback) and a hash of the model's parameters."""
+    train_module = trainer.train_module
+    with_callback = "inloop_eval" in trainer.callbacks
     collector = trainer.callbacks["collector"]  # with_callback deep-copied the one passed in
     params = torch.cat([p.detach().reshape(-1).float() for p in train_module.model.parameters()])
     max_lengths = {}
     if with_callback:
         evaluator = trainer.callbacks["inloop_eval"].evaluator
-        max_lengths = {name: evaluator.detail(name).prepared.max_length for name in evaluator.evaluators}
-    result = {
+        details = {name: evaluator.detail(name) for name in evaluator.evaluators}
+        max_lengths = {name: d.prepared.max_length for name, d in details.items() if d is not None}
+    return {
         "logged": {str(step): metrics for step, metrics in sorted(collector.logged.items())},
         "evaluations": {str(step): n for step, n in sorted(collector.evaluations.items())},
         "max_lengths": max_lengths,
         "params_sha": hashlib.sha256(params.numpy().tobytes()).hexdigest(),
     }
-    return result, trainer
 
 
 def main() -> None:
