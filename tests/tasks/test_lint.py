@@ -187,10 +187,11 @@ def test_describe_shows_olmos_encoding_and_unconditional_contexts(data_root, cap
     assert "  unconditional context of choice 0: 'He'" in out
 
 
-def test_evaluating_single_choice_documents_says_their_accuracy_means_nothing(neox_tokenizer, caplog):
+def test_evaluating_single_choice_documents_says_their_accuracy_means_nothing(neox_tokenizer, caplog, monkeypatch):
     """The evaluation itself warns too: acc over documents of one choice is 1 whatever the model does."""
     docs = [doc(0, (" iron",)), doc(1, (" wood",)), doc(2, (" glass", " paper"))]
-    registry.register("lint_single_choice", lambda: ListTask("lint_single_choice", docs), replace=True)
+    # Registered for this test only: the registry is global.
+    monkeypatch.setitem(registry._FACTORIES, "lint_single_choice", lambda: ListTask("lint_single_choice", docs))
     config = EvaluatorConfig(evaluators=[{"task": "lint_single_choice", "metrics": ["acc", "ce_gold"]}])
     model = GPT(GPTConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=64))
     out = InLoopEvaluator(config, tokenizer=neox_tokenizer).run(model)
