@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from inloop_eval.keys import DOWNSTREAM, split_key
+from inloop_eval.keys import DOWNSTREAM, PREFIX, split_key
 from inloop_eval.loggers.base import CURVE_METRICS, MetricsLogger, WarnOnce, as_dict, error_kind, is_rank_zero
 
 
@@ -59,7 +59,7 @@ class WandbLogger(MetricsLogger):
             **init_kwargs,
         )
         self.run.define_metric(step_key)
-        for glob in ("eval/*", *step_globs):
+        for glob in (f"{PREFIX}/*", *step_globs):
             self.run.define_metric(glob, step_metric=step_key)
 
     @property
