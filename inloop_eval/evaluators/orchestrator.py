@@ -89,7 +89,7 @@ class InLoopEvaluator:
         for name, output in outputs.items():
             metrics.update(metric_keys(self.evaluators[name].kind, output, self.config.key_style, prefix))
         if step is not None:
-            log.info("%s", summary_line(step, metrics, self.tokens_forwarded))
+            log.info("%s", summary_line(step, metrics, self.tokens_forwarded, prefix))
         return metrics
 
     @property
@@ -140,9 +140,9 @@ def metric_keys(kind: str, output: EvalOutput, key_style: str, prefix: str = PRE
     return metrics
 
 
-def summary_line(step: int, metrics: dict[str, float], tokens_forwarded: int) -> str:
+def summary_line(step: int, metrics: dict[str, float], tokens_forwarded: int, prefix: str = PREFIX) -> str:
     """One short log line per evaluation (the figures themselves go to the loggers): how many figures, how
     many tokens this rank forwarded, and the evaluations that failed, by name."""
-    failed = failed_labels(metrics)
+    failed = failed_labels(metrics, prefix)
     line = f"step {step}: {len(metrics)} figures, {tokens_forwarded} tokens forwarded on this rank"
     return line + (f"; failed: {', '.join(failed)}" if failed else "")
