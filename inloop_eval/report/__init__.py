@@ -8,6 +8,8 @@ the order the report runs them:
   skipping and naming what it cannot read; `ReportError`.
 - `analysis`: per-task views (`task_views`): the divergence flag, length normalisation a no-op by
   construction (letter keys), failures, figures that are not finite or cover a subset of the documents.
+- `signal`: with two or more runs, signal-to-noise per task figure as "Signal and Noise" defines it
+  (`signal_to_noise`), and the tasks whose noise exceeds their signal pointed to their bpb twin.
 - `plots`: the PNGs (matplotlib, optional and imported only when drawing), labels drawn verbatim.
 - `page`: `write_report`, the HTML page and its PNGs (one file name per label; a plot that fails costs
   only that plot).
