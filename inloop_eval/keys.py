@@ -4,7 +4,8 @@ Evaluators return bare figure names per label (`acc`, `ce`, `failed`); the orche
 with `figure_key`, the way OLMo-core's evaluator callback records `f"{prefix}/{evaluator}/{figure}"`:
 
 - `inloop` style (ours): `<prefix>/<kind>/<label>/<figure>`, e.g. `eval/downstream/piqa/acc_norm`,
-  `eval/lm/c4/ppl`. No spaces, so the keys sort and filter well on W&B.
+  `eval/lm/c4/ppl`; a suite average (`suite_average:` in the config) `<prefix>/suite/<label>/centered_acc`
+  (and `_stderr`). No spaces, so the keys sort and filter well on W&B.
 - `olmo_core` style: the OLMo figures of an `olmo:<label>` task take the key OLMo-core's downstream callback
   gives them, `<prefix>/downstream/<OLMo label> (<words>)`, e.g. `eval/downstream/arc_easy (length-normalized
   accuracy)`, so that a run moving from OLMo-core continues its curves; every other figure keeps its
@@ -21,6 +22,8 @@ PREFIX = "eval"
 # The kind of each evaluator, the second part of its keys.
 DOWNSTREAM = "downstream"
 PERPLEXITY = "lm"
+# Not an evaluator: the orchestrator's averages over named tasks (`EvaluatorConfig.suite_average`).
+SUITE = "suite"
 # The figure every evaluator reports, set to 1, for a label whose evaluation failed.
 FAILED = "failed"
 
@@ -73,6 +76,12 @@ def kind_prefix(kind: str, prefix: str = PREFIX) -> str:
 def figure_key(kind: str, label: str, figure: str, prefix: str = PREFIX) -> str:
     """Our key of one figure: `<prefix>/<kind>/<label>/<figure>`, e.g. `eval/lm/c4/ppl`."""
     return f"{kind_prefix(kind, prefix)}{label}/{figure}"
+
+
+def suite_outcomes_label(label: str) -> str:
+    """The label a suite average's per-document outcomes are filed under, beside the tasks' labels (which
+    a `suite/` prefix cannot clash with: a task label has no '/' unless it is a harness file path)."""
+    return f"{SUITE}/{label}"
 
 
 def split_key(key: str, kind: str, prefix: str = PREFIX) -> tuple[str, str] | None:

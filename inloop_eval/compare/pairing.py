@@ -85,9 +85,22 @@ def load_side(spec: str) -> StepOutcomes:
     return read_step(steps[step])
 
 
+def document_keys(outcomes: DocumentOutcomes, pooled: bool) -> np.ndarray:
+    """[D] what identifies each document: its id, or `<task>\\x00<id>` when `pooled` (outcomes of several
+    tasks, such as a suite average, keyed by (task, doc_id))."""
+    if not pooled:
+        return outcomes.doc_id
+    task_D = outcomes.doc_task if outcomes.doc_task is not None else np.full(len(outcomes.doc_id), "")
+    return np.char.add(np.char.add(task_D.astype(str), "\x00"), outcomes.doc_id.astype(str))
+
+
 def compare_tasks(label: str, a: DocumentOutcomes, b: DocumentOutcomes) -> TaskComparison:
-    """Pair one task's documents by id and compare every figure both sides hold."""
-    both, index_a, index_b = np.intersect1d(a.doc_id, b.doc_id, assume_unique=True, return_indices=True)
+    """Pair one task's documents by id ((task, id) for pooled outcomes) and compare every figure both sides
+    hold."""
+    pooled = a.doc_task is not None or b.doc_task is not None
+    both, index_a, index_b = np.intersect1d(
+        document_keys(a, pooled), document_keys(b, pooled), assume_unique=True, return_indices=True
+    )
     task = TaskComparison(label, len(both), len(a.doc_id) - len(both), len(b.doc_id) - len(both))
     for name in a.values:
         if name not in b.values:

@@ -12,13 +12,46 @@ from inloop_eval.config_fields import (
     AtLeast,
     build_dataclass,
     check_fields,
+    check_label,
     one_of,
     read_config_file,
     repeated,
+    shown,
 )
 from inloop_eval.errors import ConfigError
+from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.kinds import KINDS, EntryConfig
 from inloop_eval.keys import KEY_STYLES
+from inloop_eval.metrics.registry import METRICS, canonical
+
+
+@dataclass(kw_only=True)
+class SuiteAverageConfig:
+    """An average over named tasks, each centred on its chance level (`inloop_eval.metrics.suite`), logged as
+    `eval/suite/<label>/centered_acc` with its `_stderr`, and paired by `inloop-eval compare` like any figure."""
+
+    label: str
+    """Its name in keys (`eval/suite/<label>/...`), e.g. `core`."""
+    tasks: list[str]
+    """Labels of downstream evaluators of the config (at least one); the average weighs each task alike."""
+    figure: str = "acc"
+    """The accuracy-type figure (0 or 1 per document) each task contributes, e.g. `acc` or `acc_norm`; every
+    named task must report it."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, f"suite_average {shown(self.label)}")
+        check_label(self.label, "suite_average")
+        where = f"suite_average {self.label!r}"
+        if not self.tasks:
+            raise ConfigError(f"{where}: `tasks` names no task; list the labels of the tasks to average")
+        if repeated(self.tasks):
+            raise ConfigError(f"{where}: tasks named twice: {repeated(self.tasks)}")
+        definition = METRICS.get(canonical(self.figure))
+        if definition is None or not definition.binary:
+            raise ConfigError(
+                f"{where}: figure {self.figure!r} is not an accuracy-type figure (0 or 1 per document); "
+                "use `acc`, `acc_norm` or another accuracy"
+            )
 
 
 @dataclass(kw_only=True)
@@ -52,6 +85,11 @@ class EvaluatorConfig:
     """Keep each task's per-document outcomes (the values its figures are the means of) with every
     evaluation: a logger with a run directory writes them to `<run_dir>/outcomes/step_<N>.npz`, which
     `inloop-eval compare` pairs. false: keep none."""
+    suite_average: list[SuiteAverageConfig] = field(default_factory=list)
+    """Averages over named tasks, each centred on its chance level ((acc - chance) / (1 - chance), chance
+    1 / choices per document), e.g. `suite_average: {label: core, tasks: [piqa, hellaswag, arc_easy]}` (one
+    mapping or a list of them); each is logged as `eval/suite/<label>/centered_acc` with its `_stderr`, and its
+    per-document values join the outcomes. None by default."""
     key_style: str = "inloop"
     """How metric keys are named: `inloop` (`eval/downstream/<label>/<metric>`), or `olmo_core`, where the OLMo
     figures of `olmo:<label>` tasks take the keys OLMo-core's downstream callback gives them
@@ -70,6 +108,25 @@ class EvaluatorConfig:
                     f"{kind.config_class.labels_name} must be unique across `{type_name}` evaluators; "
                     f"repeated: {duplicated} (set `label:` to tell them apart)"
                 )
+        self.check_suites()
+
+    def check_suites(self) -> None:
+        """ConfigError naming the suite and the labels when a suite names a task the config does not
+        evaluate, or two suites share a label."""
+        duplicated = repeated([suite.label for suite in self.suite_average])
+        if duplicated:
+            raise ConfigError(f"suite_average labels must be unique; repeated: {duplicated}")
+        # A config built in code may fill `evaluators` later; its suites are checked against what is there.
+        if not self.evaluators:
+            return
+        known = [label for e in self.evaluators if isinstance(e, TaskEvalConfig) for label in e.labels()]
+        for suite in self.suite_average:
+            unknown = [task for task in suite.tasks if task not in known]
+            if unknown:
+                raise ConfigError(
+                    f"suite_average {suite.label!r}: unknown task labels {unknown}; the config's downstream "
+                    f"tasks are {known}"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -77,6 +134,8 @@ class EvaluatorConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> EvaluatorConfig:
         """The config of a mapping as YAML holds it; `where` names it in errors (e.g. the file)."""
+        if isinstance(data, dict) and isinstance(data.get("suite_average"), dict):
+            data = {**data, "suite_average": [data["suite_average"]]}  # one suite: a mapping alone
         config = build_dataclass(cls, data, where)
         if not config.evaluators:
             raise ConfigError(

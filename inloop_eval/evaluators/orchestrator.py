@@ -3,7 +3,9 @@
 `InLoopEvaluator` only orchestrates: it builds one evaluator per entry of the config (`kinds.KINDS` maps each
 entry's `type:` to its class: downstream tasks, per-domain perplexity), and at each evaluation runs them in
 order on one model adapter, with training state left as it was, and names their figures' keys
-(`metric_keys`, through `inloop_eval.keys`).
+(`metric_keys`, through `inloop_eval.keys`). After them it computes the config's suite averages
+(`suite_average:`, `inloop_eval.metrics.suite`) from the tasks' per-document outcomes, which every rank holds
+after the sync, so the averages need no collective of their own.
 """
 
 from __future__ import annotations
@@ -22,8 +24,17 @@ from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.base import EvalOutput, Evaluator
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.kinds import KINDS
-from inloop_eval.keys import PREFIX, failed_labels, figure_key, olmo_core_key
+from inloop_eval.keys import (
+    FAILED,
+    PREFIX,
+    SUITE,
+    failed_labels,
+    figure_key,
+    olmo_core_key,
+    suite_outcomes_label,
+)
 from inloop_eval.metrics.icl import DocumentOutcomes
+from inloop_eval.metrics.suite import CENTERED_ACC, SuiteAverageError, suite_average
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +56,8 @@ class InLoopEvaluator:
         built = [KINDS[entry.type](entry, tokenizer=tokenizer, settings=config) for entry in config.evaluators]
         self.evaluators: dict[str, Evaluator] = {e.name: e for e in built}
         self.last_outputs: dict[str, EvalOutput] = {}
+        self.last_suites: dict[str, DocumentOutcomes] = {}
+        """Each suite average's per-document outcomes of the latest `run`, by its outcomes label."""
         self._tokens_forwarded = 0
 
     @classmethod
@@ -88,8 +101,32 @@ class InLoopEvaluator:
         metrics: dict[str, float] = {}
         for name, output in outputs.items():
             metrics.update(metric_keys(self.evaluators[name].kind, output, self.config.key_style, prefix))
+        metrics.update(self.suite_metrics(prefix))
         if step is not None:
             log.info("%s", summary_line(step, metrics, self.tokens_forwarded, prefix))
+        return metrics
+
+    def suite_metrics(self, prefix: str = PREFIX) -> dict[str, float]:
+        """Each suite average of the latest `run` under `<prefix>/suite/<label>/centered_acc` (and `_stderr`),
+        its per-document values kept in `last_suites`; `failed = 1` for a suite one of whose tasks has no
+        per-document values of its figure (the task failed), or raised when `strict`."""
+        task_outcomes = {
+            label: o for output in self.last_outputs.values() for label, o in output.outcomes.items()
+        }
+        metrics: dict[str, float] = {}
+        self.last_suites = {}
+        for suite in self.config.suite_average:
+            try:
+                average = suite_average(task_outcomes, suite.tasks, suite.figure)
+            except SuiteAverageError as exc:
+                if self.config.strict:
+                    raise
+                log.warning("suite_average %r not computed: %s", suite.label, exc)
+                metrics[figure_key(SUITE, suite.label, FAILED, prefix)] = 1.0
+                continue
+            metrics[figure_key(SUITE, suite.label, CENTERED_ACC, prefix)] = average.value
+            metrics[figure_key(SUITE, suite.label, f"{CENTERED_ACC}_stderr", prefix)] = average.stderr
+            self.last_suites[suite_outcomes_label(suite.label)] = average.outcomes
         return metrics
 
     @property
@@ -107,10 +144,12 @@ class InLoopEvaluator:
 
     def outcomes(self) -> dict[str, DocumentOutcomes]:
         """label -> per-document outcomes of each task of the latest `run` (the same on every rank), for
-        `MetricsLogger.log_outcomes`; {} when the config's `outcomes` is off. Failed tasks have none."""
+        `MetricsLogger.log_outcomes`, then each suite average's (under `keys.suite_outcomes_label`); {} when
+        the config's `outcomes` is off. Failed tasks and suites have none."""
         if not self.config.outcomes:
             return {}
-        return {label: o for output in self.last_outputs.values() for label, o in output.outcomes.items()}
+        tasks = {label: o for output in self.last_outputs.values() for label, o in output.outcomes.items()}
+        return {**tasks, **self.last_suites}
 
     def samples(self, name: str | None = None) -> list[dict[str, Any]]:
         """This rank's record of each request scored in the latest `run` (texts, loglikelihoods, greedy,

@@ -1,12 +1,15 @@
 """Per-document outcomes on disk: `<run_dir>/outcomes/step_<N>.npz`, one file per evaluation, what
 `inloop-eval compare` pairs.
 
-The format (version 1), a NumPy `.npz` archive (`np.savez_compressed`, read with `allow_pickle=False`):
-- `meta`: a 0-d string array holding JSON: `{"format": "inloop_eval.outcomes", "version": 1, "step": N,
+The format (version 2), a NumPy `.npz` archive (`np.savez_compressed`, read with `allow_pickle=False`):
+- `meta`: a 0-d string array holding JSON: `{"format": "inloop_eval.outcomes", "version": 2, "step": N,
   "tasks": [{"label": ..., "figures": [...], "binary": [...], "left_out": {figure: reason}}, ...]}`;
 - for the i-th task of `tasks`: `t<i>.doc_id` (int64, ascending), `t<i>.n_choices` (int64), and
   `t<i>.<figure>` for each of its `figures`: uint8 (0/1) for the `binary` ones, else float64. The figure
-  logged as `eval/downstream/<label>/<figure>` at step N is the mean of that array.
+  logged as `eval/downstream/<label>/<figure>` at step N is the mean of that array;
+- `t<i>.doc_task` (a string array, version 2) for outcomes pooling several tasks: a suite average, its task
+  labelled `suite/<label>` (`keys.suite_outcomes_label`), its documents keyed by (task, doc_id) and its
+  figure `centered_acc` the mean of that array (`metrics.suite`). Version 1 files have none and read alike.
 A reader refuses a file of another format or of a newer version. Figures without per-document values
 (`whole` figures such as f1, ece, ppl_gold; OLMo's figures) are named in `left_out` with the reason.
 
@@ -33,7 +36,7 @@ from inloop_eval.metrics.icl import DocumentOutcomes
 
 OUTCOMES_DIR = "outcomes"
 FORMAT = "inloop_eval.outcomes"
-VERSION = 1
+VERSION = 2
 STEP_FILE = re.compile(r"step_(\d+)\.npz")
 
 
@@ -70,6 +73,8 @@ def outcome_arrays(outcomes: Mapping[str, DocumentOutcomes], step: int) -> dict[
         )
         arrays[f"t{i}.doc_id"] = np.asarray(task.doc_id, dtype=np.int64)
         arrays[f"t{i}.n_choices"] = np.asarray(task.n_choices, dtype=np.int64)
+        if task.doc_task is not None:
+            arrays[f"t{i}.doc_task"] = np.asarray(task.doc_task, dtype=str)
         for name in figures:
             dtype = np.uint8 if name in task.binary else np.float64
             arrays[f"t{i}.{name}"] = np.asarray(task.values[name]).astype(dtype)
@@ -113,6 +118,7 @@ def read_step(path: Path) -> StepOutcomes:
             values={name: arrays[f"t{i}.{name}"].astype(np.float64) for name in task["figures"]},
             binary=frozenset(task["binary"]),
             left_out=dict(task["left_out"]),
+            doc_task=arrays.get(f"t{i}.doc_task"),
         )
     return StepOutcomes(int(meta["step"]), tasks, str(path))
 

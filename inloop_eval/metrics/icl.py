@@ -75,6 +75,8 @@ class DocumentOutcomes:
         figures: the figure is the mean of its values (0 or 1 for the figures in `binary`).
     binary: the figures whose values are 0 or 1.
     left_out: figure -> why it has no per-document values (`whole` figures, OLMo's figures).
+    doc_task: [D] the task label of each document when the outcomes pool several tasks (a suite average,
+        `metrics.suite`): documents are then keyed by (task, doc_id); None for one task's outcomes.
     """
 
     doc_id: np.ndarray
@@ -82,6 +84,7 @@ class DocumentOutcomes:
     values: dict[str, np.ndarray]
     binary: frozenset[str] = frozenset()
     left_out: dict[str, str] = field(default_factory=dict)
+    doc_task: np.ndarray | None = None
 
 
 # Why a `whole` figure has no per-document values.

@@ -8,9 +8,13 @@ the order the report runs them:
   skipping and naming what it cannot read; `ReportError`.
 - `analysis`: per-task views (`task_views`): the divergence flag, length normalisation a no-op by
   construction (letter keys), failures, figures that are not finite or cover a subset of the documents.
+- `signal`: with two or more runs, signal-to-noise per task figure as "Signal and Noise" defines it
+  (`signal_to_noise`), and the tasks whose noise exceeds their signal pointed to their bpb twin.
 - `plots`: the PNGs (matplotlib, optional and imported only when drawing), labels drawn verbatim.
 - `page`: `write_report`, the HTML page and its PNGs (one file name per label; a plot that fails costs
   only that plot).
+- `comparison`: `write_comparison`, the page of two or more runs (`inloop-eval report RUN_A RUN_B`): curves
+  of every run with bands, per step the paired verdicts on their outcomes, signal-to-noise.
 - `command`: the CLI glue (`add_arguments`, `run`, `main`).
 
 The names below are re-exported here, as `inloop_eval.report` exported them before it was split.

@@ -80,3 +80,31 @@ def plot_domain(domain: str, figures: Mapping[str, Series], path: Path) -> None:
         ax.set_title(f"{domain}: {name}", **VERBATIM)
         integer_steps(ax)
     fig.savefig(path, dpi=100)
+
+
+def plot_runs(
+    label: str,
+    curves: Mapping[str, Mapping[str, Series]],
+    stderr: Mapping[str, Mapping[str, Series]],
+    path: Path,
+) -> None:
+    """One task's figures across runs, one panel per figure, each run a line with its ±1 standard error band
+    where logged, saved as the PNG `path`.
+
+    curves: figure -> run name -> series; stderr: figure -> run name -> its standard error series.
+    """
+    fig = new_figure(figsize=(3.6 * max(1, len(curves)), 3.4))
+    axes = np.atleast_1d(fig.subplots(1, max(1, len(curves))))
+    for ax, (figure, runs) in zip(axes, curves.items(), strict=False):
+        for run, points in runs.items():
+            steps = np.array([s for s, _ in points])
+            values = np.array([v for _, v in points])
+            (line,) = ax.plot(steps, values, marker="o", markersize=3, label=run)
+            err = dict(stderr.get(figure, {}).get(run, []))
+            if err:
+                e = np.array([err.get(int(s), 0.0) for s in steps])
+                ax.fill_between(steps, values - e, values + e, alpha=0.15, color=line.get_color())
+        ax.set_title(f"{label}: {figure}", **VERBATIM)
+        integer_steps(ax)
+        verbatim_legend(ax, loc="best", fontsize="small")
+    fig.savefig(path, dpi=100)

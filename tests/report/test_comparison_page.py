@@ -1,0 +1,97 @@
+"""`inloop-eval report RUN_A RUN_B`: the page comparing runs: curves of both, paired verdicts per step,
+signal-to-noise; one run keeps its own page."""
+
+from __future__ import annotations
+
+import html
+import importlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inloop_eval.compare.pairing import compare_steps
+from inloop_eval.loggers.outcomes import OUTCOMES_DIR, read_step, step_path, write_step
+from inloop_eval.metrics.icl import DocumentOutcomes
+from inloop_eval.report.command import main
+from inloop_eval.report.comparison import write_comparison
+
+STEPS = [100, 200, 300, 400, 500, 600]
+
+
+def write_run(run: Path, level: float, seed: int, outcome_steps: list[int]) -> None:
+    """A run logging piqa's acc (with stderr) at STEPS and per-document outcomes at `outcome_steps`."""
+    rng = np.random.default_rng(seed)
+    run.mkdir()
+    rows = []
+    for i, step in enumerate(STEPS):
+        row = {"step": step, "eval/downstream/piqa/acc": level + i / 100 + (-1) ** i * 0.002}
+        row["eval/downstream/piqa/acc_stderr"] = 0.015
+        row["eval/downstream/hellaswag/acc"] = 0.3 + (-1) ** i * 0.02
+        rows.append(row)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for step in outcome_steps:
+        task = DocumentOutcomes(
+            doc_id=np.arange(400, dtype=np.int64),
+            n_choices=np.full(400, 2, dtype=np.int64),
+            values={"acc": (rng.random(400) < level).astype(np.float64)},
+            binary=frozenset({"acc"}),
+        )
+        write_step(run / OUTCOMES_DIR, {"piqa": task}, step)
+
+
+@pytest.fixture
+def runs(tmp_path) -> tuple[Path, Path]:
+    write_run(tmp_path / "seed0", 0.5, 0, [100, 200, 600])
+    write_run(tmp_path / "seed1", 0.65, 1, [200, 600])
+    return tmp_path / "seed0", tmp_path / "seed1"
+
+
+def test_the_page_shows_both_runs_and_the_verdicts_of_the_steps_both_evaluated(runs, tmp_path):
+    importlib.import_module("matplotlib")
+    a, b = runs
+    page = write_comparison([a, b], tmp_path / "out").read_text()
+    images = re.findall(r"<img src='([^']+)'", page)
+    assert images == ["runs_hellaswag.png", "runs_piqa.png"]
+    assert all((tmp_path / "out" / name).stat().st_size > 1000 for name in images)
+    card = re.search(r"id='task-piqa'>(.*?)</div>", page, re.S).group(1)
+    header = re.findall(r"<th>(\d+)</th>", card)
+    assert header == ["200", "600"]  # step 100 has outcomes in A only
+    for step in (200, 600):
+        expected = (
+            compare_steps(
+                read_step(step_path(a / OUTCOMES_DIR, step)), read_step(step_path(b / OUTCOMES_DIR, step))
+            )
+            .tasks["piqa"]
+            .figures["acc"]
+        )
+        assert html.escape(f"{expected.diff:+.3f} ({expected.verdict}, n 400)") in card
+    assert "B better" in card
+    hellaswag = re.search(r"id='task-hellaswag'>(.*?)</div>", page, re.S).group(1)
+    assert "no paired verdicts" in hellaswag
+
+
+def test_signal_and_noise_flags_the_task_within_its_noise(runs, tmp_path):
+    page = write_comparison(list(runs), tmp_path / "out").read_text()
+    assert "<h2>Signal and noise</h2>" in page
+    assert re.search(r"<tr class='flag'><td class='l'>hellaswag</td><td class='l'>acc</td>", page)
+    assert not re.search(r"<tr class='flag'><td class='l'>piqa</td>", page)
+    assert "noise exceeds signal on acc; log its bits-per-byte twin" in page
+
+
+def test_runs_without_outcomes_have_curves_and_say_why_there_are_no_verdicts(tmp_path):
+    write_run(tmp_path / "a", 0.5, 0, [])
+    write_run(tmp_path / "b", 0.6, 1, [])
+    page = write_comparison([tmp_path / "a", tmp_path / "b"], tmp_path / "out").read_text()
+    assert "no paired verdicts" in page and "no per-document outcomes" in page
+
+
+def test_the_command_writes_one_page_per_run_or_one_comparing_them(runs, capsys):
+    a, b = runs
+    assert main([str(a)]) == 0
+    assert (a / "report" / "index.html").is_file()
+    assert main([str(a), str(b)]) == 0
+    assert (a / "comparison" / "index.html").is_file()
+    assert "comparison/index.html" in capsys.readouterr().out
