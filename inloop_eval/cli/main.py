@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=demo_run.run)
 
     report = sub.add_parser(
-        "report", help="HTML page of a run: acc / acc_norm / acc_pmi per task, perplexity per domain, flags"
+        "report", help="HTML page of a run (acc / acc_norm / acc_pmi per task, perplexity per domain, flags), or of several runs compared"
     )
     report_run.add_arguments(report)
     report.set_defaults(func=report_run.run)
