@@ -26,6 +26,14 @@ whose file is missing on one node), `agree_failures` all-reduces one failure fla
 every rank shares, so that every rank drops the same items before planning any work. A rank that raised for
 an item still joins that all-reduce; with `strict`, every rank then raises and `TaskAgreement.failure_agreed`
 keeps `report_failure` from joining a point the others will not reach.
+
+Data parallelism. Documents are shared out, and metrics reduced, over the *data-parallel group* of the
+evaluation (`data_parallel`), which is the world unless `InLoopEvaluator.run` was given one
+(`evaluating_over`). The ranks of one model-parallel group (tensor, context, pipeline parallel peers) share
+a data-parallel rank, so they are handed the same documents, plan the same batches and make the same forward
+calls, as their model's collectives require. Failure agreement, the request cache and the forward-call
+count stay world-wide: a failure on any rank stops every rank, and every rank of the world makes as many
+forward calls as the busiest (dummy batches pad the others), so no model-parallel group is left waiting.
 """
 
 from __future__ import annotations
@@ -33,12 +41,16 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar, overload
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, TypeVar, overload
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
+from torch.distributed.device_mesh import DeviceMesh
 
-from inloop_eval.errors import InLoopEvalError
+from inloop_eval.errors import ConfigError, InLoopEvalError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +66,123 @@ def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
     return 1, 0
+
+
+# Mesh dimension names that are data parallel (torchtitan's and OLMo-core's); any other dimension of more
+# than one rank ("tp", "cp", "pp", "ep", torchtitan's "dp_shard_cp") splits the model or the sequence.
+DATA_PARALLEL_DIMS = ("dp", "dp_replicate", "dp_shard")
+
+_data_parallel_group: ContextVar[ProcessGroup | None] = ContextVar("data_parallel_group", default=None)
+
+
+def data_parallel() -> tuple[int, int]:
+    """(size, rank) of this rank's data-parallel group in the current evaluation: the group given to
+    `evaluating_over`, else the world; (1, 0) outside torch.distributed."""
+    return data_parallel_in(_data_parallel_group.get())
+
+
+def data_parallel_group() -> ProcessGroup | None:
+    """The current evaluation's data-parallel group; None for the world (torch's default group)."""
+    return _data_parallel_group.get()
+
+
+@contextmanager
+def evaluating_over(group: ProcessGroup | None) -> Iterator[None]:
+    """Within the block, documents are sharded and metrics reduced over `group` (None: the world)."""
+    token = _data_parallel_group.set(group)
+    try:
+        yield
+    finally:
+        _data_parallel_group.reset(token)
+
+
+def resolve_data_parallel(dp: ProcessGroup | DeviceMesh | None) -> ProcessGroup | None:
+    """The process group of `dp`: a group as is; a one-dimensional mesh's group; the data-parallel dimensions
+    of a larger mesh (named as in DATA_PARALLEL_DIMS: "dp", or "dp_replicate" and "dp_shard", flattened into
+    one group). None stays None (the world). Every rank calls it (flattening a mesh creates a group)."""
+    if dp is None or isinstance(dp, ProcessGroup):
+        return dp
+    if not isinstance(dp, DeviceMesh):
+        raise ConfigError(
+            f"dp_group: expected a torch.distributed ProcessGroup or DeviceMesh, found {type(dp).__name__}"
+        )
+    if dp.ndim == 1:
+        return dp.get_group()
+    names = tuple(n for n in (dp.mesh_dim_names or ()) if n in DATA_PARALLEL_DIMS)
+    if "dp" in names:
+        names = ("dp",)
+    if not names:
+        raise ConfigError(
+            f"dp_group: the device mesh {dp.mesh_dim_names} has no data-parallel dimension (named one of "
+            f"{DATA_PARALLEL_DIMS}); pass the data-parallel submesh (e.g. mesh['dp']) or its process group"
+        )
+    if len(names) == 1:
+        return dp[names[0]].get_group()
+    return dp[names]._flatten("_".join(names) + "_eval").get_group()
+
+
+def model_parallel_dims(module: Any) -> list[tuple[DeviceMesh, int]]:
+    """The (mesh, dimension) pairs, of more than one rank, that split `module`'s DTensor parameters by model
+    rather than by data: every named dimension outside DATA_PARALLEL_DIMS, and every dimension of an unnamed
+    mesh of more than one dimension (a one-dimensional unnamed mesh is FSDP's default, data parallel)."""
+    found: dict[tuple[int, int], tuple[DeviceMesh, int]] = {}
+    for param in module.parameters() if isinstance(module, torch.nn.Module) else ():
+        mesh = getattr(param, "device_mesh", None)
+        if not isinstance(mesh, DeviceMesh):
+            continue
+        names = mesh.mesh_dim_names
+        for dim in range(mesh.ndim):
+            named_model = names is not None and names[dim] not in DATA_PARALLEL_DIMS
+            if mesh.size(dim) > 1 and (named_model or (names is None and mesh.ndim > 1)):
+                found.setdefault((id(mesh), dim), (mesh, dim))
+    return list(found.values())
+
+
+def check_data_parallel(module: Any, group: ProcessGroup | None) -> None:
+    """ConfigError on every rank unless documents can be sharded over `group` (None: the world) for the model
+    `module`: when its DTensor parameters live on a mesh with a model-parallel dimension, a group must be
+    given, and the ranks of each model-parallel group must share their rank in it (so they are handed the
+    same documents). One all-reduce per such dimension, and one world-wide, on every rank (each holds the
+    same model structure)."""
+    dims = model_parallel_dims(module)
+    if not dims:
+        return
+    if group is None:
+        mesh, dim = dims[0]
+        raise ConfigError(
+            f"evaluator: the model's parameters are DTensors on a mesh with the model-parallel dimension "
+            f"{_dim_name(mesh, dim)!r} of {mesh.size(dim)} ranks, and no data-parallel group was given: "
+            "sharding documents over the whole world would hand its peers different documents. Pass "
+            "dp_group= to InLoopEvaluator.run (the data-parallel ProcessGroup, or the DeviceMesh with "
+            "dimensions named 'dp' or 'dp_replicate'/'dp_shard')"
+        )
+    _, dp_rank = data_parallel_in(group)
+    split: list[str] = []
+    for mesh, dim in dims:
+        spread = torch.tensor([dp_rank, -dp_rank], dtype=torch.int64, device=_device())
+        dist.all_reduce(spread, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+        if int(spread[0]) != -int(spread[1]):
+            split.append(_dim_name(mesh, dim))
+    if all_reduce_max(int(bool(split))):
+        named = split or [_dim_name(mesh, dim) for mesh, dim in dims]  # split on another rank only
+        raise ConfigError(
+            f"evaluator: dp_group splits the peers of the model-parallel dimension {named} across "
+            "data-parallel ranks (they would score different documents and their model's collectives "
+            "would not match); pass the data-parallel group, which holds one rank of each model-parallel "
+            "group"
+        )
+
+
+def _dim_name(mesh: DeviceMesh, dim: int) -> str:
+    names = mesh.mesh_dim_names
+    return names[dim] if names else f"dim {dim}"
+
+
+def data_parallel_in(group: ProcessGroup | None) -> tuple[int, int]:
+    """(size, rank) of this rank in `group` (None: the world)."""
+    if group is None:
+        return world()
+    return dist.get_world_size(group), dist.get_rank(group)
 
 
 def _device() -> torch.device:

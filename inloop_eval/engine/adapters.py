@@ -17,7 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
+from inloop_eval.engine.vocab_parallel import select_rows
 from inloop_eval.errors import ConfigError, ModelOutputError
 
 Head = Callable[[Tensor], Tensor]
@@ -86,7 +88,8 @@ def _identity(x: Tensor) -> Tensor:
 
 
 class LogitsAdapter(ModelAdapter):
-    """Any module or callable mapping input_ids [B, T] to logits [B, T, V] (or an object with `.logits`).
+    """Any module or callable mapping input_ids [B, T] to logits [B, T, V] (or an object with `.logits`), or
+    to a DTensor of them sharded on the vocabulary (a tensor-parallel head, scored without gathering it).
     A module's vocabulary is the size of its input embedding (`input_embedding_rows`); a plain callable's
     is unknown, and `probe_vocab_size` measures its logits instead."""
 
@@ -105,6 +108,8 @@ class LogitsAdapter(ModelAdapter):
     ) -> tuple[Tensor, Head]:
         out = self.model(input_ids_BT)
         logits_BTV = getattr(out, "logits", out)
+        if isinstance(logits_BTV, DTensor) and tuple(logits_BTV.shape[:2]) == tuple(input_ids_BT.shape):
+            return select_rows(logits_BTV, rows_N, cols_N)
         if (
             not isinstance(logits_BTV, Tensor)
             or logits_BTV.dim() != 3

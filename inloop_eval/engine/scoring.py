@@ -2,6 +2,7 @@
 
 The vocabulary projection and the log-softmax run on the selected positions only, a bounded number of
 them at a time, so peak memory grows with neither the sequence length nor the batch times the vocabulary.
+A head whose logits are a DTensor sharded on the vocabulary is scored slice by slice (`vocab_parallel`).
 Legend: N continuation tokens in a batch, U distinct positions predicting them, X feature width (hidden
 size, or V for logits), V vocabulary, C positions of one head chunk, M targets of a chunk, P pairs scored,
 B rows, T time.
@@ -15,9 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from inloop_eval.engine.adapters import ModelAdapter
 from inloop_eval.engine.batching import Batch, attention_mask_B1TT
+from inloop_eval.engine.vocab_parallel import VocabShard, sharded_logprobs, vocab_shard
 from inloop_eval.errors import ModelOutputError
 
 # Float32 logits materialised at once (positions x vocabulary): 16 Mi elements, 64 MiB.
@@ -130,6 +133,11 @@ def token_logprobs(
         logits_CV, owned = _project(head, linear, features_UX[start : start + chunk], workspace)
         picked = order_N[bounds[c] : bounds[c + 1]]
         local_M, target_M = sorted_pos_N[bounds[c] : bounds[c + 1]] - start, target_N[picked]
+        if isinstance(logits_CV, DTensor):  # a tensor-parallel head: this rank's slice of the vocabulary
+            logits_CV = vocab_shard(logits_CV)
+            if isinstance(logits_CV, VocabShard):
+                logp_N[picked], greedy_N[picked] = sharded_logprobs(logits_CV, local_M, target_M)
+                continue
         logit_M = logits_CV[local_M, target_M]
         max_C = logits_CV.amax(dim=-1)
         greedy_N[picked] = _is_argmax(logits_CV, max_C, local_M, target_M, logit_M)

@@ -19,7 +19,7 @@ import torch
 
 from inloop_eval.config_fields import AtLeast, check_fields, check_label, shown
 from inloop_eval.data.tokenizer import TokenizerLike
-from inloop_eval.distributed import TaskAgreement, world
+from inloop_eval.distributed import TaskAgreement, data_parallel, data_parallel_group, world
 from inloop_eval.engine.adapters import ModelAdapter, probe_vocab_size
 from inloop_eval.engine.batching import Batch, equalize_forward_calls, plan_batches
 from inloop_eval.engine.scoring import PairScores, run_batches
@@ -106,7 +106,7 @@ class PreparedTask:
     dataset: ICLMultiChoiceTaskDataset
     # Evaluated documents given fewer few-shot examples than asked (see `tasks.fewshot`); None: zero-shot.
     n_fewshot_short_docs: int | None = None
-    # This rank's batches by (world size, rank, packing, pad_to_multiple): planned once, reused.
+    # This rank's batches by (data-parallel size, rank, packing, pad_to_multiple): planned once, reused.
     plans: dict[tuple[int, int, bool, int], list[Batch]] = field(default_factory=dict)
 
 
@@ -221,7 +221,9 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
             progress=progress,
             min_vocab=min_vocab,
         )
-        metric = ICLMetric(prepared.metrics, prepared.task.olmo_metric_type).to(adapter.device)
+        metric = ICLMetric(
+            prepared.metrics, prepared.task.olmo_metric_type, process_group=data_parallel_group()
+        ).to(adapter.device)
         update_metric(metric, prepared.table, rows, uncond_ids, scores)
         agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
         result = TaskResult(metric.compute(), rows, uncond_ids, scores, prepared)
@@ -309,9 +311,9 @@ def count_short_fewshot(
 
 
 def plan(adapter: ModelAdapter, prepared: PreparedTask, pair_ids: np.ndarray) -> list[Batch]:
-    """This rank's batches for `pair_ids` (its share, which world size and rank decide), planned at the
-    task's first evaluation and reused by the later ones (planning a large task takes a CPU-second)."""
-    key = (*world(), adapter.supports_packing, adapter.pad_to_multiple)
+    """This rank's batches for `pair_ids` (its share, which the data-parallel size and rank decide), planned
+    at the task's first evaluation and reused by the later ones (planning a large task takes a CPU-second)."""
+    key = (*data_parallel(), adapter.supports_packing, adapter.pad_to_multiple)
     if key not in prepared.plans:
         prepared.plans[key] = plan_batches(
             prepared.pairs,
@@ -325,11 +327,12 @@ def plan(adapter: ModelAdapter, prepared: PreparedTask, pair_ids: np.ndarray) ->
 
 
 def assign_work(prepared: PreparedTask) -> tuple[np.ndarray, np.ndarray]:
-    """This rank's request rows (its documents, by the DistributedSampler) and unconditional pairs (every
-    world_size-th of those the evaluated documents need)."""
-    world_size, rank = world()
-    rows = rank_rows(prepared.dataset, shard_documents(prepared.dataset, world_size, rank))
-    uncond_ids = prepared.dataset.uncond_ids()[rank::world_size]
+    """This rank's request rows (its documents, by the DistributedSampler over the data-parallel group) and
+    unconditional pairs (every dp_size-th of those the evaluated documents need); the ranks of one
+    model-parallel group get the same."""
+    dp_size, dp_rank = data_parallel()
+    rows = rank_rows(prepared.dataset, shard_documents(prepared.dataset, dp_size, dp_rank))
+    uncond_ids = prepared.dataset.uncond_ids()[dp_rank::dp_size]
     return rows, uncond_ids
 
 

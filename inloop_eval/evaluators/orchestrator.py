@@ -16,8 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed import ProcessGroup
+from torch.distributed.device_mesh import DeviceMesh
 
 from inloop_eval.data.tokenizer import TokenizerLike, load_tokenizer
+from inloop_eval.distributed import check_data_parallel, evaluating_over, resolve_data_parallel
 from inloop_eval.engine.adapters import make_adapter
 from inloop_eval.engine.training_state import training_untouched
 from inloop_eval.errors import ConfigError
@@ -74,6 +77,7 @@ class InLoopEvaluator:
         progress: Callable[[int], None] | None = None,
         *,
         prefix: str = PREFIX,
+        dp_group: ProcessGroup | DeviceMesh | None = None,
     ) -> dict[str, float]:
         """Run every evaluator; returns their figures under their keys, in the config's order
         (`eval/downstream/...`, `eval/lm/...`).
@@ -82,15 +86,23 @@ class InLoopEvaluator:
         as it was (`training_untouched`), and `compiler_reset` drops torch.compile's graphs afterwards.
         step: logged with the figures. progress: called with the requests of each batch scored.
         prefix: the first part of every key (`eval`; e.g. `eval/merged` for merged weights).
+        dp_group: the data-parallel group, over which documents are sharded and metrics reduced, when the
+            model is split across ranks (tensor, context or pipeline parallel): its ProcessGroup (OLMo-core's
+            `train_module.dp_process_group`), or a DeviceMesh (its dimensions named "dp", or
+            "dp_replicate"/"dp_shard"; or a one-dimensional data-parallel submesh). None: the whole world,
+            every rank a data-parallel replica (DDP, FSDP); refused (ConfigError) for a model with DTensor
+            parameters on a model-parallel mesh dimension. Failures are still agreed world-wide.
         """
+        group = resolve_data_parallel(dp_group)
         adapter = make_adapter(model, self.config.max_length)
+        check_data_parallel(adapter.model, group)
         if self.config.pad_to_multiple > 1:
             adapter.pad_to_multiple = self.config.pad_to_multiple
         outputs: dict[str, EvalOutput] = {}
         # An adapter passed in keeps its counts across runs: this run's tokens are the difference.
         tokens_before = adapter.tokens_probed + adapter.tokens_scored
         try:
-            with training_untouched(adapter.model):
+            with training_untouched(adapter.model), evaluating_over(group):
                 for name, evaluator in self.evaluators.items():
                     outputs[name] = evaluator.run(adapter, strict=self.config.strict, progress=progress)
         finally:

@@ -25,7 +25,7 @@ from inloop_eval.data.perplexity.loading import load_domains
 from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
 from inloop_eval.data.root import home
 from inloop_eval.data.tokenizer import TokenizerLike
-from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, world
+from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, data_parallel, data_parallel_group
 from inloop_eval.engine.adapters import ModelAdapter, probe_vocab_size
 from inloop_eval.engine.batching import Batch, equalize_forward_calls
 from inloop_eval.engine.scoring import run_batches
@@ -233,7 +233,7 @@ def domain_figures(
     for d, domain in enumerate(domains):
         mine = shard.domain_S == d
         seqs = shard.seq_S[mine]
-        metric = PerplexityMetric().to(adapter.device)
+        metric = PerplexityMetric(process_group=data_parallel_group()).to(adapter.device)
         metric.update(
             torch.from_numpy(nll_S[mine]),
             torch.from_numpy(domain.length_S[seqs] - 1),
@@ -278,12 +278,13 @@ def usable_domains(
 
 def assign_work(domains: list[DomainSet]) -> Shard:
     """Every label's sequences in one list sorted by length (longest first, stable), dealt out to the ranks
-    in turn: each sequence to exactly one rank, none repeated, similar lengths on every rank."""
-    world_size, rank = world()
+    in turn (over the data-parallel group; the ranks of one model-parallel group get the same): each
+    sequence to exactly one data-parallel rank, none repeated, similar lengths on every rank."""
+    dp_size, dp_rank = data_parallel()
     domain_G = np.concatenate([np.full(len(d), i, dtype=np.int64) for i, d in enumerate(domains)] or [[]])
     seq_G = np.concatenate([np.arange(len(d), dtype=np.int64) for d in domains] or [[]])
     length_G = np.concatenate([d.length_S for d in domains] or [[]])
-    mine = np.argsort(-length_G, kind="stable")[rank::world_size]
+    mine = np.argsort(-length_G, kind="stable")[dp_rank::dp_size]
     return Shard(domain_G[mine].astype(np.int64), seq_G[mine].astype(np.int64))
 
 

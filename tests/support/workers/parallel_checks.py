@@ -1,0 +1,177 @@
+"""Checks of the evaluator with a data-parallel group and a tensor-parallel model, run by torchrun (or
+in-process for world size 1, the reference).
+
+    torchrun --nproc_per_node N tests/support/workers/parallel_checks.py --data-root DIR --out DIR --checks a,b
+
+Every rank writes `<out>/rank<r>.json`: check name -> JSON-able result; tests/engine/test_parallelism.py
+compares them with one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import inloop_eval.engine.scoring as scoring_module
+from inloop_eval.distributed import world
+from inloop_eval.engine.adapters import LogitsAdapter
+from inloop_eval.errors import ConfigError
+from inloop_eval.models.gpt import GPT, GPTConfig
+from workers.dist_checks import Context, per_rank, tiny_gpt
+
+MAX_LENGTH = 512
+GPT_VOCAB = GPTConfig.vocab_size
+# A ranked-classification task, a letter-key task (every choice a token at one position) and PMI (with
+# unconditional requests); limits no world size divides evenly.
+TASKS: list[dict[str, Any]] = [
+    {"task": "copa", "limit": 13, "batch_tokens": 96},
+    {"task": "mmlu_mc", "limit": 10, "batch_tokens": 256},
+    {"task": "arc_easy", "limit": 11, "batch_tokens": 160, "metrics": ["acc", "acc_norm", "acc_pmi"]},
+]
+
+
+def samples(ev: Any) -> list[dict[str, Any]]:
+    """This rank's per-request scores: (task, doc, choice) -> loglikelihood, greedy flag."""
+    return [
+        {k: s[k] for k in ("task", "doc_id", "cont_id", "ll", "ll_uncond", "is_greedy")} for s in ev.samples()
+    ]
+
+
+def rows(ev: Any) -> dict[str, list[int]]:
+    """The request rows this rank scored, per task."""
+    return {name: ev.detail(name).rows.tolist() for name in ev.evaluators}
+
+
+def check_layouts(ctx: Context) -> dict[str, Any]:
+    """The (dp, tp) splits of the world (tp = 2 at world size 4, tp = 1 and 2 at 2) with a replicated model,
+    the groups given as a mesh; at world size 4 also as the data-parallel ProcessGroup. World size 1: the
+    reference, no group."""
+    world_size = ctx.world_size
+    if world_size == 1:
+        return {"reference": {"metrics": ctx.evaluator(TASKS, strict=True).run(tiny_gpt())}}
+    out: dict[str, Any] = {}
+    for tp in (1, 2) if world_size == 2 else (2,):
+        mesh = init_device_mesh("cpu", (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+        ev = ctx.evaluator(TASKS, strict=True)
+        metrics = ev.run(tiny_gpt(), dp_group=mesh)
+        out[f"dp{world_size // tp}xtp{tp}"] = {"metrics": metrics, "rows": per_rank(rows(ev))}
+        if world_size == 4:
+            group = mesh["dp"].get_group()
+            out[f"dp{world_size // tp}xtp{tp}_group"] = {
+                "metrics": ctx.evaluator(TASKS, strict=True).run(tiny_gpt(), dp_group=group)
+            }
+    return out
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class LargestTensor(TorchDispatchMode):
+    """The most elements of any tensor an op allocates while active: outputs that are views of an input
+    (a transposed weight) allocate nothing; a DTensor counts its local shard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = tree_leaves((args, kwargs))
+        storages = {_local(t).untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and _local(t).untyped_storage().data_ptr() not in storages:
+                self.largest = max(self.largest, _local(t).numel())
+        return out
+
+
+def recording_scoring(record: list[dict[str, int]]) -> Callable[..., Any]:
+    """`token_logprobs` recording, per call, the largest tensor it allocates and the [U, V/TP] bound."""
+    inner = scoring_module.token_logprobs
+
+    def token_logprobs(features_UX: torch.Tensor, head: Any, *args: Any, **kwargs: Any) -> Any:
+        mode = LargestTensor()
+        with mode:
+            result = inner(features_UX, head, *args, **kwargs)
+        tp = dist.get_world_size() if dist.is_initialized() else 1
+        bound = features_UX.shape[0] * -(-GPT_VOCAB // tp)
+        record.append({"largest": mode.largest, "bound": bound, "positions": int(features_UX.shape[0])})
+        return result
+
+    return token_logprobs
+
+
+def tensor_parallel_gpt(mesh: Any) -> GPT:
+    """The tiny GPT with its output head split over the vocabulary, torchtitan's way."""
+    model = tiny_gpt()
+    plan = {"lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+    return parallelize_module(model, mesh, plan)
+
+
+def check_vocab_tp(ctx: Context) -> dict[str, Any]:
+    """The GPT with a vocabulary-sharded head over the whole world (one data-parallel rank), through its
+    hidden states and through full-model logits (a DTensor [B, T, V]); the reference at world size 1 is the
+    plain GPT. Then the refusals: no data-parallel group, and the world as one."""
+    out: dict[str, Any] = {}
+    world_size = ctx.world_size
+    mesh = init_device_mesh("cpu", (1, world_size), mesh_dim_names=("dp", "tp")) if world_size > 1 else None
+    model = tensor_parallel_gpt(mesh["tp"]) if mesh is not None else tiny_gpt()
+    for path, wrap in (("hidden", lambda m: m), ("logits", lambda m: LogitsAdapter(m, MAX_LENGTH))):
+        record: list[dict[str, int]] = []
+        original = scoring_module.token_logprobs
+        scoring_module.token_logprobs = recording_scoring(record)
+        try:
+            ev = ctx.evaluator(TASKS, strict=True)
+            metrics = ev.run(wrap(model), dp_group=mesh)
+        finally:
+            scoring_module.token_logprobs = original
+        out[path] = {"metrics": metrics, "samples": samples(ev), "memory": record}
+    if mesh is not None:
+        for name, group in (("no_group", None), ("world_group", dist.group.WORLD)):
+            try:
+                ctx.evaluator(TASKS[:1], strict=True).run(model, dp_group=group)
+                out[name] = "ran"
+            except ConfigError as exc:
+                out[name] = str(exc)
+    return out
+
+
+CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {"layouts": check_layouts, "vocab_tp": check_vocab_tp}
+
+
+def run_checks(names: list[str], data_root: Path) -> dict[str, Any]:
+    ctx = Context(data_root)
+    return {name: CHECKS[name](ctx) for name in names}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data-root", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--checks", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    try:
+        results = run_checks(args.checks.split(","), Path(args.data_root))
+        (Path(args.out) / f"rank{world()[1]}.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
