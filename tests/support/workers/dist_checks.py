@@ -9,13 +9,10 @@ matches fails the run instead of hanging it.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +34,7 @@ from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests.cache import cache_dir, load_table, save_table
 from inloop_eval.requests.table import build_requests
 from inloop_eval.tasks import get_task, load_docs
+from workers.launch import checks_main
 
 MAX_LENGTH = 512
 # Real tasks; limits that no world size divides evenly, a task with fewer documents than ranks, small
@@ -365,25 +363,13 @@ CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {
 
 
 def run_checks(names: list[str], data_root: Path) -> dict[str, Any]:
+    """The checks `names` on one context, in this process (world size 1 runs them without torchrun)."""
     ctx = Context(data_root)
     return {name: CHECKS[name](ctx) for name in names}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data-root", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--checks", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    try:
-        results = run_checks(args.checks.split(","), Path(args.data_root))
-        out = Path(args.out) / f"rank{dist.get_rank()}.json"
-        out.write_text(json.dumps(results, indent=1, sort_keys=True))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    checks_main(CHECKS, Context)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,20 @@ whole process tree, so a hang fails the test instead of hanging CI."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -64,3 +71,22 @@ def torchrun(
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1"]
     cmd += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", *args]
     return run_with_timeout(cmd, timeout=timeout, env=env or worker_env())
+
+
+def checks_main(checks: Mapping[str, Callable[[Any], Any]], make_context: Callable[[Path], Any]) -> None:
+    """The body of a torchrun worker script: `--data-root DIR --out DIR --checks a,b`; runs each named check
+    on one context over gloo and writes `<out>/rank<r>.json` (check name -> its JSON-able result)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data-root", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--checks", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    try:
+        ctx = make_context(Path(args.data_root))
+        results = {name: checks[name](ctx) for name in args.checks.split(",")}
+        (Path(args.out) / f"rank{dist.get_rank()}.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -9,10 +9,7 @@ compares them with one process.
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +22,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import inloop_eval.engine.scoring as scoring_module
-from inloop_eval.distributed import world
 from inloop_eval.engine.adapters import LogitsAdapter
 from inloop_eval.errors import ConfigError
 from inloop_eval.models.gpt import GPT, GPTConfig
 from workers.dist_checks import Context, per_rank, tiny_gpt
+from workers.launch import checks_main
 
 MAX_LENGTH = 512
 GPT_VOCAB = GPTConfig.vocab_size
@@ -153,24 +150,13 @@ CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {"layouts": check_layou
 
 
 def run_checks(names: list[str], data_root: Path) -> dict[str, Any]:
+    """The checks `names` on one context, in this process (world size 1 runs them without torchrun)."""
     ctx = Context(data_root)
     return {name: CHECKS[name](ctx) for name in names}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data-root", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--checks", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    try:
-        results = run_checks(args.checks.split(","), Path(args.data_root))
-        (Path(args.out) / f"rank{world()[1]}.json").write_text(json.dumps(results, indent=1, sort_keys=True))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    checks_main(CHECKS, Context)
 
 
 if __name__ == "__main__":
