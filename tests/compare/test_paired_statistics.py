@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats  # a dev dependency (pyproject.toml), the reference only
 
 from inloop_eval.metrics.paired import (
     A_BETTER,
@@ -16,8 +17,6 @@ from inloop_eval.metrics.paired import (
     exact_mcnemar_p,
     paired_difference,
 )
-
-stats = pytest.importorskip("scipy.stats")  # a dev dependency (pyproject.toml), the reference only
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 40, 301])
