@@ -64,7 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("evaluate", help="evaluate a saved Hugging Face model on tasks (torchrun-aware)")
     ev.add_argument("--model", required=True, help="Hugging Face model directory (AutoModelForCausalLM)")
-    ev.add_argument("--tokenizer", help="tokenizers JSON file or HF tokenizer directory (default: --model)")
+    ev.add_argument(
+        "--tokenizer",
+        help="tokenizers JSON file, HF tokenizer directory, or a repository fetched or in the local HF hub "
+        "cache (default: --model)",
+    )
     ev.add_argument("--tasks", help="comma-separated task ids (see `inloop-eval tasks`)")
     ev.add_argument("--config", help="YAML evaluator config; --tasks, --limit and --batch-tokens override it")
     ev.add_argument("--limit", type=int, help="first N documents of each task")
@@ -139,7 +143,9 @@ def add_make_lm_parser(data_sub: Any) -> None:
     make_lm.add_argument(
         "--oe-eval", action="append", default=[], help="passages of a fetched oe-eval task (lambada)"
     )
-    make_lm.add_argument("--tokenizer", help="tokenizer (default: GPT-NeoX-20B in the data root)")
+    make_lm.add_argument(
+        "--tokenizer", help="tokenizer file, directory or repository (default: GPT-NeoX-20B in the data root)"
+    )
     make_lm.add_argument("--out", required=True, help="writes OUT/<label>/ (replacing it)")
     make_lm.add_argument("--format", choices=("memmap", "jsonl"), default="memmap")
     make_lm.add_argument("--max-tokens", type=int, default=1_000_000, help="stop after this many (0: all)")
@@ -223,7 +229,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_make_lm(args: argparse.Namespace) -> int:
     from inloop_eval.data.perplexity.make_lm import glob_documents, make_domain_set, oe_eval_passages
     from inloop_eval.data.root import default_data_root, neox_tokenizer_path
-    from inloop_eval.data.tokenizer import load_tokenizer
+    from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
 
     check_lm_label(args.label, "make-lm --label")
     if not args.glob and not args.oe_eval:
@@ -231,7 +237,7 @@ def cmd_make_lm(args: argparse.Namespace) -> int:
     if args.tokens_per_file < 1 or args.max_tokens < 0:
         raise ConfigError("make-lm: --tokens-per-file must be >= 1 and --max-tokens >= 0")
     root = Path(args.root) if args.root else default_data_root()
-    tokenizer = load_tokenizer(args.tokenizer or neox_tokenizer_path(root))
+    tokenizer = find_and_load_tokenizer(args.tokenizer or neox_tokenizer_path(root), root)
     documents, skipped = glob_documents(args.glob, args.exclude)
     for task in args.oe_eval:
         documents += oe_eval_passages(root, task)

@@ -15,6 +15,7 @@ from pathlib import Path
 from inloop_eval.data.fetch import TOKENIZER_FILES, is_complete
 from inloop_eval.data.hub_cache import cached_hub_file, hub_cache_dir
 from inloop_eval.data.root import TOKENIZER_DIR
+from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer
 from inloop_eval.errors import TokenizerError
 
 # The Hugging Face repositories whose tokenizer `inloop-eval data fetch` writes -> its file in the root.
@@ -47,6 +48,12 @@ def find_tokenizer_file(identifier: str, data_root: Path) -> Path:
     if cached is not None:
         return cached
     raise TokenizerError(_not_found_message(identifier, data_root, fetched))
+
+
+def find_and_load_tokenizer(identifier: str | Path, data_root: Path) -> Tokenizer:
+    """The tokenizer `identifier` names (a path, a fetched tokenizer, or one in the local hub cache), loaded
+    with the special tokens its files declare."""
+    return load_tokenizer(find_tokenizer_file(str(identifier), data_root))
 
 
 def _not_found_message(identifier: str, data_root: Path, fetched: Path | None) -> str:

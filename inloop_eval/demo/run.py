@@ -31,7 +31,7 @@ from inloop_eval.config_fields import build_dataclass
 from inloop_eval.data.fetch import fetch
 from inloop_eval.data.files import write_text_atomically
 from inloop_eval.data.root import default_data_root, neox_tokenizer_path, oe_eval_dir
-from inloop_eval.data.tokenizer import load_tokenizer
+from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
 from inloop_eval.distributed import init_from_env, world
 from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.evaluators.config import EvaluatorConfig
@@ -221,7 +221,9 @@ def train(config: DemoConfig, data_root: Path) -> list[dict[str, float]]:
             f"train.batch_size {tc.batch_size} must be divisible by the number of processes {world_size}"
         )
     out_dir = Path(tc.out_dir).absolute()
-    tokenizer = load_tokenizer(config.evaluation.tokenizer or neox_tokenizer_path(data_root))
+    tokenizer = find_and_load_tokenizer(
+        config.evaluation.tokenizer or neox_tokenizer_path(data_root), data_root
+    )
     passages, heldout = split_heldout(load_passages(data_root), tc.heldout_passages)
     if is_rank_zero():
         write_heldout(out_dir, heldout)

@@ -65,7 +65,9 @@ class EvaluatorConfig:
     eval_interval: Annotated[int, AtLeast(1)] = 1000
     """`should_run(step)` is true when `step % eval_interval == 0`."""
     tokenizer: str | None = None
-    """Path of a `tokenizers` JSON file or a Hugging Face tokenizer directory (unless one is passed in)."""
+    """The tokenizer (unless one is passed in): a `tokenizers` JSON file or a Hugging Face tokenizer directory, a
+    tokenizer `inloop-eval data fetch` fetched (by its repository, e.g. `allenai/dolma2-tokenizer`), or any
+    repository whose `tokenizer.json` is in the local Hugging Face hub cache; never downloaded."""
     data_root: str | None = None
     """Local task data in OLMo's layout; default `$INLOOP_EVAL_DATA` or `~/.cache/inloop_eval/data`."""
     max_length: Annotated[int, AtLeast(2)] | None = None

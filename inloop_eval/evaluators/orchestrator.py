@@ -19,7 +19,9 @@ import torch
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
-from inloop_eval.data.tokenizer import TokenizerLike, load_tokenizer
+from inloop_eval.data.root import default_data_root
+from inloop_eval.data.tokenizer import TokenizerLike
+from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
 from inloop_eval.distributed import check_data_parallel, evaluating_over, resolve_data_parallel
 from inloop_eval.engine.adapters import make_adapter
 from inloop_eval.engine.training_state import training_untouched
@@ -54,7 +56,8 @@ class InLoopEvaluator:
         if tokenizer is None:
             if not config.tokenizer:
                 raise ConfigError("evaluator: set `tokenizer:` in the config or pass tokenizer=")
-            tokenizer = load_tokenizer(config.tokenizer)
+            root = Path(config.data_root).expanduser() if config.data_root else default_data_root()
+            tokenizer = find_and_load_tokenizer(config.tokenizer, root)
         self.tokenizer = tokenizer
         built = [KINDS[entry.type](entry, tokenizer=tokenizer, settings=config) for entry in config.evaluators]
         self.evaluators: dict[str, Evaluator] = {e.name: e for e in built}

@@ -12,8 +12,11 @@ from hub_cache_layout import COMMIT, add_to_hub_cache
 from inloop_eval.data.fetch import COMPLETE_MARKER
 from inloop_eval.data.hub_cache import cached_hub_file, hub_cache_dir
 from inloop_eval.data.root import TOKENIZER_DIR
+from inloop_eval.data.tokenizer import load_tokenizer
 from inloop_eval.data.tokenizer_lookup import find_tokenizer_file
 from inloop_eval.errors import TokenizerError
+from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 
 DOLMA2 = "allenai/dolma2-tokenizer"
 NEOX = "allenai/gpt-neox-olmo-dolma-v1_5"
@@ -125,3 +128,26 @@ def test_another_identifier_found_nowhere_says_how_to_download_it(
     assert "run `inloop-eval data fetch" not in message
     with pytest.raises(TokenizerError, match="identifier is empty"):
         find_tokenizer_file("", tmp_path / "root")
+
+
+def test_an_evaluator_config_names_its_tokenizer_as_the_olmo_core_callback_does(
+    hub_env: pytest.MonkeyPatch, data_root: Path, tmp_path: Path, no_network: None
+) -> None:
+    """`tokenizer:` in an evaluator config is looked up like OLMo's identifiers: the hub cache, the fetched
+    root, a path; the tokenizer built from the hub cache encodes as the file it was copied from."""
+    fetched = data_root / TOKENIZER_DIR / "gpt-neox-olmo-dolma-v1_5.json"
+    hub_env.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    add_to_hub_cache(tmp_path / "hub", "acme/tokenizer", "tokenizer.json", fetched.read_bytes())
+    text = "Evaluating inside the training loop."
+    expected = load_tokenizer(fetched).encode(text)
+    for identifier, root in (("acme/tokenizer", tmp_path / "empty_root"), (NEOX, data_root)):
+        config = EvaluatorConfig.from_dict(
+            {"tokenizer": identifier, "data_root": str(root), "evaluators": [{"task": "piqa", "limit": 1}]},
+            "test",
+        )
+        assert InLoopEvaluator(config).tokenizer.encode(text) == expected
+    config = EvaluatorConfig.from_dict(
+        {"tokenizer": "acme/missing", "data_root": str(data_root), "evaluators": [{"task": "piqa"}]}, "test"
+    )
+    with pytest.raises(TokenizerError, match="`hf download acme/missing tokenizer.json`"):
+        InLoopEvaluator(config)
