@@ -46,9 +46,9 @@ class PipelineAdapter(ModelAdapter):
     model to `InLoopEvaluator.run(adapter, dp_group=...)` (the data-parallel group is required: it must hold
     one rank of each pipeline group).
 
-    schedule: the pipeline schedule (`ScheduleGPipe`, `Schedule1F1B`, `ScheduleInterleaved1F1B`, ...); its
-        `eval()` is called once per step. The last stage returns logits [rows, T, V] (or an object with
-        `.logits`).
+    schedule: the pipeline schedule, any of torch's with `eval()` (tested: `ScheduleGPipe`, and
+        `Schedule1F1B` built with a loss function); its `eval()` is called once per step. The last stage
+        returns logits [rows, T, V] (or an object with `.logits`).
     stages: this rank's `PipelineStage`s of that schedule.
     batch_rows: rows of every step (the schedule's micro-batches together), at least its micro-batch count.
     seq_len: tokens per row of every step; also the longest request scored (`max_length`).

@@ -20,7 +20,8 @@ import torch.distributed as dist
 from lm_helpers import lm_entry, write_domains
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from inloop_eval.engine.pipeline import PipelineAdapter
 from inloop_eval.errors import ConfigError, ModelOutputError
@@ -90,16 +91,20 @@ def next_token_loss(logits_BTV: Tensor, ids_BT: Tensor) -> Tensor:
 
 
 def pipeline(
-    gpt: GPT, mesh: DeviceMesh, *, loss: bool = False, head: bool = True
-) -> tuple[ScheduleGPipe, PipelineStage]:
-    """This rank's stage of `gpt` split in two over the mesh's `pp` dimension, and its GPipe schedule."""
+    gpt: GPT,
+    mesh: DeviceMesh,
+    *,
+    loss: bool = False,
+    head: bool = True,
+    schedule_class: type[PipelineScheduleSingle] = ScheduleGPipe,
+) -> tuple[PipelineScheduleSingle, PipelineStage]:
+    """This rank's stage of `gpt` split in two over the mesh's `pp` dimension, and its schedule."""
     pp = mesh["pp"]
     index = pp.get_local_rank()
     module = FirstStage(gpt) if index == 0 else LastStage(gpt, head)
     stage = PipelineStage(module, index, pp.size(), torch.device("cpu"), group=pp.get_group())
-    return ScheduleGPipe(
-        stage, n_microbatches=MICRO_BATCHES, loss_fn=next_token_loss if loss else None
-    ), stage
+    loss_fn = next_token_loss if loss else None
+    return schedule_class(stage, n_microbatches=MICRO_BATCHES, loss_fn=loss_fn), stage
 
 
 def adapter_for(gpt: GPT, mesh: DeviceMesh, **kwargs: Any) -> PipelineAdapter:
@@ -145,7 +150,8 @@ def check_layouts(ctx: Context) -> dict[str, Any]:
     the world as one). 4: DP=2 x PP=2 (mesh (dp, pp): ranks 0, 1 and 2, 3 are pipelines)."""
     ev = evaluator(ctx, entries(ctx))
     if ctx.world_size == 1:
-        return {"reference": {"metrics": ev.run(tiny_gpt()), "samples": samples(ev)}}
+        reference = {"metrics": ev.run(tiny_gpt()), "samples": samples(ev)}
+        return {"reference": reference, "train_tasks": evaluator(ctx, TRAIN_TASKS).run(tiny_gpt())}
     mesh = init_device_mesh("cpu", (ctx.world_size // 2, 2), mesh_dim_names=("dp", "pp"))
     adapter = adapter_for(tiny_gpt(), mesh)
     metrics = ev.run(adapter, dp_group=mesh["dp"])
@@ -174,10 +180,10 @@ def check_last_stage_failure(ctx: Context) -> dict[str, Any]:
 
 
 def train(ctx: Context, mesh: DeviceMesh, *, eval_every: int | None, steps: int = 4) -> dict[str, Any]:
-    """Seeded PP=2 training with dropout through a GPipe schedule with a loss; in-loop eval through the same
-    schedule every `eval_every` steps (step 0 included). The same batches on both stages (drawn from the
-    torch RNG, which an evaluation that moved it would change)."""
-    schedule, stage = pipeline(tiny_gpt(dropout=0.1), mesh, loss=True)
+    """Seeded PP=2 training with dropout through a 1F1B schedule with a loss; in-loop eval through the same
+    schedule every `eval_every` steps (step 0 included: the untrained model's figures kept). The same
+    batches on both stages (drawn from the torch RNG, which an evaluation that moved it would change)."""
+    schedule, stage = pipeline(tiny_gpt(dropout=0.1), mesh, loss=True, schedule_class=Schedule1F1B)
     module = stage.submod
     module.register_forward_pre_hook(draw_random_numbers)
     adapter = PipelineAdapter(schedule, [stage], batch_rows=BATCH_ROWS, seq_len=SEQ_LEN)
@@ -189,7 +195,8 @@ def train(ctx: Context, mesh: DeviceMesh, *, eval_every: int | None, steps: int 
     metrics: dict[str, float] = {}
     for step in range(steps):
         if eval_every is not None and step % eval_every == 0:
-            metrics = ev.run(adapter, step=step, dp_group=mesh["dp"])
+            figures = ev.run(adapter, step=step, dp_group=mesh["dp"])
+            metrics = metrics or figures
         ids = torch.randint(0, 50000, (4, 24))
         step_losses: list[Tensor] = []
         if stage.is_first:
