@@ -2,7 +2,8 @@
 process groups (torchrun, gloo on CPU): PP=2 (2 processes) and DP=2 x PP=2 (4) give the figures of the
 unsplit model in one process, downstream (rc, letter-key, PMI) and perplexity; a last stage's scoring error
 reaches every rank; training through the same schedule (1F1B, with a loss) is unchanged by evaluations,
-whose first figures equal the unsplit model's; a missing or wrong data-parallel group is refused.
+whose first figures equal the unsplit model's; an interleaved schedule (two stages per rank) gives the same
+figures; a missing or wrong data-parallel group is refused.
 
 One torchrun launch per world size runs the checks of tests/support/workers/pipeline_checks.py; world size 1
 runs the unsplit model in this process (the reference).
@@ -71,6 +72,20 @@ def test_pipeline_layouts_give_the_figures_of_one_process(single, launched) -> N
             assert_same_metrics(
                 result["layouts"]["metrics"], reference, f"{nproc} processes rank {rank}", 1e-5
             )
+
+
+def test_an_interleaved_schedule_with_two_stages_per_rank_gives_the_same_figures(single, launched) -> None:
+    """ScheduleInterleaved1F1B over 4 stages (embeddings | block | block | head), two on each rank."""
+    expected = {(s["task"], s["doc_id"], s["cont_id"]): s["ll"] for s in single["reference"]["samples"]}
+    for rank, result in enumerate(launched[2]):
+        found = result["layouts"]["interleaved"]
+        assert_same_metrics(
+            found["metrics"], single["reference"]["metrics"], f"interleaved rank {rank}", 1e-5
+        )
+        assert len(found["samples"]) == len(expected)
+        for s in found["samples"]:
+            ll = expected[(s["task"], s["doc_id"], s["cont_id"])]
+            assert math.isclose(s["ll"], ll, rel_tol=1e-5, abs_tol=1e-5), (s, ll)
 
 
 def test_every_stage_gets_the_last_stages_scores_of_each_request(single, launched) -> None:

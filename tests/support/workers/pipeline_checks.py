@@ -20,7 +20,7 @@ import torch.distributed as dist
 from lm_helpers import lm_entry, write_domains
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from inloop_eval.engine.pipeline import PipelineAdapter
@@ -51,37 +51,41 @@ def tiny_gpt(dropout: float = 0.0) -> GPT:
     return GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=SEQ_LEN, dropout=dropout))
 
 
-class FirstStage(nn.Module):
-    """Embeddings and the first half of the blocks: input ids [B, T] -> hidden states [B, T, D]."""
+class GPTPart(nn.Module):
+    """Contiguous blocks of the GPT, after its embeddings (`first`: input ids [B, T] in) and before its final
+    norm and head (`last`: logits [B, T, V] out; with `head=False` the normed hidden states [B, T, D], a last
+    stage that does not return logits); hidden states [B, T, D] in and out otherwise."""
 
-    def __init__(self, gpt: GPT) -> None:
+    def __init__(self, gpt: GPT, blocks: slice, *, first: bool, last: bool, head: bool = True) -> None:
         super().__init__()
-        self.tok_emb, self.pos_emb = gpt.tok_emb, gpt.pos_emb
-        self.blocks = gpt.blocks[: len(gpt.blocks) // 2]
+        self.first, self.last = first, last
+        self.tok_emb, self.pos_emb = (gpt.tok_emb, gpt.pos_emb) if first else (None, None)
+        self.blocks = gpt.blocks[blocks]
+        self.ln_f = gpt.ln_f if last else None
+        self.lm_head = gpt.lm_head if last and head else None
 
-    def forward(self, input_ids: Tensor) -> Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        x_BTD = self.tok_emb(input_ids) + self.pos_emb(positions)
+    def forward(self, x: Tensor) -> Tensor:
+        if self.tok_emb is not None and self.pos_emb is not None:
+            positions = torch.arange(x.shape[1], device=x.device).expand_as(x)
+            x = self.tok_emb(x) + self.pos_emb(positions)
         for block in self.blocks:
-            x_BTD = block(x_BTD, None)
-        return x_BTD
+            x = block(x, None)
+        if self.ln_f is not None:
+            x = self.ln_f(x)
+        return self.lm_head(x) if self.lm_head is not None else x
 
 
-class LastStage(nn.Module):
-    """The other blocks, the final norm and the head: hidden states -> logits [B, T, V] (or the normed
-    hidden states [B, T, D] with `head=False`: a last stage that does not return logits)."""
-
-    def __init__(self, gpt: GPT, head: bool = True) -> None:
-        super().__init__()
-        self.blocks = gpt.blocks[len(gpt.blocks) // 2 :]
-        self.ln_f = gpt.ln_f
-        self.lm_head = gpt.lm_head if head else None
-
-    def forward(self, x_BTD: Tensor) -> Tensor:
-        for block in self.blocks:
-            x_BTD = block(x_BTD, None)
-        x_BTD = self.ln_f(x_BTD)
-        return self.lm_head(x_BTD) if self.lm_head is not None else x_BTD
+# The two layers' GPT in 2 stages (embeddings and a block | a block and the head) or in 4 (embeddings |
+# block 0 | block 1 | head), as (block slice, first, last).
+SPLITS = {
+    2: [(slice(0, 1), True, False), (slice(1, 2), False, True)],
+    4: [
+        (slice(0, 0), True, False),
+        (slice(0, 1), False, False),
+        (slice(1, 2), False, False),
+        (slice(2, 2), False, True),
+    ],
+}
 
 
 def next_token_loss(logits_BTV: Tensor, ids_BT: Tensor) -> Tensor:
@@ -96,20 +100,26 @@ def pipeline(
     *,
     loss: bool = False,
     head: bool = True,
-    schedule_class: type[PipelineScheduleSingle] = ScheduleGPipe,
-) -> tuple[PipelineScheduleSingle, PipelineStage]:
-    """This rank's stage of `gpt` split in two over the mesh's `pp` dimension, and its schedule."""
+    schedule_class: type[Any] = ScheduleGPipe,
+    n_stages: int = 2,
+) -> tuple[Any, list[PipelineStage]]:
+    """This rank's stages of `gpt` split in `n_stages` over the mesh's `pp` dimension (stage s on pipeline
+    rank s mod the degree: one per rank, or a looped placement for an interleaved schedule), and its
+    schedule (a single-stage class takes this rank's stage, a multi-stage one the list)."""
     pp = mesh["pp"]
-    index = pp.get_local_rank()
-    module = FirstStage(gpt) if index == 0 else LastStage(gpt, head)
-    stage = PipelineStage(module, index, pp.size(), torch.device("cpu"), group=pp.get_group())
+    stages = []
+    for index in range(pp.get_local_rank(), n_stages, pp.size()):
+        blocks, first, last = SPLITS[n_stages][index]
+        module = GPTPart(gpt, blocks, first=first, last=last, head=head)
+        stages.append(PipelineStage(module, index, n_stages, torch.device("cpu"), group=pp.get_group()))
     loss_fn = next_token_loss if loss else None
-    return schedule_class(stage, n_microbatches=MICRO_BATCHES, loss_fn=loss_fn), stage
+    held = stages[0] if issubclass(schedule_class, PipelineScheduleSingle) else stages
+    return schedule_class(held, n_microbatches=MICRO_BATCHES, loss_fn=loss_fn), stages
 
 
 def adapter_for(gpt: GPT, mesh: DeviceMesh, **kwargs: Any) -> PipelineAdapter:
-    schedule, stage = pipeline(gpt, mesh, **kwargs)
-    return PipelineAdapter(schedule, [stage], batch_rows=BATCH_ROWS, seq_len=SEQ_LEN)
+    schedule, stages = pipeline(gpt, mesh, **kwargs)
+    return PipelineAdapter(schedule, stages, batch_rows=BATCH_ROWS, seq_len=SEQ_LEN)
 
 
 def evaluator(ctx: Context, entries: list[dict[str, Any]]) -> InLoopEvaluator:
@@ -162,6 +172,8 @@ def check_layouts(ctx: Context) -> dict[str, Any]:
         "last_rank": adapter.last_rank,
     }
     if ctx.world_size == 2:
+        interleaved = adapter_for(tiny_gpt(), mesh, schedule_class=ScheduleInterleaved1F1B, n_stages=4)
+        out["interleaved"] = {"metrics": ev.run(interleaved, dp_group=mesh["dp"]), "samples": samples(ev)}
         out["no_group"] = refusal(lambda: ev.run(adapter))
         out["world_group"] = refusal(lambda: ev.run(adapter, dp_group=dist.group.WORLD))
     return out
@@ -183,10 +195,11 @@ def train(ctx: Context, mesh: DeviceMesh, *, eval_every: int | None, steps: int 
     """Seeded PP=2 training with dropout through a 1F1B schedule with a loss; in-loop eval through the same
     schedule every `eval_every` steps (step 0 included: the untrained model's figures kept). The same
     batches on both stages (drawn from the torch RNG, which an evaluation that moved it would change)."""
-    schedule, stage = pipeline(tiny_gpt(dropout=0.1), mesh, loss=True, schedule_class=Schedule1F1B)
+    schedule, stages = pipeline(tiny_gpt(dropout=0.1), mesh, loss=True, schedule_class=Schedule1F1B)
+    stage = stages[0]
     module = stage.submod
     module.register_forward_pre_hook(draw_random_numbers)
-    adapter = PipelineAdapter(schedule, [stage], batch_rows=BATCH_ROWS, seq_len=SEQ_LEN)
+    adapter = PipelineAdapter(schedule, stages, batch_rows=BATCH_ROWS, seq_len=SEQ_LEN)
     ev = evaluator(ctx, TRAIN_TASKS)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-2)
     torch.manual_seed(100)
