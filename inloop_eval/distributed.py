@@ -138,33 +138,37 @@ def model_parallel_dims(module: Any) -> list[tuple[DeviceMesh, int]]:
     return list(found.values())
 
 
-def check_data_parallel(module: Any, group: ProcessGroup | None) -> None:
+def check_data_parallel(
+    module: Any, group: ProcessGroup | None, model_groups: Sequence[tuple[str, ProcessGroup | None]] = ()
+) -> None:
     """ConfigError on every rank unless documents can be sharded over `group` (None: the world) for the model
-    `module`: when its DTensor parameters live on a mesh with a model-parallel dimension, a group must be
-    given, and the ranks of each model-parallel group must share their rank in it (so they are handed the
-    same documents). One all-reduce per such dimension, and one world-wide, on every rank (each holds the
-    same model structure)."""
-    dims = model_parallel_dims(module)
-    if not dims:
+    `module`: when it is split over model-parallel ranks (its DTensor parameters on a mesh with a
+    model-parallel dimension, or `model_groups`: other groups splitting it, by name, such as a pipeline's
+    stages), a group must be given, and the ranks of each model-parallel group must share their rank in it
+    (so they are handed the same documents). One all-reduce per such group, and one world-wide, on every
+    rank (each holds the same model structure)."""
+    splits = [(_dim_name(m, d), m.size(d), m.get_group(d)) for m, d in model_parallel_dims(module)]
+    splits += [(name, dist.get_world_size(g), g) for name, g in model_groups if dist.get_world_size(g) > 1]
+    if not splits:
         return
     if group is None:
-        mesh, dim = dims[0]
+        name, size, _ = splits[0]
         raise ConfigError(
-            f"evaluator: the model's parameters are DTensors on a mesh with the model-parallel dimension "
-            f"{_dim_name(mesh, dim)!r} of {mesh.size(dim)} ranks, and no data-parallel group was given: "
+            f"evaluator: the model is split over the model-parallel dimension {name!r} of {size} ranks (its "
+            "DTensor parameters' mesh, or its pipeline stages), and no data-parallel group was given: "
             "sharding documents over the whole world would hand its peers different documents. Pass "
             "dp_group= to InLoopEvaluator.run (the data-parallel ProcessGroup, or the DeviceMesh with "
             "dimensions named 'dp' or 'dp_replicate'/'dp_shard')"
         )
     _, dp_rank = data_parallel_in(group)
     split: list[str] = []
-    for mesh, dim in dims:
+    for name, _, model_group in splits:
         spread = torch.tensor([dp_rank, -dp_rank], dtype=torch.int64, device=_device())
-        dist.all_reduce(spread, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+        dist.all_reduce(spread, op=dist.ReduceOp.MAX, group=model_group)
         if int(spread[0]) != -int(spread[1]):
-            split.append(_dim_name(mesh, dim))
+            split.append(name)
     if all_reduce_max(int(bool(split))):
-        named = split or [_dim_name(mesh, dim) for mesh, dim in dims]  # split on another rank only
+        named = split or [name for name, _, _ in splits]  # split on another rank only
         raise ConfigError(
             f"evaluator: dp_group splits the peers of the model-parallel dimension {named} across "
             "data-parallel ranks (they would score different documents and their model's collectives "

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.distributed import ProcessGroup
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
@@ -59,6 +60,12 @@ class ModelAdapter:
     # Tokens `run_batches` sent through the model, padding and dummies included, over the adapter's life;
     # counted per forward, so an evaluation that fails after some forwards still counts them.
     tokens_scored: int = 0
+    # An adapter that scores the targets itself (a pipeline, whose logits exist on its last stage only)
+    # sets this and implements `target_logprobs` instead of `features`.
+    scores_targets: bool = False
+    # Groups, by name, over which the model is split other than by DTensor parameters (a pipeline's stages):
+    # the data-parallel group must hold one rank of each (`distributed.check_data_parallel`).
+    model_parallel_groups: tuple[tuple[str, ProcessGroup | None], ...] = ()
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -80,6 +87,19 @@ class ModelAdapter:
         position_ids: Tensor | None = None,
     ) -> tuple[Tensor, Head]:
         """Features [N, *] at (rows_N, cols_N), and the head mapping features to logits [N, V]."""
+        raise NotImplementedError
+
+    def target_logprobs(
+        self,
+        input_ids_BT: Tensor,
+        rows_U: Tensor,
+        cols_U: Tensor,
+        position_N: Tensor,
+        target_N: Tensor,
+        min_vocab: int = 0,
+    ) -> tuple[Tensor, Tensor, int]:
+        """For `scores_targets` adapters: log p(target) [N], greedy flags [N] and the tokens forwarded, target
+        n predicted by position `position_N[n]` of (rows_U, cols_U)."""
         raise NotImplementedError
 
 

@@ -10,7 +10,8 @@ B rows, T time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -182,6 +183,16 @@ def _unique_positions(batch: Batch, width: int, device: torch.device) -> tuple[T
     return t(rows_U).to(device), t(cols_U).to(device), t(position_N.reshape(-1)).to(device)
 
 
+@contextmanager
+def _naming_batch(describe: Callable[[int], str], batch: Batch) -> Iterator[None]:
+    """A ModelOutputError raised in the block names the batch's first pair (or says it is padding)."""
+    try:
+        yield
+    except ModelOutputError as exc:
+        where = describe(int(batch.pair_N[0])) if batch.pair_N.size else "a padding batch"
+        raise ModelOutputError(f"{where}: {exc}") from None
+
+
 def run_batches(
     adapter: ModelAdapter,
     batches: Iterable[Batch],
@@ -202,15 +213,25 @@ def run_batches(
         rows_U, cols_U, position_N = _unique_positions(batch, input_ids_BT.shape[1], device)
         target_N = torch.from_numpy(batch.target_N).to(device)
         mask_B1TT, position_ids_BT = _packing_inputs(adapter, batch, device)
-        features_UX, head = adapter.features(input_ids_BT, rows_U, cols_U, mask_B1TT, position_ids_BT)
-        forwarded += batch.n_tokens
-        adapter.tokens_scored += batch.n_tokens
+        if adapter.scores_targets:  # forward and scoring in one call, which every rank of its group joins
+            with _naming_batch(describe, batch):
+                logp_N, greedy_N, tokens = adapter.target_logprobs(
+                    input_ids_BT, rows_U, cols_U, position_N, target_N, min_vocab
+                )
+            forwarded += tokens
+            adapter.tokens_scored += tokens
+        else:
+            features_UX, head = adapter.features(input_ids_BT, rows_U, cols_U, mask_B1TT, position_ids_BT)
+            forwarded += batch.n_tokens
+            adapter.tokens_scored += batch.n_tokens
+            if batch.pair_N.size == 0:
+                continue
+            with _naming_batch(describe, batch):
+                logp_N, greedy_N = token_logprobs(
+                    features_UX, head, target_N, min_vocab, position_N, workspace
+                )
         if batch.pair_N.size == 0:
             continue
-        try:
-            logp_N, greedy_N = token_logprobs(features_UX, head, target_N, min_vocab, position_N, workspace)
-        except ModelOutputError as exc:
-            raise ModelOutputError(f"{describe(int(batch.pair_N[0]))}: {exc}") from None
         owners_N = torch.from_numpy(batch.pair_N)
         ll_P.index_add_(0, owners_N, logp_N.cpu().double())
         n_bad_P.index_add_(0, owners_N, (~greedy_N).long().cpu())

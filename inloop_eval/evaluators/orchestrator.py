@@ -98,7 +98,7 @@ class InLoopEvaluator:
         """
         group = resolve_data_parallel(dp_group)
         adapter = make_adapter(model, self.config.max_length)
-        check_data_parallel(adapter.model, group)
+        check_data_parallel(adapter.model, group, adapter.model_parallel_groups)
         if self.config.pad_to_multiple > 1:
             adapter.pad_to_multiple = self.config.pad_to_multiple
         outputs: dict[str, EvalOutput] = {}

@@ -36,6 +36,7 @@ from olmo_core.eval.task_groups import TASK_GROUPS
 from olmo_core.train import TrainerConfig
 from olmo_core.train.callbacks import Callback, CallbackConfig, EvaluatorCallback
 from olmo_core.train.common import MetricMergeStrategy
+from olmo_core.train.train_module import TransformerPipelineTrainModule
 
 from inloop_eval.config_fields import one_of, read_config_file
 from inloop_eval.data.root import default_data_root
@@ -171,6 +172,7 @@ class InLoopEvalCallbackConfig(CallbackConfig):
         if not self.enabled:
             return None
         train_module = trainer.train_module
+        check_train_module(train_module)
         spec = getattr(train_module, "eval_batch_spec", None)
         config = self.evaluator_config(getattr(spec, "max_sequence_length", None))
         root = Path(self.data_root).expanduser() if self.data_root else default_data_root()
@@ -272,6 +274,20 @@ class InLoopEvalCallback(EvaluatorCallback):
             return
         with torch.autocast(self.trainer.device.type, dtype=self.autocast):
             yield
+
+
+def check_train_module(train_module: Any) -> None:
+    """ConfigError, when the trainer is built, for a train module the callback cannot evaluate: OLMo-core's
+    pipeline-parallel one, whose model exists only as stages that its own schedule runs (its `model` raises,
+    its `eval_batch` does not support inference)."""
+    if isinstance(train_module, TransformerPipelineTrainModule):
+        raise ConfigError(
+            "InLoopEvalCallback: the train module is OLMo-core's TransformerPipelineTrainModule (pipeline "
+            "parallel), which the callback does not evaluate yet: its model exists only as stages run by "
+            "OLMo-core's own schedules, which need CUDA. Leave the callback out of pipeline-parallel runs, or "
+            "evaluate from your own loop with inloop_eval.engine.pipeline.PipelineAdapter over a "
+            "torch.distributed.pipelining schedule"
+        )
 
 
 def replace_callback(trainer_config: TrainerConfig, name: str, callback: Callback) -> TrainerConfig:
