@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 def document_spans(tokens_N: np.ndarray, eos_token_id: int) -> tuple[np.ndarray, np.ndarray]:
     """(start, length) of each document [D] of a flat token array: each ends at an EOS token, included."""
     ends_D = np.flatnonzero(np.asarray(tokens_N) == eos_token_id).astype(np.int64) + 1
-    starts_D = np.concatenate([[0], ends_D[:-1]]).astype(np.int64)
+    starts_D = np.concatenate([[0], ends_D[:-1]]).astype(np.int64)[: len(ends_D)]
     return starts_D, ends_D - starts_D
 
 
