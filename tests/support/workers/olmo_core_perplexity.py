@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import olmo_core.distributed.parallel as olmo_core_parallel
 import torch.distributed as dist
 from olmo_core.data import NumpyPaddedFSLDatasetConfig, TokenizerConfig
 from olmo_core.train.callbacks import LMEvaluatorCallbackConfig
@@ -86,6 +87,9 @@ def both_runs(work: Path, data_root: Path) -> dict[str, Any]:
         steps=STEPS,
         extra_callbacks={"lm_evaluator": theirs_config},
     )
+    # OLMo-core keeps one world mesh per process, built by the first DDP train module; the second run of this
+    # process builds its own over the same ranks.
+    olmo_core_parallel._WORLD_MESH = None
     ours, trainer = train(
         work / "ours",
         data_root,
