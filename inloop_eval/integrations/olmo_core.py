@@ -7,7 +7,10 @@
 
 A trainer config that already holds OLMo-core's `downstream_evaluator` swaps it in one line,
 `replace_callback(trainer_config, "downstream_evaluator", InLoopEvalCallbackConfig(...))`; OLMo-core's task
-sets are `task_set="fast"` (or `with_recommended_evals(trainer_config, tokenizer, task_set="fast")`). To
+sets are `task_set="fast"` (or `with_recommended_evals(trainer_config, tokenizer, task_set="fast")`).
+OLMo-core's perplexity callback is replaced the same way by `InLoopPerplexityCallbackConfig` (OLMo-core's
+`LMEvaluatorCallbackConfig` fields; `.from_olmo_core(config)`), its figures OLMo-core's under OLMo-core's
+keys `eval/lm/<label>/CE loss` and `PPL` (`inloop_eval.integrations.olmo_core_perplexity`). To
 OLMo-core the callback is an `EvaluatorCallback`: `Trainer.eval_checkpoints()` and `ModelMergeCallback` (the
 merged weights' figures under `eval/merged/...`) run it, `no_evals=True` switches it off, and the last step it
 evaluated is saved in OLMo-core's checkpoints, so a resumed run evaluates no step twice.
@@ -197,8 +200,10 @@ class InLoopPerplexityCallbackConfig(PerplexityCallbackFields):
     """OLMo-core's `LMEvaluatorCallbackConfig`, the same fields, evaluated by this project's perplexity
     evaluator with OLMo-core's figures and keys (`inloop_eval.integrations.olmo_core_perplexity`):
 
-        trainer_config = replace_callback(trainer_config, "lm_evaluator", InLoopPerplexityCallbackConfig.
-            from_olmo_core(trainer_config.callbacks["lm_evaluator"]))
+        olmo = trainer_config.callbacks["lm_evaluator"]
+        trainer_config = replace_callback(
+            trainer_config, "lm_evaluator", InLoopPerplexityCallbackConfig.from_olmo_core(olmo)
+        )
     """
 
     def build(self, trainer: Any) -> Callback | None:
