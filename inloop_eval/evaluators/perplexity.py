@@ -198,7 +198,8 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
             for domain in result.domains.values():
                 log.info("lm domain %r: %d sequences, %d tokens", domain.label, len(domain), domain.n_tokens)
             self.loaded.update(result.domains)
-            if ev.loader_batch_instances is not None:
+            # The `documents` labels load together (all pending or none), and are cut to the loader's share once.
+            if ev.loader_batch_instances is not None and set(ev.documents_labels()) <= set(pending):
                 selection = LoaderSelection(ev.loader_batch_instances, ev.loader_seed, ev.loader_max_batches)
                 self.keep_loader_sequences(selection, result.errors)
             for exc in result.errors.values():
