@@ -380,7 +380,7 @@ def with_recommended_evals(
         return with_downstream
     if sequence_length is None:
         raise ConfigError(
-            "with_recommended_evals: `sequence_length` is required with `cluster` (the validation mix)"
+            "with_recommended_evals: `sequence_length` is required with `cluster` or `mix_base_dir` (the validation mix)"
         )
     mix = validation_mix_dataset(tokenizer, sequence_length, cluster=cluster, mix_base_dir=mix_base_dir)
     shared = {name: value for name, value in callback_fields.items() if name in SHARED_FIELDS}
