@@ -8,8 +8,9 @@ with `figure_key`, the way OLMo-core's evaluator callback records `f"{prefix}/{e
   (and `_stderr`). No spaces, so the keys sort and filter well on W&B.
 - `olmo_core` style: the OLMo figures of an `olmo:<label>` task take the key OLMo-core's downstream callback
   gives them, `<prefix>/downstream/<OLMo label> (<words>)`, e.g. `eval/downstream/arc_easy (length-normalized
-  accuracy)`, so that a run moving from OLMo-core continues its curves; every other figure keeps its
-  `inloop` key.
+  accuracy)`, and the OLMo-core figures of a `documents` perplexity label take the keys OLMo-core's
+  `LMEvaluator` gives them, `<prefix>/lm/<label>/CE loss` and `<prefix>/lm/<label>/PPL`, so that a run moving
+  from OLMo-core continues its curves; every other figure keeps its `inloop` key.
 
 `prefix` is `eval` for the in-loop evaluation (OLMo-core records merged weights under `eval/merged`).
 """
@@ -67,6 +68,10 @@ OLMO_CORE_FIGURE_NAMES: dict[str, str] = {
 
 _OLMO_CORE_WORDS = frozenset(OLMO_CORE_FIGURE_NAMES.values())
 
+# OLMo-core 3.0.0 `LMEvaluator.compute_metrics` (its evaluator named `lm`): figure -> its name in the key.
+OLMO_CORE_LM_FIGURE_NAMES: dict[str, str] = {"olmo_ce_loss": "CE loss", "olmo_ppl": "PPL"}
+_OLMO_CORE_LM_NAMES = frozenset(OLMO_CORE_LM_FIGURE_NAMES.values())
+
 
 def kind_prefix(kind: str, prefix: str = PREFIX) -> str:
     """`<prefix>/<kind>/`: what every key of one kind of evaluator starts with, e.g. `eval/downstream/`."""
@@ -118,11 +123,37 @@ def olmo_core_key(label: str, figure: str, prefix: str = PREFIX) -> str:
     return f"{prefix}/{DOWNSTREAM}/{label} ({OLMO_CORE_FIGURE_NAMES[figure]})"
 
 
+def olmo_core_lm_key(label: str, figure: str, prefix: str = PREFIX) -> str:
+    """OLMo-core's W&B key of one OLMo-core figure of a perplexity label: `<prefix>/lm/<label>/CE loss` or
+    `.../PPL` (its `LMEvaluator`, named `lm`, records `<label>/CE loss` and `<label>/PPL`).
+
+    label: the label in OLMo-core's dataset metadata, e.g. `c4_en-validation`.
+    """
+    if figure not in OLMO_CORE_LM_FIGURE_NAMES:
+        raise ConfigError(
+            f"olmo_core_lm_key: figure {figure!r} of label {label!r} has no OLMo-core name; expected one of "
+            f"{sorted(OLMO_CORE_LM_FIGURE_NAMES)}"
+        )
+    return figure_key(PERPLEXITY, label, OLMO_CORE_LM_FIGURE_NAMES[figure], prefix)
+
+
+def olmo_core_figure_key(kind: str, label: str, figure: str, prefix: str = PREFIX) -> str:
+    """OLMo-core's key of an OLMo-core figure of an evaluator of kind `kind`: `olmo_core_lm_key` for
+    perplexity, `olmo_core_key` for downstream tasks."""
+    if kind == PERPLEXITY:
+        return olmo_core_lm_key(label, figure, prefix)
+    return olmo_core_key(label, figure, prefix)
+
+
 def is_olmo_core_key(key: str) -> bool:
-    """Whether `key` is one OLMo-core's downstream callback would record (`<prefix>/downstream/<label>
-    (<words>)`), as `olmo_core_key` builds them."""
+    """Whether `key` is one OLMo-core's evaluator callbacks would record: `<prefix>/downstream/<label>
+    (<words>)` as `olmo_core_key` builds them, or `<prefix>/lm/<label>/<CE loss|PPL>` as `olmo_core_lm_key`
+    does."""
     head, _, words = key.rpartition(" (")
-    return bool(head) and words.endswith(")") and words[:-1] in _OLMO_CORE_WORDS
+    if head and words.endswith(")") and words[:-1] in _OLMO_CORE_WORDS:
+        return True
+    head, _, name = key.rpartition("/")
+    return name in _OLMO_CORE_LM_NAMES and f"/{PERPLEXITY}/" in head
 
 
 def olmo_core_metrics(label: str, figures: dict[str, float], prefix: str = PREFIX) -> dict[str, float]:

@@ -35,7 +35,7 @@ from inloop_eval.keys import (
     SUITE,
     failed_labels,
     figure_key,
-    olmo_core_key,
+    olmo_core_figure_key,
     suite_outcomes_label,
 )
 from inloop_eval.metrics.icl import DocumentOutcomes
@@ -182,13 +182,14 @@ class InLoopEvaluator:
 def metric_keys(kind: str, output: EvalOutput, key_style: str, prefix: str = PREFIX) -> dict[str, float]:
     """The figures of one evaluator of kind `kind` under their keys: `<prefix>/<kind>/<label>/<figure>`;
     with `key_style: olmo_core`, the OLMo figures of an `olmo:` task under OLMo-core's key instead
-    (`<prefix>/downstream/<OLMo label> (<words>)`)."""
+    (`<prefix>/downstream/<OLMo label> (<words>)`), and those of a `documents` perplexity label under its
+    `LMEvaluator`'s (`<prefix>/lm/<label>/CE loss`)."""
     metrics: dict[str, float] = {}
     for label, figures in output.figures.items():
         olmo = output.olmo.get(label) if key_style == "olmo_core" else None
         for figure, value in figures.items():
             if olmo is not None and figure in olmo.figures:
-                metrics[olmo_core_key(olmo.label, figure, prefix)] = value
+                metrics[olmo_core_figure_key(kind, olmo.label, figure, prefix)] = value
             else:
                 metrics[figure_key(kind, label, figure, prefix)] = value
     return metrics

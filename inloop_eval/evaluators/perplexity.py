@@ -1,5 +1,7 @@
 """The perplexity evaluator (`type: lm`): perplexity per domain label, figures `ce`, `ppl`, `bpb` under each
-label (`eval/lm/<label>/<figure>`).
+label (`eval/lm/<label>/<figure>`); a `documents` label (OLMo-core's padded documents) adds OLMo-core's
+`olmo_ce_loss` and `olmo_ppl`, under OLMo-core's keys `eval/lm/<label>/CE loss` and `PPL` with `key_style:
+olmo_core`.
 
 One evaluation reads top to bottom: every label's sequences, this rank's share of them, token-budget batches
 (as many on every rank), per-token log-probabilities in float32 summed per sequence, one metric per label
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 
 from inloop_eval.config_fields import AtLeast, check_fields, repeated
+from inloop_eval.data.perplexity.documents import LoaderSelection, loader_selection
 from inloop_eval.data.perplexity.domain_config import LMDomainConfig
 from inloop_eval.data.perplexity.domain_set import DomainSet
 from inloop_eval.data.perplexity.loading import load_domains
@@ -30,9 +33,9 @@ from inloop_eval.engine.adapters import ModelAdapter, probe_vocab_size
 from inloop_eval.engine.batching import Batch, equalize_forward_calls
 from inloop_eval.engine.scoring import run_batches
 from inloop_eval.errors import ConfigError, LMDataError
-from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings, check_entry_type
+from inloop_eval.evaluators.base import EvalOutput, Evaluator, OlmoNames, Settings, check_entry_type
 from inloop_eval.keys import FAILED, PERPLEXITY
-from inloop_eval.metrics.perplexity import FIGURES, PerplexityMetric
+from inloop_eval.metrics.perplexity import FIGURES, OLMO_CORE_FIGURES, PerplexityMetric, olmo_core_perplexity
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,14 @@ class LMEvalConfig:
     """Cap on the predicted tokens of each domain (whole sequences, a fixed seeded choice); null: all."""
     cache_dir: str | None = None
     """Where tokenized text domains are cached; default `<home>/lm_cache` (`$INLOOP_EVAL_HOME`)."""
+    loader_batch_instances: Annotated[int, AtLeast(1)] | None = None
+    """Score only the `documents` sequences that OLMo-core's evaluation data loader reaches with this many
+    sequences per global batch, as its `LMEvaluatorCallbackConfig` does: the sequences of every `documents`
+    domain, end to end in config order, shuffled (`loader_seed`) and cut to whole batches. null: all."""
+    loader_seed: Annotated[int, AtLeast(0)] = 0
+    """With `loader_batch_instances`: the seed of OLMo-core's data loader (its order is epoch 1's shuffle)."""
+    loader_max_batches: Annotated[int, AtLeast(1)] | None = None
+    """With `loader_batch_instances`: the batches OLMo-core stops after (its `eval_duration`); null: all."""
 
     labels_name: ClassVar[str] = "lm domain labels"
 
@@ -74,6 +85,7 @@ class LMEvalConfig:
                 f"lm evaluator: batch_tokens ({self.batch_tokens}) must be >= seq_len ({self.seq_len}) so "
                 "that a whole sequence fits in one forward pass"
             )
+        self.check_loader_fields()
         for d in self.domains:
             cap = self.cap(d)
             if cap is not None and cap < self.seq_len - 1:
@@ -82,8 +94,31 @@ class LMEvalConfig:
                     "the tokens one sequence predicts"
                 )
 
+    def check_loader_fields(self) -> None:
+        """`loader_*` fields need `documents` domains, and a token cap would change what the loader reaches."""
+        documents = self.documents_labels()
+        if self.loader_batch_instances is None:
+            if self.loader_max_batches is not None:
+                raise ConfigError("lm evaluator: loader_max_batches applies with loader_batch_instances only")
+            return
+        if not documents:
+            raise ConfigError(
+                "lm evaluator: loader_batch_instances selects sequences of `documents` domains, and this "
+                f"evaluator has none (formats: {sorted({d.format for d in self.domains})})"
+            )
+        capped = [d.label for d in self.domains if d.format == "documents" and self.cap(d) is not None]
+        if capped:
+            raise ConfigError(
+                f"lm evaluator: max_tokens cannot cap `documents` domains {capped} with "
+                "loader_batch_instances (OLMo-core's data loader decides which documents are scored)"
+            )
+
     def labels(self) -> list[str]:
         return [d.label for d in self.domains]
+
+    def documents_labels(self) -> list[str]:
+        """The labels of the `documents` domains, in order: those with OLMo-core's figures."""
+        return [d.label for d in self.domains if d.format == "documents"]
 
     def cap(self, domain: LMDomainConfig) -> int | None:
         """The token cap that applies to `domain`: its own, else the evaluator's."""
@@ -163,6 +198,10 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
             for domain in result.domains.values():
                 log.info("lm domain %r: %d sequences, %d tokens", domain.label, len(domain), domain.n_tokens)
             self.loaded.update(result.domains)
+            # The `documents` labels load together (all pending or none), and are cut to the loader's share once.
+            if ev.loader_batch_instances is not None and set(ev.documents_labels()) <= set(pending):
+                selection = LoaderSelection(ev.loader_batch_instances, ev.loader_seed, ev.loader_max_batches)
+                self.keep_loader_sequences(selection, result.errors)
             for exc in result.errors.values():
                 log.error("in-loop lm eval: %s", exc)
             if result.errors and strict:
@@ -173,6 +212,28 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
         domains = [self.loaded[d.label] for d in ev.domains if d.label in self.loaded]
         agreement.agree()
         return PreparedDomains(ev, domains, failed)
+
+    def keep_loader_sequences(self, selection: LoaderSelection, errors: dict[str, Exception]) -> None:
+        """Cut the loaded `documents` domains to the sequences OLMo-core's data loader reaches: all of them
+        together, so that when one failed to load (every rank agreed it), the others fail with it, named in
+        `errors`, and are loaded again at the next evaluation."""
+        labels = self.config.documents_labels()
+        failed = [label for label in labels if label in errors]
+        try:
+            if failed:
+                raise LMDataError(
+                    f"OLMo-core's data loader shuffles the documents of labels {labels} together, and {failed} "
+                    "could not be loaded; none is evaluated this time"
+                )
+            kept = loader_selection([len(self.loaded[label]) for label in labels], labels, selection)
+        except LMDataError as exc:
+            for label in labels:
+                self.loaded.pop(label, None)
+                errors.setdefault(label, exc)
+            return
+        for label, keep in zip(labels, kept, strict=True):
+            self.loaded[label] = self.loaded[label].select(keep)
+            log.info("lm domain %r: %d sequences reached by OLMo-core's data loader", label, len(keep))
 
     def evaluate(
         self,
@@ -204,11 +265,13 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
         )
         nll_S = -scores.ll
         agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
-        figures, totals = domain_figures(adapter, domains, shard, nll_S)
+        olmo_core_labels = set(prepared.config.documents_labels())
+        figures, totals = domain_figures(adapter, domains, shard, nll_S, olmo_core_labels)
         result = DomainsResult(
             figures, totals, domains, failed, shard, nll_S, len(batches), scores.tokens_forwarded
         )
-        return EvalOutput(self.label_figures(prepared, result), scores.tokens_forwarded, result)
+        olmo = {label: OlmoNames(label, frozenset(OLMO_CORE_FIGURES)) for label in olmo_core_labels}
+        return EvalOutput(self.label_figures(prepared, result), scores.tokens_forwarded, result, olmo)
 
     def label_figures(self, prepared: PreparedDomains, result: DomainsResult) -> dict[str, dict[str, float]]:
         """Every label's figures, in the config's order: `failed = 1` for a label that could not be loaded or
@@ -223,11 +286,16 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
 
 
 def domain_figures(
-    adapter: ModelAdapter, domains: list[DomainSet], shard: Shard, nll_S: np.ndarray
+    adapter: ModelAdapter,
+    domains: list[DomainSet],
+    shard: Shard,
+    nll_S: np.ndarray,
+    olmo_core_labels: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, int, int]]]:
     """Each label's figures over all ranks (labels without tokens left out) and its totals (Σ nll, Σ tokens,
     Σ bytes), from this rank's summed NLL of each of its sequences. Every rank updates and computes every
-    label, in order, zeros included: the same collectives."""
+    label, in order, zeros included: the same collectives. The labels `olmo_core_labels` add OLMo-core's
+    figures, whose positions (Σ length over the label's sequences) every rank knows without a collective."""
     figures: dict[str, dict[str, float]] = {}
     totals: dict[str, tuple[float, int, int]] = {}
     for d, domain in enumerate(domains):
@@ -243,6 +311,9 @@ def domain_figures(
         totals[domain.label] = (computed["sum_nll"], int(computed["n_tokens"]), int(computed["n_bytes"]))
         if computed["n_tokens"] > 0:
             figures[domain.label] = {k: v for k, v in computed.items() if k in FIGURES}
+        if domain.label in olmo_core_labels:
+            olmo = olmo_core_perplexity(computed["sum_nll"], int(domain.length_S.sum()))
+            figures.setdefault(domain.label, {}).update(olmo)
     return figures, totals
 
 

@@ -3,7 +3,8 @@
 The plain loop needs nothing from here (`if evaluator.should_run(step): evaluator.run(model, step=step)`);
 `run_and_log` adds the wall time and tokens forwarded and hands the result to a logger. The trainer
 callbacks live in `inloop_eval.integrations.hf` (Hugging Face `Trainer`), `.lightning` (Lightning) and
-`.olmo_core` (OLMo-core); each decides when to evaluate with `EvalSchedule`.
+`.olmo_core` (OLMo-core); each decides when to evaluate with `EvalSchedule`. `.olmo_core_perplexity` turns
+OLMo-core's perplexity callback config (`LMEvaluatorCallbackConfig`) into a perplexity evaluator config.
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@
 
 A trainer config that already holds OLMo-core's `downstream_evaluator` swaps it in one line,
 `replace_callback(trainer_config, "downstream_evaluator", InLoopEvalCallbackConfig(...))`; OLMo-core's task
-sets are `task_set="fast"` (or `with_recommended_evals(trainer_config, tokenizer, task_set="fast")`). To
+sets are `task_set="fast"` (or `with_recommended_evals(trainer_config, tokenizer, task_set="fast")`).
+OLMo-core's perplexity callback is replaced the same way by `InLoopPerplexityCallbackConfig` (OLMo-core's
+`LMEvaluatorCallbackConfig` fields; `.from_olmo_core(config)`), its figures OLMo-core's under OLMo-core's
+keys `eval/lm/<label>/CE loss` and `PPL` (`inloop_eval.integrations.olmo_core_perplexity`). To
 OLMo-core the callback is an `EvaluatorCallback`: `Trainer.eval_checkpoints()` and `ModelMergeCallback` (the
 merged weights' figures under `eval/merged/...`) run it, `no_evals=True` switches it off, and the last step it
 evaluated is saved in OLMo-core's checkpoints, so a resumed run evaluates no step twice.
@@ -32,6 +35,7 @@ from typing import Any, ClassVar
 
 import torch
 from olmo_core.data import TokenizerConfig
+from olmo_core.distributed.utils import get_world_size
 from olmo_core.eval.task_groups import TASK_GROUPS
 from olmo_core.train import TrainerConfig
 from olmo_core.train.callbacks import Callback, CallbackConfig, EvaluatorCallback
@@ -47,6 +51,12 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import EvalSchedule, run_and_log
+from inloop_eval.integrations.olmo_core_perplexity import (
+    OLMO_CORE_PERPLEXITY_CALLBACK,
+    SHARED_FIELDS,
+    PerplexityCallbackFields,
+    validation_mix_dataset,
+)
 from inloop_eval.keys import KEY_STYLES, OLMO_CORE_EVAL_TIME_KEY, PREFIX, is_olmo_core_key, seconds_key
 from inloop_eval.tasks.registry import check_task_id
 
@@ -178,6 +188,34 @@ class InLoopEvalCallbackConfig(CallbackConfig):
         root = Path(self.data_root).expanduser() if self.data_root else default_data_root()
         tokenizer = olmo_tokenizer(self.tokenizer, root) if self.tokenizer is not None else None
         evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
+        return InLoopEvalCallback(
+            evaluator,
+            autocast=getattr(train_module, "autocast_precision", None),
+            eval_on_startup=self.eval_on_startup,
+            eval_on_finish=self.eval_on_finish,
+            olmo_core_keys_only=self.olmo_core_keys_only,
+        )
+
+
+@dataclass
+class InLoopPerplexityCallbackConfig(PerplexityCallbackFields):
+    """OLMo-core's `LMEvaluatorCallbackConfig`, the same fields, evaluated by this project's perplexity
+    evaluator with OLMo-core's figures and keys (`inloop_eval.integrations.olmo_core_perplexity`):
+
+        olmo = trainer_config.callbacks["lm_evaluator"]
+        trainer_config = replace_callback(
+            trainer_config, "lm_evaluator", InLoopPerplexityCallbackConfig.from_olmo_core(olmo)
+        )
+    """
+
+    def build(self, trainer: Any) -> Callback | None:
+        if not self.enabled:
+            return None
+        train_module = trainer.train_module
+        dp_world_size = get_world_size(getattr(trainer, "dp_process_group", None))
+        config = self.evaluator_config(train_module.eval_batch_spec, dp_world_size)
+        root = Path(self.data_root).expanduser() if self.data_root else default_data_root()
+        evaluator = InLoopEvaluator(config, tokenizer=olmo_tokenizer(self.eval_dataset.tokenizer, root))
         return InLoopEvalCallback(
             evaluator,
             autocast=getattr(train_module, "autocast_precision", None),
@@ -331,6 +369,7 @@ def with_recommended_evals(
     task_set: str = "full",
     eval_interval: int = 10_000,
     lazy_load: bool = False,
+    mix_base_dir: str | None = None,
     **callback_fields: Any,
 ) -> TrainerConfig:
     """`trainer_config.with_recommended_evals(...)` with this project's downstream callback: under OLMo-core's
@@ -339,27 +378,32 @@ def with_recommended_evals(
     their figures under OLMo-core's keys (`key_style="olmo_core"`), evaluated every `eval_interval` steps
     and after the last.
 
-    cluster: given, the perplexity callback is OLMo-core's own (`lm_evaluator`, its validation mix for the
-    cluster at `sequence_length`, built by OLMo-core's method, which needs its `beaker` dependency);
-    None, no perplexity callback. lazy_load: accepted for OLMo-core's signature (task data is read at the first
-    evaluation anyway). callback_fields: more `InLoopEvalCallbackConfig` fields (e.g. `limit`,
-    `olmo_core_keys_only`, `data_root`).
+    cluster: given, the perplexity callback `lm_evaluator` too, this project's (`InLoopPerplexityCallbackConfig`)
+    on OLMo-core's validation mix for the cluster at `sequence_length`, built as OLMo-core builds it (its
+    storage root found through OLMo-core's beaker dependency for `ai2/` clusters); None, no perplexity callback.
+    mix_base_dir: the validation mix under this folder instead (a local copy), with or without `cluster`.
+    lazy_load: accepted for OLMo-core's signature (task data is read at the first evaluation anyway).
+    callback_fields: more `InLoopEvalCallbackConfig` fields (e.g. `limit`, `olmo_core_keys_only`,
+    `data_root`); `olmo_core_keys_only`, `strict` and `data_root` apply to the perplexity callback too.
     """
     del lazy_load
     fields: dict[str, Any] = {"key_style": "olmo_core", "eval_on_finish": True, **callback_fields}
     downstream = InLoopEvalCallbackConfig(
         task_set=task_set, tokenizer=tokenizer, eval_interval=eval_interval, **fields
     )
-    if cluster is None:
-        return trainer_config.with_callback(OLMO_CORE_DOWNSTREAM_CALLBACK, downstream)
+    with_downstream = trainer_config.with_callback(OLMO_CORE_DOWNSTREAM_CALLBACK, downstream)
+    if cluster is None and mix_base_dir is None:
+        return with_downstream
     if sequence_length is None:
         raise ConfigError(
-            "with_recommended_evals: `sequence_length` is required with `cluster` (the validation mix)"
+            "with_recommended_evals: `sequence_length` is required with `cluster` or `mix_base_dir` (the validation mix)"
         )
-    olmo = trainer_config.with_recommended_evals(
-        tokenizer, sequence_length, cluster, task_set=task_set, eval_interval=eval_interval
+    mix = validation_mix_dataset(tokenizer, sequence_length, cluster=cluster, mix_base_dir=mix_base_dir)
+    shared = {name: value for name, value in callback_fields.items() if name in SHARED_FIELDS}
+    perplexity = InLoopPerplexityCallbackConfig(
+        eval_dataset=mix, eval_interval=eval_interval, eval_on_finish=True, **shared
     )
-    return replace_callback(olmo, OLMO_CORE_DOWNSTREAM_CALLBACK, downstream)
+    return with_downstream.with_callback(OLMO_CORE_PERPLEXITY_CALLBACK, perplexity)
 
 
 def recorded(metrics: dict[str, float], olmo_core_keys_only: bool) -> dict[str, float]:

@@ -2,6 +2,8 @@
 
 ce = Σ nll / Σ tokens (token-weighted: a 10-token document weighs a tenth of a 100-token one, never a mean
 of per-document means), ppl = exp(ce), bpb = Σ nll / Σ bytes / ln 2 (nll in nats).
+OLMo-core's `LMEvaluator` (for `documents` domains): olmo_ce_loss = Σ nll / Σ positions, where a sequence of
+L tokens has L positions, the last predicting nothing (loss 0); olmo_ppl = exp(olmo_ce_loss).
 Legend: S sequences (or tokens: a token is a sequence of one).
 """
 
@@ -13,7 +15,11 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from inloop_eval.keys import OLMO_CORE_LM_FIGURE_NAMES
+
 FIGURES = ("ce", "ppl", "bpb")
+# OLMo-core's figures of a label: its `LMEvaluator`'s `CE loss` and `PPL`.
+OLMO_CORE_FIGURES = tuple(OLMO_CORE_LM_FIGURE_NAMES)
 
 
 def perplexity_update(nll_S: Tensor, n_tokens_S: Tensor, n_bytes_S: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -40,6 +46,17 @@ def perplexity_compute(sum_nll: float, n_tokens: int, n_bytes: int) -> dict[str,
     if n_bytes > 0:
         out["bpb"] = sum_nll / n_bytes / math.log(2)
     return out
+
+
+def olmo_core_perplexity(sum_nll: float, n_positions: int) -> dict[str, float]:
+    """OLMo-core's CE loss and PPL of a label from its synced Σ nll over `n_positions` positions (Σ L over its
+    sequences); NaN for a label without positions, as OLMo-core's mean of nothing is."""
+    ce = sum_nll / n_positions if n_positions > 0 else math.nan
+    try:
+        ppl = math.exp(ce)
+    except OverflowError:
+        ppl = math.inf
+    return dict(zip(OLMO_CORE_FIGURES, (ce, ppl), strict=True))
 
 
 class PerplexityMetric(Metric):

@@ -29,6 +29,7 @@ from inloop_eval.errors import ConfigError
 from inloop_eval.integrations.olmo_core import (
     InLoopEvalCallback,
     InLoopEvalCallbackConfig,
+    InLoopPerplexityCallbackConfig,
     replace_callback,
     task_set_ids,
     with_recommended_evals,
@@ -157,7 +158,8 @@ def test_task_sets_hold_exactly_olmo_cores_labels(task_set):
 
 def test_with_recommended_evals_fast(data_root, monkeypatch):
     """task_set="fast": OLMo-core's 26 labels as `olmo:` tasks under OLMo-core's callback name and keys;
-    with `cluster`, OLMo-core's own perplexity callback beside it; every id accepted at the trainer build."""
+    with `cluster`, this project's perplexity callback beside it on OLMo-core's validation mix, under OLMo-core's
+    name; every id accepted at the trainer build."""
     neox = TokenizerConfig.gpt_neox_olmo_dolma_v1_5()
     config = with_recommended_evals(
         TrainerConfig(save_folder="unused"),
@@ -180,13 +182,20 @@ def test_with_recommended_evals_fast(data_root, monkeypatch):
     ) == ("olmo_core", 500, True)
     trainer = types.SimpleNamespace(train_module=types.SimpleNamespace(eval_batch_spec=None))
     assert isinstance(downstream_config.build(trainer), InLoopEvalCallback)
-    # OLMo-core's method reads the cluster's root through its beaker-dependent helpers: stand in for them.
+    # OLMo-core finds the cluster's root through its beaker-dependent helpers: stand in for them.
     common = types.ModuleType("olmo_core.internal.common")
     common.get_root_dir = lambda cluster: "/mix"  # type: ignore[attr-defined]
     common.get_work_dir = lambda root: "/mix/cache"  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "olmo_core.internal.common", common)
     both = with_recommended_evals(TrainerConfig(save_folder="unused"), neox, 128, "local", task_set="fast")
-    assert isinstance(both.callbacks["lm_evaluator"], LMEvaluatorCallbackConfig)
+    perplexity = both.callbacks["lm_evaluator"]
+    assert isinstance(perplexity, InLoopPerplexityCallbackConfig)
+    assert isinstance(perplexity, LMEvaluatorCallbackConfig)  # every field of OLMo-core's config
+    assert (perplexity.eval_dataset.mix_base_dir, perplexity.eval_dataset.work_dir) == ("/mix", "/mix/cache")
+    assert (
+        perplexity.eval_dataset.mix == "v3-small-ppl-validation"
+        and perplexity.eval_dataset.sequence_length == 128
+    )
     assert both.callbacks["downstream_evaluator"].task_ids() == downstream_config.task_ids()
     with pytest.raises(ConfigError, match="task_set 'fastest' is not one of OLMo-core's task sets"):
         with_recommended_evals(TrainerConfig(save_folder="unused"), neox, task_set="fastest")

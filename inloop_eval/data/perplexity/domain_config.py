@@ -8,7 +8,9 @@ from typing import Annotated
 from inloop_eval.config_fields import AtLeast, check_fields, check_label, one_of, shown
 from inloop_eval.errors import ConfigError
 
-LM_FORMATS = ("memmap", "jsonl", "text")
+LM_FORMATS = ("memmap", "documents", "jsonl", "text")
+# The formats whose files hold raw token ids.
+TOKEN_FORMATS = ("memmap", "documents")
 LM_DTYPES = ("uint16", "uint32")
 
 
@@ -28,10 +30,15 @@ class LMDomainConfig:
     """Files or glob patterns (`**` recurses, `~` expands), e.g. `[~/lm/code/*.npy]`; a single string is
     taken as a one-element list."""
     format: str = "memmap"
-    """`memmap`: raw token ids (OLMo's `.npy` files), read as sequences of `seq_len`; `jsonl`: one document
-    per line in the field `text_field` (`.gz` allowed); `text`: each file is one document."""
+    """`memmap`: raw token ids (OLMo's `.npy` files), read as sequences of `seq_len`; `documents`: the same
+    files read as OLMo-core's `NumpyPaddedFSLDataset` reads them, each document (ending at `eos_token_id`) one
+    sequence of its first `seq_len` tokens; `jsonl`: one document per line in the field `text_field` (`.gz`
+    allowed); `text`: each file is one document."""
     dtype: str = "uint16"
-    """Token type of raw `memmap` files (`uint16` or `uint32`); files written by `np.save` carry their own."""
+    """Token type of raw `memmap` / `documents` files (`uint16` or `uint32`); files written by `np.save` carry
+    their own."""
+    eos_token_id: Annotated[int, AtLeast(0)] | None = None
+    """`documents`: the token that ends each document; null: the tokenizer's EOS."""
     text_field: str = "text"
     """Field of each JSONL line holding the document (`format: jsonl`)."""
     max_tokens: Annotated[int, AtLeast(1)] | None = None
@@ -47,5 +54,10 @@ class LMDomainConfig:
             )
         one_of(self.format, LM_FORMATS, f"lm domain {self.label!r}: format")
         one_of(self.dtype, LM_DTYPES, f"lm domain {self.label!r}: dtype")
+        if self.eos_token_id is not None and self.format != "documents":
+            raise ConfigError(
+                f"lm domain {self.label!r}: eos_token_id applies to format 'documents' only, found format "
+                f"{self.format!r}; leave it out"
+            )
         if not self.text_field:
             raise ConfigError(f"lm domain {self.label!r}: text_field must not be empty")

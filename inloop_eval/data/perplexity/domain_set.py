@@ -6,6 +6,7 @@ Two kinds of source, one `DomainSet` for both:
   do not fill a sequence are not used. Bytes come from a per-token byte-length table built from the
   tokenizer (special tokens count 0).
 - `jsonl` / `text`: the windows of the label's documents (`token_cache`).
+- `documents`: OLMo-core's padded documents, one sequence per document (`documents`).
 A label holding more than its token cap is cut to a fixed seeded choice of whole sequences
 (`select_under_cap`), so every evaluation of a run scores the same ones.
 
@@ -40,7 +41,7 @@ class DomainSet:
     """The sequences of one label.
 
     parts: flat token arrays (memmaps) that the sequences index into.
-    part_S, start_S, length_S: where each sequence lies (length >= 2 tokens).
+    part_S, start_S, length_S: where each sequence lies (length >= 2 tokens; >= 1 for `documents`).
     bytes_S: UTF-8 bytes of the tokens each sequence predicts (all 0 when unknown).
     sources, source_S, item_S: the file each sequence comes from and its number there (a sequence of a
         memmap file, a document of a text file), for messages.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from inloop_eval.data.perplexity.documents import load_documents_domain
 from inloop_eval.data.perplexity.domain_config import LMDomainConfig
 from inloop_eval.data.perplexity.domain_set import DomainSet, load_memmap_domain, text_domain
 from inloop_eval.data.perplexity.sources import unreadable
@@ -70,6 +71,9 @@ def load_domains(
         try:
             if d.format == "memmap":
                 domains[d.label] = load_memmap_domain(d, seq_len, byte_table, cap(d))
+            elif d.format == "documents":
+                eos = documents_eos(d, tokenizer)
+                domains[d.label] = load_documents_domain(d, seq_len, byte_table, cap(d), eos)
             else:
                 source = locate_text_domain(d, seq_len, tokenizer, cache_dir)
                 # Rank 0 reads or builds the cache while the others wait in the agreement below.
@@ -90,6 +94,18 @@ def load_domains(
         _agree(opened, errors, domains, {})
     ordered = {d.label: domains[d.label] for d in configs if d.label in domains}
     return LoadedDomains(ordered, {d.label: errors[d.label] for d in configs if d.label in errors})
+
+
+def documents_eos(domain: LMDomainConfig, tokenizer: TokenizerLike) -> int:
+    """The token that ends each document of a `documents` domain: its own `eos_token_id`, else the
+    tokenizer's EOS."""
+    eos = domain.eos_token_id if domain.eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise LMDataError(
+            f"label {domain.label!r}: format 'documents' splits its files at the EOS token, and neither the "
+            "domain nor the tokenizer names one; set the domain's `eos_token_id`"
+        )
+    return int(eos)
 
 
 def _agree(
