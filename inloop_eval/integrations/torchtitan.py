@@ -6,16 +6,17 @@
     config.validator = InLoopValidator.Config(tasks=["piqa", "arc_easy"], freq=1000)
 
 torchtitan's `Trainer` builds `config.validator` with its runtime objects and, after each step that
-`should_validate` accepts (torchtitan's rule: step 1 and every `freq` steps), calls
+`should_validate` accepts (torchtitan's rule: step 1 and every `freq` steps, 1000 by default), calls
 `validate(model_parts, step)`. The validator evaluates with the trainer's tokenizer (its BOS and EOS ids as
 torchtitan found them), the training sequence length as the longest context, documents sharded over
 torchtitan's data-parallel "batch" mesh (dp_replicate x dp_shard: the tensor-parallel peers of a rank score
 the same documents), and the model called as torchtitan's own validator calls it (its input processing and
 attention masks, under its validation context). A model whose output head is skipped (`ChunkedLossWrapper`
-applies it in the loss) returns hidden states, and only the positions read go through `lm_head`; a
-tensor-parallel head returns logits sharded on the vocabulary, scored without gathering it
-(engine/vocab_parallel.py). The figures go to torchtitan's metric logger (TensorBoard, W&B) under our keys,
-and stay in `last_metrics`. `loss_validation=True` also runs torchtitan's own loss validation.
+applies it in the loss) returns hidden states, and only the positions read go through `lm_head`, once per
+forward (FSDP gathers its weights on every call); a tensor-parallel head returns logits sharded on the
+vocabulary, scored without gathering it (engine/vocab_parallel.py). The figures go to torchtitan's metric
+logger (TensorBoard, W&B) under our keys, and stay in `last_metrics`. `loss_validation=True` also runs
+torchtitan's own loss validation.
 
 Context and pipeline parallelism are refused when the validator is built (their forward needs sharded inputs
 or a schedule this validator does not drive yet).
@@ -61,6 +62,13 @@ class InLoopValidator(Validator):
     class Config(Validator.Config):
         enable: bool = True
         """Build the validator (torchtitan builds none when False)."""
+
+        freq: int = 1000
+        """Validate at step 1 and every `freq` steps (torchtitan's rule)."""
+
+        steps: int = 10
+        """Batches of torchtitan's loss validation (with `loss_validation`); torchtitan's default, -1 (the
+        whole set), warns that it can hang."""
 
         tasks: list[str] | None = None
         """Task ids (`inloop-eval tasks` lists them), each evaluated with `limit` and `batch_tokens`."""
@@ -176,8 +184,7 @@ def check_layout(parallel_dims: Any) -> None:
         if enabled:
             raise ConfigError(
                 f"InLoopValidator: {name} parallelism (degree > 1) is not supported yet: set "
-                f"`parallelism.{'context' if name == 'context' else 'pipeline'}_parallel_degree = 1`, or "
-                "evaluate a checkpoint apart"
+                f"`parallelism.{name}_parallel_degree = 1`, or evaluate a checkpoint apart"
             )
 
 
