@@ -3,14 +3,18 @@
 The plain loop needs nothing from here (`if evaluator.should_run(step): evaluator.run(model, step=step)`);
 `run_and_log` adds the wall time and tokens forwarded and hands the result to a logger. The trainer
 callbacks live in `inloop_eval.integrations.hf` (Hugging Face `Trainer`), `.lightning` (Lightning) and
-`.olmo_core` (OLMo-core); each decides when to evaluate with `EvalSchedule`. `.olmo_core_perplexity` turns
-OLMo-core's perplexity callback config (`LMEvaluatorCallbackConfig`) into a perplexity evaluator config.
+`.olmo_core` (OLMo-core), each deciding when to evaluate with `EvalSchedule`; torchtitan's validator slot in
+`.torchtitan` (torchtitan decides when). `.olmo_core_perplexity` turns OLMo-core's perplexity callback config
+(`LMEvaluatorCallbackConfig`) into a perplexity evaluator config.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+from torch.distributed import ProcessGroup
+from torch.distributed.device_mesh import DeviceMesh
 
 from inloop_eval.distributed import all_reduce_sum
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -45,14 +49,16 @@ def run_and_log(
     logger: MetricsLogger | None = None,
     *,
     prefix: str = PREFIX,
+    dp_group: ProcessGroup | DeviceMesh | None = None,
 ) -> dict[str, float]:
     """`evaluator.run(model, step=step, prefix=prefix)` plus `eval/seconds` (wall time of the call) and
     `eval/tokens_forwarded` (tokens sent through the model by all ranks, padding and dummies included), logged
     at `step`, with each task's per-document outcomes (`logger.log_outcomes`, unless the config's `outcomes`
     is off). Every rank must call it (the evaluator and the token count sync across ranks).
-    prefix: the first part of every key (`eval`; `eval/merged` for OLMo-core's merged weights)."""
+    prefix: the first part of every key (`eval`; `eval/merged` for OLMo-core's merged weights).
+    dp_group: the data-parallel group of a model split over ranks (`InLoopEvaluator.run`'s)."""
     start = time.perf_counter()
-    metrics = dict(evaluator.run(model, step=step, prefix=prefix))
+    metrics = dict(evaluator.run(model, step=step, prefix=prefix, dp_group=dp_group))
     metrics[seconds_key(prefix)] = time.perf_counter() - start
     metrics[tokens_key(prefix)] = float(all_reduce_sum(evaluator.tokens_forwarded))
     if logger is not None:

@@ -1,7 +1,8 @@
 """The evaluator with a data-parallel group and a tensor-parallel model, under real process groups (torchrun,
 gloo on CPU): DP x TP splits of 2 and 4 processes give the figures of one process, peers of a model-parallel
 group score the same documents, a vocabulary-sharded head gives the unsharded model's numbers without
-allocating more than [U, V/TP] in scoring, and sharding over no group or the wrong one is refused.
+allocating more than [U, V/TP] in scoring, a Llama-style model under torchtitan's whole tensor-parallel plan
+gives its unsharded numbers, and sharding over no group or the wrong one is refused.
 
 One torchrun launch per world size runs the checks of tests/support/workers/parallel_checks.py; world size 1
 runs them in this process without a process group (the reference).
@@ -22,7 +23,7 @@ from workers.launch import REPO, torchrun, worker_env
 from inloop_eval.distributed import check_data_parallel, resolve_data_parallel
 from inloop_eval.errors import ConfigError
 
-LAUNCHES: dict[int, list[str]] = {2: ["layouts", "vocab_tp"], 4: ["layouts"]}
+LAUNCHES: dict[int, list[str]] = {2: ["layouts", "vocab_tp", "torchtitan_plan"], 4: ["layouts"]}
 LAUNCH_TIMEOUT_S = 300
 EXACT = ("/acc", "/acc_norm", "/acc_bytes", "/acc_per_token", "/acc_pmi", "/n_docs", "/failed")
 
@@ -41,7 +42,7 @@ def assert_same_metrics(found: dict[str, float], expected: dict[str, float], whe
 def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("INLOOP_EVAL_HOME", str(tmp_path_factory.mktemp("home1")))
-        return parallel_checks.run_checks(["layouts", "vocab_tp"], data_root)
+        return parallel_checks.run_checks(["layouts", "vocab_tp", "torchtitan_plan"], data_root)
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +96,21 @@ def test_vocabulary_sharded_head_gives_the_unsharded_numbers(single, launched, p
             assert math.isclose(s["ll"], ref["ll"], rel_tol=1e-5, abs_tol=1e-5), (s, ref)
             if ref["ll_uncond"] is not None:
                 assert math.isclose(s["ll_uncond"], ref["ll_uncond"], rel_tol=1e-5, abs_tol=1e-5), (s, ref)
+
+
+def test_torchtitans_tensor_parallel_plan_gives_the_unsharded_numbers(single, launched) -> None:
+    """A Llama-style model under torchtitan's whole plan (column/row-parallel attention and MLP, sequence-
+    parallel norms and residual stream, vocabulary-sharded output) at TP=2 equals it unsharded."""
+    reference = single["torchtitan_plan"]
+    expected = {(s["task"], s["doc_id"], s["cont_id"]): s for s in reference["samples"]}
+    for rank, result in enumerate(launched[2]):
+        found = result["torchtitan_plan"]
+        assert_same_metrics(found["metrics"], reference["metrics"], f"rank {rank}", 1e-5)
+        assert len(found["samples"]) == len(expected)
+        for s in found["samples"]:
+            ref = expected[(s["task"], s["doc_id"], s["cont_id"])]
+            assert s["is_greedy"] == ref["is_greedy"], s
+            assert math.isclose(s["ll"], ref["ll"], rel_tol=1e-5, abs_tol=1e-5), (s, ref)
 
 
 @pytest.mark.parametrize("path", ["hidden", "logits"])

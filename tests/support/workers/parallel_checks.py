@@ -15,15 +15,25 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import inloop_eval.engine.scoring as scoring_module
 from inloop_eval.engine.adapters import LogitsAdapter
 from inloop_eval.errors import ConfigError
+from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
 from workers.dist_checks import Context, per_rank, tiny_gpt
 from workers.launch import checks_main
@@ -146,7 +156,121 @@ def check_vocab_tp(ctx: Context) -> dict[str, Any]:
     return out
 
 
-CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {"layouts": check_layouts, "vocab_tp": check_vocab_tp}
+class Attention(nn.Module):
+    """Causal multi-head attention with separate q/k/v projections (torchtitan's names). The heads are counted
+    from the projection's width, so a column-parallel projection gives each rank its own."""
+
+    def __init__(self, dim: int, n_heads: int) -> None:
+        super().__init__()
+        self.head_dim = dim // n_heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        B, T = x_BTD.shape[:2]
+        q, k, v = (
+            w(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
+        )
+        return self.wo(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU (torchtitan's names)."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x_BTD)) * self.w3(x_BTD))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, dim: int, n_heads: int) -> None:
+        super().__init__()
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
+        self.attention = Attention(dim, n_heads)
+        self.feed_forward = FeedForward(dim, 2 * dim)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        x_BTD = x_BTD + self.attention(self.attention_norm(x_BTD))
+        return x_BTD + self.feed_forward(self.ffn_norm(x_BTD))
+
+
+class TinyLlama(nn.Module):
+    """input ids [B, T] -> logits [B, T, V]: embedding, Llama blocks, RMSNorm, output head (no positional
+    encoding: causal attention alone orders the tokens)."""
+
+    def __init__(self, vocab: int = GPT_VOCAB, dim: int = 32, n_layers: int = 2, n_heads: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(4321)
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(LlamaBlock(dim, n_heads) for _ in range(n_layers))
+        self.norm = nn.RMSNorm(dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(input_ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+def torchtitan_plan(model: TinyLlama, mesh: Any) -> TinyLlama:
+    """torchtitan's tensor-parallel plan for Llama (its `apply_tp`): column/row-parallel attention and MLP,
+    sequence-parallel norms and residual stream, the output head sharded on the vocabulary (loss parallel)."""
+    parallelize_module(
+        model,
+        mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(
+                input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False
+            ),
+        },
+    )
+    block_plan = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+    } | {f"attention.{n}": ColwiseParallel() for n in ("wq", "wk", "wv")}
+    block_plan |= {f"feed_forward.{n}": ColwiseParallel() for n in ("w1", "w3")}
+    for layer in model.layers:
+        parallelize_module(layer, mesh, block_plan)
+    return model
+
+
+def check_torchtitan_plan(ctx: Context) -> dict[str, Any]:
+    """TinyLlama under torchtitan's full tensor-parallel plan over the whole world (one data-parallel rank),
+    through its DTensor logits [B, T, V] sharded on the vocabulary; rows padded to an even width (sequence
+    parallelism splits the positions). The reference at world size 1 is the plain TinyLlama."""
+    world_size = ctx.world_size
+    model = TinyLlama()
+    mesh = None
+    if world_size > 1:
+        mesh = init_device_mesh("cpu", (1, world_size), mesh_dim_names=("dp", "tp"))
+        model = torchtitan_plan(model, mesh["tp"])
+    config = EvaluatorConfig(
+        evaluators=[dict(e) for e in TASKS],
+        data_root=str(ctx.data_root),
+        max_length=MAX_LENGTH,
+        strict=True,
+        pad_to_multiple=2,
+    )
+    ev = InLoopEvaluator(config, tokenizer=ctx.tokenizer)
+    metrics = ev.run(LogitsAdapter(model, MAX_LENGTH), dp_group=mesh)
+    return {"metrics": metrics, "samples": samples(ev)}
+
+
+CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {
+    "layouts": check_layouts,
+    "vocab_tp": check_vocab_tp,
+    "torchtitan_plan": check_torchtitan_plan,
+}
 
 
 def run_checks(names: list[str], data_root: Path) -> dict[str, Any]:
