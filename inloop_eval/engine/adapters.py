@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from inloop_eval.engine.olmo_core_packing import packed_attention, packs
 from inloop_eval.engine.vocab_parallel import select_rows
 from inloop_eval.errors import ConfigError, ModelOutputError
 
@@ -218,20 +220,21 @@ class HFCausalLMAdapter(ModelAdapter):
 class OLMoCoreAdapter(ModelAdapter):
     """An OLMo-core `Transformer` (`olmo_core.nn.transformer`), called through `__call__` so that FSDP's hooks
     run. Its forward takes `logits_to_keep` [B, K] (positions per row), so the output head projects only
-    the positions read. Never packed: the forward accepts unknown keyword arguments and ignores them, so an
-    attention mask and position ids would be dropped without an error and packed rows scored wrongly.
+    the positions read. Its forward ignores an attention mask and position ids, so packed rows run inside
+    `packed_attention` (olmo_core_packing.py), which gives its attention both; a model that module was not
+    verified for (`packing_refusal`: flash backends, MoE, tensor parallelism, ...) is scored one request
+    per row, said once in the log.
 
     max_length: the context length it was trained at (the train module's `max_sequence_length`); the model
         does not record it, and RoPE would run past it without complaint.
     """
-
-    supports_packing = False
 
     def __init__(self, model: Any, max_length: int) -> None:
         super().__init__(model)
         self.max_length = max_length
         self.vocab_size = int(model.vocab_size)
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.supports_packing = packs(model)
 
     def features(
         self,
@@ -241,18 +244,42 @@ class OLMoCoreAdapter(ModelAdapter):
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
     ) -> tuple[Tensor, Head]:
-        if attention_mask is not None or position_ids is not None:
-            raise ValueError(
-                "OLMoCoreAdapter: packed rows were planned, but OLMo-core models are never packed"
-            )
+        packed = self._packed(input_ids_BT, attention_mask, position_ids)
         if not self.keeps_logits:
-            logits_BTV = self.model(input_ids_BT)
+            with packed:
+                logits_BTV = self.model(input_ids_BT)
             _check_logits(logits_BTV, input_ids_BT.shape[0], input_ids_BT.shape[1])
             return logits_BTV[rows_N, cols_N], _identity
         keep_BK, slot_N = positions_to_keep(rows_N, cols_N, input_ids_BT.shape[0])
-        logits_BKV = self.model(input_ids_BT, logits_to_keep=keep_BK)
+        with packed:
+            logits_BKV = self.model(input_ids_BT, logits_to_keep=keep_BK)
         _check_logits(logits_BKV, keep_BK.shape[0], keep_BK.shape[1])
         return logits_BKV[rows_N, slot_N], _identity
+
+    def _packed(
+        self, input_ids_BT: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None
+    ) -> AbstractContextManager[None]:
+        """The context a forward of this batch runs in: `packed_attention` for a packed batch."""
+        if attention_mask is None and position_ids is None:
+            return nullcontext()
+        B, T = input_ids_BT.shape
+        if not self.supports_packing:
+            raise ValueError(
+                f"OLMoCoreAdapter: packed rows were planned for {type(self.model).__name__}, which is scored "
+                "one request per row (see the log); plan with packing=adapter.supports_packing"
+            )
+        if (
+            attention_mask is None
+            or position_ids is None
+            or tuple(attention_mask.shape) != (B, 1, T, T)
+            or tuple(position_ids.shape) != (B, T)
+        ):
+            found = [None if x is None else tuple(x.shape) for x in (attention_mask, position_ids)]
+            raise ValueError(
+                f"OLMoCoreAdapter: a packed batch of input ids {(B, T)} needs an attention mask {(B, 1, T, T)} "
+                f"and position ids {(B, T)}, found {found[0]} and {found[1]}"
+            )
+        return packed_attention(self.model, attention_mask, position_ids)
 
 
 def positions_to_keep(rows_N: Tensor, cols_N: Tensor, n_rows: int) -> tuple[Tensor, Tensor]:

@@ -27,7 +27,17 @@ from inloop_eval.tasks import get_task, load_docs
 
 # World size -> the checks its launch runs.
 LAUNCHES: dict[int, list[str]] = {
-    2: ["cache", "metrics", "collective", "fsdp", "failures", "cache_race", "training"],
+    2: [
+        "cache",
+        "metrics",
+        "collective",
+        "fsdp",
+        "failures",
+        "cache_race",
+        "training",
+        "olmo_core_fsdp",
+        "olmo_core_tp",
+    ],
     3: ["cache", "metrics", "collective", "fsdp", "failures"],
     4: ["cache", "metrics"],
 }
@@ -57,7 +67,9 @@ def assert_same_metrics(found: dict[str, float], expected: dict[str, float], whe
 @pytest.fixture(scope="module")
 def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
     """World size 1: the checks in this process, without a process group, on an empty request cache."""
-    checks = sorted({c for names in LAUNCHES.values() for c in names} - {"cache_race", "training"})
+    checks = sorted(
+        {c for names in LAUNCHES.values() for c in names} - {"cache_race", "training", "olmo_core_tp"}
+    )
     order = [c for c in dist_checks.CHECKS if c in checks]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("INLOOP_EVAL_HOME", str(tmp_path_factory.mktemp("home1")))
@@ -151,6 +163,28 @@ def test_sharded_models_give_single_process_numbers(single, launched, check):
         assert len(set(result["calls"])) == 1, (nproc, result["calls"])
         tokens = result["tokens_forwarded"]
         assert any(len({r[label] for r in tokens}) > 1 for label in tokens[0]), (nproc, tokens)
+
+
+def test_fsdp_olmo_core_models_pack_and_give_single_process_numbers(single, launched):
+    """An OLMo-core Transformer under its own FSDP2 (`apply_fsdp`) at world size 2, called through
+    `__call__`: packed rows on every rank, as many forward calls on each, the numbers of the plain model
+    scored one request per row in one process, and fewer tokens in all."""
+    expected = single["olmo_core_fsdp"]
+    for nproc, rank, result in ranks_with(launched, "olmo_core_fsdp"):
+        assert_same_metrics(
+            result["metrics"], expected["metrics"], f"olmo_core_fsdp world size {nproc} rank {rank}"
+        )
+        assert result["packs"] == [True] * nproc and len(set(result["calls"])) == 1
+        for label, tokens in expected["tokens_forwarded"][0].items():
+            assert sum(r[label] for r in result["tokens_forwarded"]) < tokens, label
+
+
+def test_tensor_parallel_olmo_core_models_are_not_packed(launched):
+    for _, _, result in ranks_with(launched, "olmo_core_tp"):
+        assert result["packs"] is False
+        assert (
+            result["refusal"] == "its parameters are split over the model-parallel mesh dimension(s) ['tp']"
+        )
 
 
 @pytest.mark.parametrize("scenario", ["prepare", "scoring_fsdp", "forward_plain"])

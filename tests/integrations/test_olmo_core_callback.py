@@ -236,7 +236,7 @@ def tiny_olmo_core_model() -> torch.nn.Module:
 
 
 def test_olmo_core_models_ignore_a_mask_and_positions():
-    """Why OLMo-core models are never packed: their forward takes unknown keywords and ignores them."""
+    """Why packed rows run inside `packed_attention`: the forward takes unknown keywords and ignores them."""
     model = tiny_olmo_core_model()
     ids = torch.randint(0, 50000, (2, 12))
     mask = torch.zeros(2, 1, 12, 12, dtype=torch.bool)
@@ -246,7 +246,8 @@ def test_olmo_core_models_ignore_a_mask_and_positions():
 
 def test_adapter_projects_only_the_positions_read(data_root, neox_tokenizer):
     """The adapter calls the model with `logits_to_keep` (fewer positions than the batch is wide) and gets
-    the loglikelihoods of full logits; it never packs; a bare model without max_length is refused."""
+    the loglikelihoods of full logits; it packs (tests/engine/test_olmo_core_packing.py); a bare model without
+    max_length is refused."""
     model = tiny_olmo_core_model()
     kept: list[tuple[int, int]] = []
     hook = model.register_forward_pre_hook(
@@ -256,7 +257,7 @@ def test_adapter_projects_only_the_positions_read(data_root, neox_tokenizer):
     entries = [{"task": "piqa", "limit": 5, "batch_tokens": 512}, {"task": "mmlu_mc", "limit": 4}]
     config = EvaluatorConfig(evaluators=entries, data_root=str(data_root), strict=True, max_length=SEQ_LEN)
     adapter = make_adapter(model, SEQ_LEN)
-    assert isinstance(adapter, OLMoCoreAdapter) and not adapter.supports_packing
+    assert isinstance(adapter, OLMoCoreAdapter) and adapter.supports_packing
     assert (adapter.max_length, adapter.vocab_size) == (SEQ_LEN, 50304)
     evaluator = InLoopEvaluator(config, tokenizer=neox_tokenizer)
     ours = evaluator.run(model)

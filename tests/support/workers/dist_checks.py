@@ -26,7 +26,8 @@ import inloop_eval.evaluators.downstream as downstream_module
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer
 from inloop_eval.distributed import TaskFailedOnAnotherRank, world
-from inloop_eval.engine.adapters import LogitsAdapter
+from inloop_eval.engine.adapters import LogitsAdapter, OLMoCoreAdapter, make_adapter
+from inloop_eval.engine.olmo_core_packing import packing_refusal
 from inloop_eval.errors import ModelOutputError, TaskDataError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -56,6 +57,11 @@ METRIC_TASKS: list[dict[str, Any]] = [
 SHARDED_TASKS: list[dict[str, Any]] = [
     {"task": "copa", "limit": 13, "batch_tokens": 96},
     {"task": "mmlu_mc", "limit": 10, "batch_tokens": 128},
+]
+# Packed rows for OLMo-core models: rc tasks whose contexts several continuations share, a 5-shot context.
+OLMO_CORE_TASKS: list[dict[str, Any]] = [
+    {"task": "hellaswag", "limit": 5, "batch_tokens": 512},
+    {"task": "olmo:arc_easy_rc_5shot", "limit": 5, "batch_tokens": 1024},
 ]
 HEALTHY = {"task": "copa", "limit": 4, "batch_tokens": 64}
 FAILING = {"task": "arc_challenge", "label": "boom", "limit": 11, "batch_tokens": 64}
@@ -206,6 +212,54 @@ def check_fsdp(ctx: Context) -> dict[str, Any]:
     ev = ctx.evaluator(SHARDED_TASKS, strict=True)
     out = ev.run(model)
     return {"metrics": out, "calls": per_rank(calls[0]), "tokens_forwarded": per_rank(tokens_forwarded(ev))}
+
+
+def tiny_olmo_core() -> nn.Module:
+    """A seeded OLMo-core Transformer of the olmo2 shape (reordered norms, QK norm, GQA), the same on every
+    rank, its RoPE tables warmed to MAX_LENGTH as a train module warms them."""
+    from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
+
+    config = TransformerConfig.llama_like(
+        d_model=32, vocab_size=50304, n_layers=2, n_heads=4, n_kv_heads=2, qk_norm=True,
+        block_name=TransformerBlockType.reordered_norm, hidden_size_multiple_of=16,
+    )  # fmt: skip
+    torch.manual_seed(1234)
+    model = config.build(init_device="cpu")
+    model.init_weights(max_seq_len=MAX_LENGTH, device=torch.device("cpu"))
+    return model
+
+
+def check_olmo_core_fsdp(ctx: Context) -> dict[str, Any]:
+    """An OLMo-core Transformer under its own `apply_fsdp` (FSDP2 on every block and the root, a "dp" mesh)
+    at world size > 1, handed over as is: packed rows. World size 1: the plain model, one request per row."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = tiny_olmo_core()
+    if ctx.world_size == 1:
+        adapter = OLMoCoreAdapter(model, MAX_LENGTH)
+        adapter.supports_packing = False
+        ev = ctx.evaluator(OLMO_CORE_TASKS, strict=True)
+        return {"metrics": ev.run(adapter), "packs": [False], "tokens_forwarded": [tokens_forwarded(ev)]}
+    model.apply_fsdp(dp_mesh=init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("dp",)))
+    calls = forward_counter(model)
+    ev = ctx.evaluator(OLMO_CORE_TASKS, strict=True)
+    out = ev.run(model)
+    return {
+        "metrics": out,
+        "packs": per_rank(make_adapter(model, MAX_LENGTH).supports_packing),
+        "calls": per_rank(calls[0]),
+        "tokens_forwarded": per_rank(tokens_forwarded(ev)),
+    }
+
+
+def check_olmo_core_tp(ctx: Context) -> dict[str, Any]:
+    """An OLMo-core Transformer under its own `apply_tp` over every rank (a "tp" mesh) is not packed, and
+    the reason names the mesh dimension."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = tiny_olmo_core()
+    model.apply_tp(init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("tp",)))
+    return {"packs": OLMoCoreAdapter(model, MAX_LENGTH).supports_packing, "refusal": packing_refusal(model)}
 
 
 @contextmanager
@@ -359,6 +413,8 @@ CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "failures": check_failures,
     "cache_race": check_cache_race,
     "training": check_training,
+    "olmo_core_fsdp": check_olmo_core_fsdp,
+    "olmo_core_tp": check_olmo_core_tp,
 }
 
 

@@ -1,0 +1,338 @@
+"""OLMo-core Transformers take packed rows: each request gets the numbers of its own unshared row on every call
+path (logits_to_keep, full logits, one row per batch, bfloat16 autocast, compiled blocks), the model comes
+back exactly as it was, and the models it was not verified for go one request per row with one log line.
+
+The reference is independent of the planner: one plain forward per request over context + continuation[:-1]
+and a float64 log-softmax over its full logits. (FSDP2 and tensor parallelism: tests/engine/test_distributed.py,
+checks `olmo_core_fsdp` and `olmo_core_tp`.)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from olmo_core.nn.attention import GateConfig, SlidingWindowAttentionConfig
+from olmo_core.nn.attention.backend import FlashAttention2Backend
+from olmo_core.nn.transformer import Transformer, TransformerBlockType, TransformerConfig
+
+from inloop_eval.engine import olmo_core_packing
+from inloop_eval.engine.adapters import LogitsAdapter, OLMoCoreAdapter, make_adapter
+from inloop_eval.engine.batching import plan_batches
+from inloop_eval.engine.scoring import PairScores, run_batches
+from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from inloop_eval.requests.table import PairSet, build_requests
+from inloop_eval.tasks import get_task, load_docs
+
+MAX_LENGTH = 512
+VOCAB = 50304
+TASKS = ("hellaswag", "arc_easy", "mmlu_mc", "winogrande")  # rc, rc, letter keys, partial scoring
+N_DOCS = 4
+
+
+def olmo_core_model(shape: str, **overrides) -> torch.nn.Module:
+    """A tiny seeded OLMo-core Transformer (d_model 32, 2 layers) of one of the verified shapes:
+    `olmo2` (reordered norms, QK norm, 4 query heads on 2 key/value heads), `llama` (pre-norm, multi-head),
+    `olmo3_window` (peri-norm, head-wise QK norm, one key/value head, a head-wise gate, and a sliding window
+    of 3 tokens on the first layer, which every context here is longer than)."""
+    common = dict(d_model=32, vocab_size=VOCAB, n_layers=2, hidden_size_multiple_of=16)
+    if shape == "olmo2":
+        kwargs = dict(n_heads=4, n_kv_heads=2, block_name=TransformerBlockType.reordered_norm, qk_norm=True)
+    elif shape == "llama":
+        kwargs = dict(n_heads=2)
+    elif shape == "olmo3_window":
+        window = SlidingWindowAttentionConfig(
+            pattern=[3, -1],
+            force_full_attention_on_first_layer=False,
+            force_full_attention_on_last_layer=False,
+        )
+        kwargs = dict(
+            n_heads=4,
+            n_kv_heads=1,
+            block_name=TransformerBlockType.peri_norm,
+            qk_norm=True,
+            use_head_qk_norm=True,
+            gate=GateConfig(),
+            sliding_window=window,
+        )
+    else:
+        raise ValueError(shape)
+    config = TransformerConfig.llama_like(**common, **{**kwargs, **overrides})
+    torch.manual_seed(0)
+    model = config.build(init_device="cpu")
+    model.init_weights(
+        max_seq_len=MAX_LENGTH, device=torch.device("cpu")
+    )  # RoPE tables warmed, as in training
+    return model.eval()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny: one thread beats two, and far more on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def requests(data_root, neox_tokenizer) -> dict[str, tuple[PairSet, np.ndarray]]:
+    """Each task's first N_DOCS documents: their pairs, and the ids of the main then unconditional pairs."""
+    out = {}
+    for name in TASKS:
+        task = get_task(name)
+        table = build_requests(
+            task, load_docs(task, data_root, limit=N_DOCS), neox_tokenizer, MAX_LENGTH, with_uncond=True
+        )
+        uncond = np.unique(table.uncond_id)
+        out[name] = (
+            table.pairs.concat(table.uncond),
+            np.concatenate([np.arange(len(table)), len(table) + uncond[uncond >= 0]]),
+        )
+    return out
+
+
+def reference_scores(model, pairs: PairSet, pair_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One plain forward per request over its own row, float64 log-softmax over the whole vocabulary."""
+    ll, greedy = [], []
+    with torch.no_grad():
+        for p in pair_ids:
+            ctx, cont = pairs.context(int(p)), pairs.continuation(int(p))
+            ids = torch.from_numpy(np.concatenate([ctx, cont[:-1]]))[None]
+            logp = torch.log_softmax(model(ids)[0, -len(cont) :].double(), dim=-1)
+            target = torch.from_numpy(cont)
+            ll.append(float(logp[torch.arange(len(cont)), target].sum()))
+            greedy.append(bool((logp.argmax(-1) == target).all()))
+    return np.array(ll), np.array(greedy)
+
+
+def score(adapter, pairs: PairSet, pair_ids: np.ndarray, **plan) -> PairScores:
+    with torch.no_grad():
+        return run_batches(adapter, plan_batches(pairs, pair_ids, **plan), len(pair_ids))
+
+
+def packed_plan(batch_tokens: int = 4096) -> dict:
+    return dict(batch_tokens=batch_tokens, packing=True, max_length=MAX_LENGTH)
+
+
+@pytest.mark.parametrize("shape", ["olmo2", "llama", "olmo3_window"])
+def test_packed_rows_give_the_unshared_numbers(shape, requests):
+    """Every path, every task: loglikelihoods within 1e-5 of one plain forward per request, the same
+    greedy flags; packed batches forward fewer tokens than one request per row."""
+    model = olmo_core_model(shape)
+    adapter = make_adapter(model, MAX_LENGTH)
+    assert isinstance(adapter, OLMoCoreAdapter) and adapter.supports_packing and adapter.keeps_logits
+    full_logits = OLMoCoreAdapter(model, MAX_LENGTH)
+    full_logits.keeps_logits = False  # OLMo-core without `logits_to_keep`: the whole [B, T, V] logits
+    for task, (pairs, ids) in requests.items():
+        ref_ll, ref_greedy = reference_scores(model, pairs, ids)
+        paths = {
+            "packed": score(adapter, pairs, ids, **packed_plan()),
+            "packed, full logits": score(full_logits, pairs, ids, **packed_plan()),
+            "packed, one row per batch": score(adapter, pairs, ids, **packed_plan(batch_tokens=1)),
+            "one request per row": score(adapter, pairs, ids, batch_tokens=4096, packing=False),
+        }
+        for name, found in paths.items():
+            np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0, err_msg=f"{task}: {name}")
+            np.testing.assert_array_equal(found.greedy, ref_greedy, err_msg=f"{task}: {name}")
+        if task != "mmlu_mc":  # letter keys take one context row per document either way
+            assert paths["packed"].tokens_forwarded < paths["one request per row"].tokens_forwarded, task
+
+
+@pytest.mark.parametrize("shape", ["olmo2", "llama", "olmo3_window"])
+def test_packed_rows_under_bfloat16_autocast(shape, requests):
+    """Under bfloat16 autocast, packed rows give the numbers of one plain forward per request under the
+    same autocast to within bfloat16's rounding (batching alone moves them by up to 3e-3 here), and the
+    same greedy flags; the float32 numbers are not those."""
+    model = olmo_core_model(shape)
+    adapter = make_adapter(model, MAX_LENGTH)
+    for task in ("hellaswag", "winogrande"):
+        pairs, ids = requests[task]
+        float32 = score(adapter, pairs, ids, **packed_plan())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ref_ll, ref_greedy = reference_scores(model, pairs, ids)
+            packed = score(adapter, pairs, ids, **packed_plan())
+        np.testing.assert_allclose(packed.ll, ref_ll, atol=5e-3, rtol=0, err_msg=task)
+        np.testing.assert_array_equal(packed.greedy, ref_greedy, err_msg=task)
+        assert np.abs(float32.ll - ref_ll).max() > 1e-3, task  # autocast was on
+
+
+def model_state(model: torch.nn.Module) -> tuple:
+    """What a packed forward must leave as it was: every module's class, instance attributes holding a
+    `forward` or a compiled call, parameters and buffers (values, objects), and its hooks."""
+    return (
+        [(type(m), m.__dict__.get("forward"), m._compiled_call_impl) for m in model.modules()],
+        [(name, t, t.clone()) for name, t in [*model.named_parameters(), *model.named_buffers()]],
+        [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model.modules()],
+    )
+
+
+def assert_same_state(before: tuple, after: tuple) -> None:
+    assert before[0] == after[0] and before[2] == after[2]
+    for (name, t0, v0), (_, t1, v1) in zip(before[1], after[1], strict=True):
+        assert t0 is t1 and torch.equal(v0, v1), name
+
+
+def test_the_model_comes_back_as_it_was(requests):
+    """After packed forwards, and after one that raises inside the model, no override is left, the model's
+    own forward gives the same logits bit for bit, and its parameters, buffers and hooks are the same."""
+    model = olmo_core_model("olmo2")
+    ids = torch.randint(0, VOCAB, (2, 24))
+    with torch.no_grad():
+        logits = model(ids)
+    before = model_state(model)
+    pairs, pair_ids = requests["hellaswag"]
+    score(make_adapter(model, MAX_LENGTH), pairs, pair_ids, **packed_plan())
+    assert_same_state(before, model_state(model))
+
+    def fail(module, args, output):
+        assert "forward" in module.attention.backend.__dict__  # the override is on
+        raise RuntimeError("boom")
+
+    hook = model.blocks["1"].register_forward_hook(fail)
+    with pytest.raises(RuntimeError, match="boom"):
+        score(make_adapter(model, MAX_LENGTH), pairs, pair_ids, **packed_plan())
+    hook.remove()
+    assert_same_state(before, model_state(model))
+    with torch.no_grad():
+        assert torch.equal(model(ids), logits)
+
+
+def test_compiled_blocks_run_uncompiled_and_training_does_not_recompile(requests):
+    """Blocks compiled as OLMo-core's `apply_compile` compiles them (`Module.compile`): a packed evaluation
+    compiles no graph (a counting backend sees none) and gives the uncompiled numbers; afterwards the
+    training-shaped call runs the graph compiled before, without recompiling."""
+    model, twin = olmo_core_model("olmo2"), olmo_core_model("olmo2")
+    graphs: list[int] = []
+
+    def counting_backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(1)
+        return gm.forward
+
+    for block in model.blocks.values():
+        block.compile(backend=counting_backend)
+    ids = torch.randint(0, VOCAB, (2, 16))
+    with torch.no_grad():
+        try:
+            logits = model(ids)
+        except Exception as exc:  # torch.compile is not supported everywhere (Python versions, platforms)
+            pytest.skip(f"torch.compile does not run here: {type(exc).__name__}: {exc}")
+    compiled = len(graphs)
+    assert compiled > 0
+    pairs, pair_ids = requests["hellaswag"]  # every batch packed: four continuations per context
+    batches = plan_batches(pairs, pair_ids, **packed_plan())
+    assert all(b.segment_BT is not None for b in batches)
+    found = score(make_adapter(model, MAX_LENGTH), pairs, pair_ids, **packed_plan())
+    assert len(graphs) == compiled, "the packed forward went through a compiled block"
+    expected = score(make_adapter(twin, MAX_LENGTH), pairs, pair_ids, **packed_plan())
+    np.testing.assert_array_equal(found.ll, expected.ll)
+    with torch.no_grad():
+        assert torch.equal(model(ids), logits)
+    assert len(graphs) == compiled, "training recompiled after the evaluation"
+
+
+def flash_backend_model(monkeypatch) -> torch.nn.Module:
+    """The llama shape with flash-attention 2 as the first block's backend (built without flash-attn: this
+    machine cannot run it, only the refusal is checked)."""
+    model = olmo_core_model("llama")
+    monkeypatch.setattr(FlashAttention2Backend, "assert_supported", classmethod(lambda cls: None))
+    attention = model.blocks["0"].attention
+    attention.backend = FlashAttention2Backend(head_dim=attention.head_dim, n_heads=attention.n_heads)
+    return model
+
+
+class SubclassedTransformer(Transformer):
+    """A user's subclass: its forward may differ from the verified one."""
+
+
+def refused_models(monkeypatch) -> dict[str, tuple[torch.nn.Module, str]]:
+    """Model -> the words its log line must hold."""
+    dropout = olmo_core_model("llama")
+    dropout.blocks["1"].attention.backend.dropout_p = 0.1
+    moe = TransformerConfig.llama_like_moe(
+        d_model=32, vocab_size=VOCAB, n_layers=1, n_heads=2, num_experts=2, top_k=1, expert_hidden_size=32
+    ).build(init_device="cpu")
+    scaled = olmo_core_model("llama", block_name=TransformerBlockType.default_scaled)
+    sub = olmo_core_model("llama")
+    sub.__class__ = SubclassedTransformer
+    ngpt = TransformerConfig.ngpt_like(d_model=32, vocab_size=VOCAB, n_layers=1, n_heads=2).build()
+    return {
+        "flash": (
+            flash_backend_model(monkeypatch),
+            "attention backend FlashAttention2Backend (takes no attention mask) at 'blocks.0.attention'",
+        ),
+        "dropout": (dropout, "attention dropout 0.1 (applied in eval mode too) at 'blocks.1.attention'"),
+        "moe": (moe, "model type MoETransformer (only Transformer is verified)"),
+        "block": (scaled, "block type LayerNormScaledTransformerBlock at 'blocks.0'"),
+        "subclass": (sub, "model type SubclassedTransformer (only Transformer is verified)"),
+        "ngpt": (ngpt, "model type NormalizedTransformer (only Transformer is verified)"),
+    }
+
+
+def test_unverified_models_go_one_request_per_row_said_once(monkeypatch, caplog):
+    """Each refused model: no packing, one INFO line naming the model and why (however many adapters are
+    made for it), and a packed batch handed to its adapter anyway is refused."""
+    (batch,) = plan_batches(
+        PairSet(
+            ctx_tokens=np.array([11, 12, 13]), ctx_offsets=np.array([0, 3]), ctx_id=np.zeros(2, dtype=np.int64),
+            ctx_start=np.zeros(2, dtype=np.int64), ctx_end=np.array([3, 3]),
+            cont_tokens=np.array([21, 22, 31, 32]), cont_offsets=np.array([0, 2, 4]),
+        ),
+        np.arange(2), 4096, packing=True, max_length=64,
+    )  # fmt: skip
+    for name, (model, why) in refused_models(monkeypatch).items():
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=olmo_core_packing.__name__):
+            adapters = [make_adapter(model, MAX_LENGTH) for _ in range(3)]
+        assert not any(a.supports_packing for a in adapters), name
+        assert len(caplog.records) == 1, name
+        message = caplog.records[0].getMessage()
+        assert message.startswith(f"OLMo-core model {type(model).__name__}: scoring one request per row"), (
+            message
+        )
+        assert message.endswith(why), message
+        with pytest.raises(ValueError, match="plan with packing=adapter.supports_packing"):
+            run_batches(adapters[0], [batch], 2)
+
+
+def test_a_refused_model_gives_its_unpacked_numbers(data_root, neox_tokenizer):
+    """End to end through the evaluator: a model left to one request per row (nGPT) gives the numbers of
+    its own forward over full logits, and forwards what the plain plan forwards."""
+    model = TransformerConfig.ngpt_like(d_model=32, vocab_size=VOCAB, n_layers=1, n_heads=2).build()
+    config = EvaluatorConfig(
+        evaluators=[{"task": "hellaswag", "limit": 3}],
+        data_root=str(data_root),
+        strict=True,
+        max_length=MAX_LENGTH,
+    )
+    ours, plain = (
+        InLoopEvaluator(config, tokenizer=neox_tokenizer),
+        InLoopEvaluator(config, tokenizer=neox_tokenizer),
+    )
+    found = ours.run(model)
+    expected = plain.run(LogitsAdapter(model, MAX_LENGTH))
+    assert found == pytest.approx(expected, abs=1e-5)
+    assert ours.tokens_forwarded == plain.tokens_forwarded
+
+
+def test_the_evaluator_packs_olmo_core_models(data_root, neox_tokenizer):
+    """Through the evaluator: the OLMo-core model is packed (fewer tokens) and its figures are those of
+    full logits one request per row."""
+    model = olmo_core_model("olmo2")
+    config = EvaluatorConfig(
+        evaluators=[{"task": "arc_easy", "limit": 5}],
+        data_root=str(data_root),
+        strict=True,
+        max_length=MAX_LENGTH,
+    )
+    ours, plain = (
+        InLoopEvaluator(config, tokenizer=neox_tokenizer),
+        InLoopEvaluator(config, tokenizer=neox_tokenizer),
+    )
+    found = ours.run(model)
+    expected = plain.run(LogitsAdapter(model, MAX_LENGTH))
+    assert found == pytest.approx(expected, abs=1e-5)
+    assert ours.tokens_forwarded < plain.tokens_forwarded
