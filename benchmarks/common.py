@@ -3,7 +3,7 @@
 Each benchmark runs our evaluator and a baseline in one process on the same model and documents. Figures:
 tokens forwarded, counted at the model's input embedding (padding included); wall seconds and extra peak
 RSS of one evaluation; the token minimum of the requests scored (each distinct context once plus every
-continuation); and each document's prediction (the argmax of its choices' scores), compared per document.
+continuation but its last token); and each document's prediction (the argmax of its choices' scores), compared per document.
 
 Our side is reached only through the package's public API (`InLoopEvaluator.run`, `tokens_forwarded`,
 `detail(name)`), the task registry, and `build_requests`, the function that tokenizes a task's requests
@@ -177,10 +177,10 @@ def our_scores(result: Any, table: RequestTable) -> Scores:
 
 
 def minimum_tokens(contexts: Iterable[Iterable[int]], continuations: Iterable[Iterable[int]]) -> int:
-    """The least any evaluator must forward for these requests: each distinct context once plus every
-    continuation."""
+    """The least an evaluator sharing contexts must forward for these requests: each distinct context once
+    plus every continuation but its last token (read at the position before it, never fed)."""
     distinct = {tuple(c) for c in contexts}
-    return sum(len(c) for c in distinct) + sum(len(list(c)) for c in continuations)
+    return sum(len(c) for c in distinct) + sum(max(len(list(c)) - 1, 0) for c in continuations)
 
 
 def table_minimum(table: RequestTable, *, with_uncond: bool = False) -> int:

@@ -18,7 +18,7 @@ are comparable document by document.
 Models: a random GPT-NeoX-shaped Hugging Face model (hidden 256, 4 layers, the NeoX vocabulary) for all
 engines, and the reference GPT of the same shape for `ours` and `naive`. Figures per (model, task, engine):
 tokens forwarded (padding included, counted at the embedding), the minimum (each context once plus every
-continuation, for the pairs that engine scores), wall seconds of one evaluation, extra peak RSS during it,
+continuation but its last token, for the pairs that engine scores), wall seconds of one evaluation, extra peak RSS during it,
 the baselines' metric update + compute seconds, the baselines' wall and tokens over ours, and how many
 documents get the same prediction (argmax of the summed log-likelihood) as ours.
 

@@ -75,7 +75,7 @@ class LabelRun:
     forward_calls: int  # batches (ours: plus the one-token probe of a plain callable's vocabulary)
     tokens: int  # as the evaluator counts them: OLMo-core's callback, our `tokens_forwarded`
     tokens_at_embedding: int
-    minimum: int  # each context once plus every continuation, for the same requests
+    minimum: int  # each context once plus every continuation but its last token, for the same requests
     tokens_if_packed: int | None  # ours: what the planner would forward to a model that takes packed rows
     wall_s: float
     forward_s: float  # of wall_s, inside the model's forward (OLMo-core: `eval_batch`, its loss included)
