@@ -20,6 +20,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from inloop_eval.engine.sequence_parallel import SequenceShard, olmo_core_layout, positions_to_keep
 from inloop_eval.engine.vocab_parallel import select_rows
 from inloop_eval.errors import ConfigError, ModelOutputError
 
@@ -50,6 +51,9 @@ class ModelAdapter:
     # Round every batch's width up to a multiple of this: bucketed shapes, so that a torch.compile'd model
     # recompiles for a few widths rather than for every one. 1 (off) by default.
     pad_to_multiple: int = 1
+    # Widths the model itself requires a multiple of (a sequence split over TP x CP ranks); the evaluator
+    # pads to the least common multiple of this and its `pad_to_multiple`.
+    sequence_multiple: int = 1
     max_length: int | None = None
     # Rows of the input embedding, when known: token ids at or beyond it cannot be fed.
     vocab_size: int | None = None
@@ -85,8 +89,9 @@ class ModelAdapter:
         cols_N: Tensor,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-    ) -> tuple[Tensor, Head]:
-        """Features [N, *] at (rows_N, cols_N), and the head mapping features to logits [N, V]."""
+    ) -> tuple[Tensor | SequenceShard, Head]:
+        """Features [N, *] at (rows_N, cols_N), and the head mapping features to logits [N, V]; or, for a
+        model splitting the sequence over ranks, the logits of the positions this rank holds."""
         raise NotImplementedError
 
     def target_logprobs(
@@ -220,6 +225,8 @@ class OLMoCoreAdapter(ModelAdapter):
     run. Its forward takes `logits_to_keep` [B, K] (positions per row), so the output head projects only
     the positions read. Never packed: the forward accepts unknown keyword arguments and ignores them, so an
     attention mask and position ids would be dropped without an error and packed rows scored wrongly.
+    With tensor or (Ulysses) context parallelism applied, each rank scores the positions it holds
+    (`sequence_parallel`), its batches padded to a multiple of TP x CP.
 
     max_length: the context length it was trained at (the train module's `max_sequence_length`); the model
         does not record it, and RoPE would run past it without complaint.
@@ -232,6 +239,10 @@ class OLMoCoreAdapter(ModelAdapter):
         self.max_length = max_length
         self.vocab_size = int(model.vocab_size)
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.layout = olmo_core_layout(model)
+        if self.layout is not None:
+            self.sequence_multiple = self.layout.multiple
+            self.model_parallel_groups = tuple(self.layout.groups())
 
     def features(
         self,
@@ -240,11 +251,13 @@ class OLMoCoreAdapter(ModelAdapter):
         cols_N: Tensor,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-    ) -> tuple[Tensor, Head]:
+    ) -> tuple[Tensor | SequenceShard, Head]:
         if attention_mask is not None or position_ids is not None:
             raise ValueError(
                 "OLMoCoreAdapter: packed rows were planned, but OLMo-core models are never packed"
             )
+        if self.layout is not None:
+            return self.layout.features(self.model, input_ids_BT, rows_N, cols_N), _identity
         if not self.keeps_logits:
             logits_BTV = self.model(input_ids_BT)
             _check_logits(logits_BTV, input_ids_BT.shape[0], input_ids_BT.shape[1])
@@ -253,23 +266,6 @@ class OLMoCoreAdapter(ModelAdapter):
         logits_BKV = self.model(input_ids_BT, logits_to_keep=keep_BK)
         _check_logits(logits_BKV, keep_BK.shape[0], keep_BK.shape[1])
         return logits_BKV[rows_N, slot_N], _identity
-
-
-def positions_to_keep(rows_N: Tensor, cols_N: Tensor, n_rows: int) -> tuple[Tensor, Tensor]:
-    """The positions of each row to project, as OLMo-core's `logits_to_keep` takes them: keep [B, K] (K the
-    most positions any row needs; a row needing fewer repeats position 0), and the slot of each selected
-    position within its row's K [N]."""
-    order_N = torch.argsort(rows_N, stable=True)
-    rows_sorted_N = rows_N[order_N]
-    count_B = torch.bincount(rows_N, minlength=n_rows)
-    start_B = torch.cumsum(count_B, 0) - count_B
-    slot_sorted_N = torch.arange(rows_N.shape[0], device=rows_N.device) - start_B[rows_sorted_N]
-    slot_N = torch.empty_like(slot_sorted_N)
-    slot_N[order_N] = slot_sorted_N
-    width = max(int(count_B.max()) if n_rows else 0, 1)
-    keep_BK = torch.zeros(n_rows, width, dtype=torch.long, device=rows_N.device)
-    keep_BK[rows_N, slot_N] = cols_N.long()
-    return keep_BK, slot_N
 
 
 def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:
