@@ -14,8 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from workers.launch import REPO, torchrun, worker_env
 from workers.olmo_core_layouts import LAYOUTS, run_layout
+
+from inloop_eval.engine.sequence_parallel import SequenceLayout, olmo_core_layout
+from inloop_eval.errors import ConfigError, ModelOutputError
 
 LAUNCHED = ["tp2", "cp2", "dp2tp2"]
 LAUNCH_TIMEOUT_S = 400
@@ -108,3 +112,21 @@ def test_ddp_over_tensor_parallel_is_refused_before_it_has_trained(launched) -> 
     for result in launched["tp2"]:
         assert "has not run a training forward yet" in result["ddp_tp_startup"]
         assert "DataParallelType.fsdp" in result["ddp_tp_startup"]
+
+
+def test_a_width_the_layout_cannot_split_is_an_error() -> None:
+    layout = SequenceLayout(tp_size=2, cp_size=2)
+    assert layout.held(8) == (0, 2)
+    assert SequenceLayout(tp_size=2, tp_rank=1, cp_size=2, cp_rank=1).held(8) == (6, 2)
+    with pytest.raises(ModelOutputError, match="input width 6 is not a multiple of 4"):
+        layout.held(6)
+
+
+def test_ring_context_parallelism_is_refused() -> None:
+    """Ring attention's load balancers interleave chunks; only Ulysses' contiguous chunks are read."""
+    ring = type("RingAttentionZigZagLoadBalancer", (), {"cp_rank": 0, "cp_world_size": 2})()
+    model = torch.nn.Module()
+    model._cp_load_balancer = ring
+    with pytest.raises(ConfigError, match="ring context parallelism.*Ulysses"):
+        olmo_core_layout(model)
+    assert olmo_core_layout(torch.nn.Module()) is None
