@@ -1,17 +1,20 @@
-"""Target log-probabilities of a model whose logits each rank holds for a slice of the sequence only: OLMo-core's
-tensor parallelism (logits a DTensor sharded on the sequence, `Shard(1)`: each rank the whole vocabulary for
-T/TP positions) and its Ulysses context parallelism (every rank passes the same full inputs, the model cuts
-them into contiguous chunks and returns each rank its chunk's logits as a plain tensor), or both.
+"""Target log-probabilities of a model whose logits each rank holds for some positions only: OLMo-core's tensor
+parallelism (logits a DTensor sharded on the positions, `Shard(1)`: each rank the whole vocabulary for 1/TP of
+them) and its Ulysses context parallelism (every rank passes the same full inputs, the model cuts them into
+contiguous chunks and returns each rank its chunk's logits as a plain tensor), or both.
 
 What every rank of the model-parallel groups promises: the same input ids [B, T] (the data-parallel group hands
 them the same documents; T padded to a multiple of `SequenceLayout.multiple`, so the model pads nothing), the
 same forward call, and then one all-reduce (SUM) of [2, N] per batch over each model-parallel group: each rank
 scores the targets its positions predict (a local log-softmax over the full vocabulary) and contributes zeros
-for the others, so the sum is every target's score, exactly. Nothing wider than the positions a rank holds
-times V is allocated: at most [B, T/TP, V] (the logits the forward returns), under context parallelism only
-the positions read (OLMo-core's `logits_to_keep`, in the rank's own coordinates).
-Legend: B rows, T time, U distinct positions read, L of them this rank holds, K kept per row, V vocabulary,
-N targets.
+for the others, so the sum is every target's score, exactly. The model projects only the positions read
+(OLMo-core's `logits_to_keep`: under context parallelism in the chunk's coordinates, under tensor parallelism
+a replicated DTensor, the logits then sharded over the kept slots), so neither the forward nor the scoring
+holds more than [B, K/TP, V] logits on a rank, K <= T the most positions any row reads.
+(OLMo-core's per-token loss, `model_forward(..., labels=, loss_reduction="none")`, is not used: it projects
+every position, has one target per position where a letter-key document has K at one, and no greedy flag.)
+Legend: B rows, T time, U distinct positions read, C of them in this rank's context-parallel chunk, L of those
+this rank holds, K kept per row, V vocabulary, N targets.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from inloop_eval.errors import ConfigError, ModelOutputError
 
@@ -47,12 +51,13 @@ class SequenceShard:
 @dataclass
 class SequenceLayout:
     """How an OLMo-core model splits the sequence: context-parallel chunks (Ulysses: contiguous, rank r holds
-    chunk r of `cp_size`), each split again over `tp_size` tensor-parallel ranks (the DTensor's Shard(1)).
-    Input widths must be a multiple of `multiple` = cp_size x tp_size."""
+    chunk r of `cp_size`) and, within a chunk, tensor parallelism over `tp_mesh`, whose output head returns
+    the kept positions' logits sharded over its ranks (Shard(1), torch.chunk's split). Input widths must
+    be a multiple of `multiple` = cp_size x tp_size (the model's blocks split each chunk over TP too)."""
 
     tp_size: int = 1
     tp_rank: int = 0
-    tp_group: ProcessGroup | None = None
+    tp_mesh: DeviceMesh | None = None
     cp_size: int = 1
     cp_rank: int = 0
     cp_group: ProcessGroup | None = None
@@ -63,36 +68,39 @@ class SequenceLayout:
 
     def groups(self) -> list[tuple[str, ProcessGroup]]:
         """The model-parallel groups, by name (`tp`, `cp`), whose ranks must be fed the same documents."""
-        named = (("tp", self.tp_group), ("cp", self.cp_group))
+        tp_group = self.tp_mesh.get_group() if self.tp_mesh is not None else None
+        named = (("tp", tp_group), ("cp", self.cp_group))
         return [(name, group) for name, group in named if group is not None]
 
     def held(self, width: int) -> tuple[int, int]:
-        """(first position, number of positions) of a row of `width` that this rank's logits cover."""
+        """(first position, number of positions) of a row of `width` in this rank's context-parallel chunk."""
         if width % self.multiple:
             raise ModelOutputError(
                 f"sequence-parallel model: input width {width} is not a multiple of {self.multiple} (context "
                 f"parallel {self.cp_size} x tensor parallel {self.tp_size}); the batches must be padded to it"
             )
-        cp_chunk = width // self.cp_size
-        tp_chunk = cp_chunk // self.tp_size
-        return self.cp_rank * cp_chunk + self.tp_rank * tp_chunk, tp_chunk
+        chunk = width // self.cp_size
+        return self.cp_rank * chunk, chunk
 
     def features(self, model: nn.Module, input_ids_BT: Tensor, rows_U: Tensor, cols_U: Tensor) -> SequenceShard:
-        """Run `model` on the full inputs and keep the logits of the positions (rows_U, cols_U) this rank
-        holds. Without tensor parallelism the model projects only those (`logits_to_keep`, local positions)."""
+        """Run `model` on the full inputs, projecting only the positions (rows_U, cols_U) in this rank's
+        chunk (`logits_to_keep` in the chunk's coordinates; under tensor parallelism a replicated DTensor, the
+        logits coming back sharded over the kept slots), and keep the logits of those this rank holds."""
         start, width = self.held(input_ids_BT.shape[1])
-        held_L = torch.nonzero((cols_U >= start) & (cols_U < start + width))[:, 0]
-        rows_L, local_L = rows_U[held_L], cols_U[held_L] - start
-        if self.tp_group is None:
-            keep_BK, slot_L = positions_to_keep(rows_L, local_L, input_ids_BT.shape[0])
+        chunk_C = torch.nonzero((cols_U >= start) & (cols_U < start + width))[:, 0]
+        rows_C = rows_U[chunk_C]
+        keep_BK, slot_C = positions_to_keep(rows_C, cols_U[chunk_C] - start, input_ids_BT.shape[0])
+        if self.tp_mesh is None:
             logits_BKV = model(input_ids_BT, logits_to_keep=keep_BK)
             _check_local(logits_BKV, keep_BK.shape, "with logits_to_keep")
-            logits_LV = logits_BKV[rows_L, slot_L]
+            logits_LV, held_L = logits_BKV[rows_C, slot_C], chunk_C
         else:
-            logits_BTV = model(input_ids_BT)
-            logits_BWV = _sequence_local(logits_BTV)
-            _check_local(logits_BWV, (input_ids_BT.shape[0], width), "sharded on the sequence")
-            logits_LV = logits_BWV[rows_L, local_L]
+            keep = DTensor.from_local(keep_BK, self.tp_mesh, (Replicate(),), run_check=False)
+            local_BWV = _sequence_local(model(input_ids_BT, logits_to_keep=keep))
+            first = self.tp_rank * -(-keep_BK.shape[1] // self.tp_size)  # torch.chunk's split of the slots
+            _check_local(local_BWV, (keep_BK.shape[0], local_BWV.shape[1]), "sharded on the kept positions")
+            mine_C = (slot_C >= first) & (slot_C < first + local_BWV.shape[1])
+            logits_LV, held_L = local_BWV[rows_C[mine_C], slot_C[mine_C] - first], chunk_C[mine_C]
         groups = [g for _, g in self.groups()]
         return SequenceShard(logits_LV, held_L, int(rows_U.shape[0]), groups)
 
@@ -104,7 +112,7 @@ def olmo_core_layout(model: nn.Module) -> SequenceLayout | None:
     layout = SequenceLayout()
     if getattr(model, "tp_enabled", False):
         mesh = model._tp_mesh
-        layout.tp_size, layout.tp_rank, layout.tp_group = mesh.size(), mesh.get_local_rank(), mesh.get_group()
+        layout.tp_size, layout.tp_rank, layout.tp_mesh = mesh.size(), mesh.get_local_rank(), mesh
     balancer = getattr(model, "_cp_load_balancer", None)
     if balancer is not None:
         if type(balancer).__name__ != "UlyssesLoadBalancer":
@@ -136,11 +144,11 @@ def positions_to_keep(rows_N: Tensor, cols_N: Tensor, n_rows: int) -> tuple[Tens
 
 
 def _sequence_local(logits_BTV: object) -> Tensor:
-    """This rank's positions of DTensor logits sharded on the sequence (Shard(1)) over one mesh dimension."""
+    """This rank's positions of DTensor logits sharded on the positions (Shard(1)) over one mesh dimension."""
     if not isinstance(logits_BTV, DTensor) or tuple(logits_BTV.placements) != (Shard(1),):
         found = tuple(logits_BTV.placements) if isinstance(logits_BTV, DTensor) else type(logits_BTV).__name__
         raise ModelOutputError(
-            f"tensor-parallel OLMo-core model output: expected logits as a DTensor sharded on the sequence "
+            f"tensor-parallel OLMo-core model output: expected logits as a DTensor sharded on the positions "
             f"(placements (Shard(dim=1),)), found {found}"
         )
     return logits_BTV.to_local()

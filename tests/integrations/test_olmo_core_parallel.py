@@ -94,7 +94,7 @@ def test_tokens_are_counted_once_per_data_parallel_rank(single, launched) -> Non
 
 def test_scoring_allocates_at_most_the_positions_a_rank_holds(launched) -> None:
     """Per batch, the largest tensor selecting and scoring a rank's positions allocates (the model's own
-    forward left out) is at most [B, T/TP, V], at TP=2."""
+    forward left out) is at most [B, T/TP, V], at TP=2 (the forward projects only the kept positions)."""
     for result in launched["tp2"]:
         record = result["memory"]
         assert record and all(r["largest"] > 0 for r in record)
@@ -116,8 +116,8 @@ def test_ddp_over_tensor_parallel_is_refused_before_it_has_trained(launched) -> 
 
 def test_a_width_the_layout_cannot_split_is_an_error() -> None:
     layout = SequenceLayout(tp_size=2, cp_size=2)
-    assert layout.held(8) == (0, 2)
-    assert SequenceLayout(tp_size=2, tp_rank=1, cp_size=2, cp_rank=1).held(8) == (6, 2)
+    assert layout.held(8) == (0, 4)
+    assert SequenceLayout(tp_size=2, tp_rank=1, cp_size=2, cp_rank=1).held(8) == (4, 4)
     with pytest.raises(ModelOutputError, match="input width 6 is not a multiple of 4"):
         layout.held(6)
 
