@@ -140,16 +140,25 @@ def model_parallel_dims(module: Any) -> list[tuple[DeviceMesh, int]]:
     return list(found.values())
 
 
+def _is_data_and_model(name: str) -> bool:
+    """A flattened mesh dimension spanning data-parallel ranks and their context-parallel peers (OLMo-core's
+    `dp_cp`, FSDP over both): it needs a data-parallel group given, but spans several data-parallel ranks by
+    design, so its peers are not compared (its context-parallel group is, when the adapter names it)."""
+    return any(name.startswith(dp + "_") for dp in DATA_PARALLEL_DIMS)
+
+
 def check_data_parallel(
     module: Any, group: ProcessGroup | None, model_groups: Sequence[tuple[str, ProcessGroup | None]] = ()
 ) -> None:
     """ConfigError on every rank unless documents can be sharded over `group` (None: the world) for the model
     `module`: when it is split over model-parallel ranks (its DTensor parameters on a mesh with a
     model-parallel dimension, or `model_groups`: other groups splitting it, by name, such as a pipeline's
-    stages), a group must be given, and the ranks of each model-parallel group must share their rank in it
-    (so they are handed the same documents). One all-reduce per such group, and one world-wide, on every
-    rank (each holds the same model structure)."""
+    stages or OLMo-core's context-parallel ranks), a group must be given, and the ranks of each
+    model-parallel group must share their rank in it (so they are handed the same documents). A flattened
+    data-and-context dimension (`dp_cp`) is not compared (`_is_data_and_model`). One all-reduce per distinct
+    group, and one world-wide, on every rank (each holds the same model structure)."""
     splits = [(_dim_name(m, d), m.size(d), m.get_group(d)) for m, d in model_parallel_dims(module)]
+    # A group of None is the world (a pipeline over torch's default group).
     splits += [(name, dist.get_world_size(g), g) for name, g in model_groups if dist.get_world_size(g) > 1]
     if not splits:
         return
@@ -157,20 +166,22 @@ def check_data_parallel(
         name, size, _ = splits[0]
         raise ConfigError(
             f"evaluator: the model is split over the model-parallel dimension {name!r} of {size} ranks (its "
-            "DTensor parameters' mesh, or its pipeline stages), and no data-parallel group was given: "
-            "sharding documents over the whole world would hand its peers different documents. Pass "
+            "DTensor parameters' mesh, its pipeline stages, or its sequence), and no data-parallel group was "
+            "given: sharding documents over the whole world would hand its peers different documents. Pass "
             "dp_group= to InLoopEvaluator.run (the data-parallel ProcessGroup, or the DeviceMesh with "
             "dimensions named 'dp' or 'dp_replicate'/'dp_shard')"
         )
     _, dp_rank = data_parallel_in(group)
+    # Each group once (many parameters share a mesh dimension), in the same order on every rank.
+    compared = {g: name for name, _, g in splits if not _is_data_and_model(name)}
     split: list[str] = []
-    for name, _, model_group in splits:
+    for model_group, name in compared.items():
         spread = torch.tensor([dp_rank, -dp_rank], dtype=torch.int64, device=_device())
         dist.all_reduce(spread, op=dist.ReduceOp.MAX, group=model_group)
-        if int(spread[0]) != -int(spread[1]):
+        if int(spread[0]) != -int(spread[1]) and name not in split:
             split.append(name)
     if all_reduce_max(int(bool(split))):
-        named = split or [name for name, _, _ in splits]  # split on another rank only
+        named = split or sorted(set(compared.values()))  # split on another rank only
         raise ConfigError(
             f"evaluator: dp_group splits the peers of the model-parallel dimension {named} across "
             "data-parallel ranks (they would score different documents and their model's collectives "
@@ -211,12 +222,12 @@ def init_from_env() -> torch.device:
     return torch.device("cpu")
 
 
-def all_reduce_sum(value: int) -> int:
-    """`value` summed over ranks (every rank calls this)."""
-    if world()[0] == 1:
+def all_reduce_sum(value: int, group: ProcessGroup | None = None) -> int:
+    """`value` summed over the ranks of `group` (None: the world; every rank of it calls this)."""
+    if data_parallel_in(group)[0] == 1:
         return int(value)
     t = torch.tensor([value], dtype=torch.int64, device=_device())
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=group)
     return int(t.item())
 
 

@@ -22,6 +22,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from inloop_eval.engine.olmo_core_packing import packed_attention, packs
+from inloop_eval.engine.sequence_parallel import SequenceShard, olmo_core_layout, positions_to_keep
 from inloop_eval.engine.vocab_parallel import select_rows
 from inloop_eval.errors import ConfigError, ModelOutputError
 
@@ -52,6 +53,9 @@ class ModelAdapter:
     # Round every batch's width up to a multiple of this: bucketed shapes, so that a torch.compile'd model
     # recompiles for a few widths rather than for every one. 1 (off) by default.
     pad_to_multiple: int = 1
+    # Widths the model itself requires a multiple of (a sequence split over TP x CP ranks); the evaluator
+    # pads to the least common multiple of this and its `pad_to_multiple`.
+    sequence_multiple: int = 1
     max_length: int | None = None
     # Rows of the input embedding, when known: token ids at or beyond it cannot be fed.
     vocab_size: int | None = None
@@ -87,8 +91,9 @@ class ModelAdapter:
         cols_N: Tensor,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-    ) -> tuple[Tensor, Head]:
-        """Features [N, *] at (rows_N, cols_N), and the head mapping features to logits [N, V]."""
+    ) -> tuple[Tensor | SequenceShard, Head]:
+        """Features [N, *] at (rows_N, cols_N), and the head mapping features to logits [N, V]; or, for a
+        model splitting the sequence over ranks, the logits of the positions this rank holds."""
         raise NotImplementedError
 
     def target_logprobs(
@@ -222,8 +227,9 @@ class OLMoCoreAdapter(ModelAdapter):
     run. Its forward takes `logits_to_keep` [B, K] (positions per row), so the output head projects only
     the positions read. Its forward ignores an attention mask and position ids, so packed rows run inside
     `packed_attention` (olmo_core_packing.py), which gives its attention both; a model that module was not
-    verified for (`packing_refusal`: flash backends, MoE, tensor parallelism, ...) is scored one request
-    per row, said once in the log.
+    verified for (`packing_refusal`: flash backends, MoE, ...) is scored one request per row, said once in
+    the log. With tensor or (Ulysses) context parallelism applied, each rank scores the positions it holds
+    (`sequence_parallel`), its batches padded to a multiple of TP x CP, never packed.
 
     max_length: the context length it was trained at (the train module's `max_sequence_length`); the model
         does not record it, and RoPE would run past it without complaint.
@@ -234,7 +240,11 @@ class OLMoCoreAdapter(ModelAdapter):
         self.max_length = max_length
         self.vocab_size = int(model.vocab_size)
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.supports_packing = packs(model)
+        self.layout = olmo_core_layout(model)
+        if self.layout is not None:
+            self.sequence_multiple = self.layout.multiple
+            self.model_parallel_groups = tuple(self.layout.groups())
+        self.supports_packing = self.layout is None and packs(model)
 
     def features(
         self,
@@ -243,8 +253,10 @@ class OLMoCoreAdapter(ModelAdapter):
         cols_N: Tensor,
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
-    ) -> tuple[Tensor, Head]:
+    ) -> tuple[Tensor | SequenceShard, Head]:
         packed = self._packed(input_ids_BT, attention_mask, position_ids)
+        if self.layout is not None:
+            return self.layout.features(self.model, input_ids_BT, rows_N, cols_N), _identity
         if not self.keeps_logits:
             with packed:
                 logits_BTV = self.model(input_ids_BT)
@@ -280,23 +292,6 @@ class OLMoCoreAdapter(ModelAdapter):
                 f"and position ids {(B, T)}, found {found[0]} and {found[1]}"
             )
         return packed_attention(self.model, attention_mask, position_ids)
-
-
-def positions_to_keep(rows_N: Tensor, cols_N: Tensor, n_rows: int) -> tuple[Tensor, Tensor]:
-    """The positions of each row to project, as OLMo-core's `logits_to_keep` takes them: keep [B, K] (K the
-    most positions any row needs; a row needing fewer repeats position 0), and the slot of each selected
-    position within its row's K [N]."""
-    order_N = torch.argsort(rows_N, stable=True)
-    rows_sorted_N = rows_N[order_N]
-    count_B = torch.bincount(rows_N, minlength=n_rows)
-    start_B = torch.cumsum(count_B, 0) - count_B
-    slot_sorted_N = torch.arange(rows_N.shape[0], device=rows_N.device) - start_B[rows_sorted_N]
-    slot_N = torch.empty_like(slot_sorted_N)
-    slot_N[order_N] = slot_sorted_N
-    width = max(int(count_B.max()) if n_rows else 0, 1)
-    keep_BK = torch.zeros(n_rows, width, dtype=torch.long, device=rows_N.device)
-    keep_BK[rows_N, slot_N] = cols_N.long()
-    return keep_BK, slot_N
 
 
 def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:

@@ -390,11 +390,11 @@ def _assemble(
     return batches
 
 
-def dummy_batch(pad_id: int = 0) -> Batch:
-    """A one-token forward whose result is discarded: keeps ranks' forward counts equal."""
+def dummy_batch(pad_id: int = 0, width: int = 1) -> Batch:
+    """A one-row forward of `width` tokens whose result is discarded: keeps ranks' forward counts equal."""
     empty = np.zeros(0, dtype=np.int64)
     return Batch(
-        np.full((1, 1), pad_id, dtype=np.int64),
+        np.full((1, width), pad_id, dtype=np.int64),
         np.zeros(1, dtype=np.int64),
         np.zeros(1, dtype=np.int64),
         np.full(1, pad_id, dtype=np.int64),
@@ -402,9 +402,12 @@ def dummy_batch(pad_id: int = 0) -> Batch:
     )
 
 
-def equalize_forward_calls(batches: list[Batch], agreement: TaskAgreement) -> AgreedSequence[Batch]:
+def equalize_forward_calls(
+    batches: list[Batch], agreement: TaskAgreement, width: int = 1
+) -> AgreedSequence[Batch]:
     """Pad with dummy forwards so every rank makes the same number of model calls. The count is agreed at
     the planning point, where a failure on any rank so far stops every rank before its first forward;
-    iterating the result joins a point between forward passes."""
+    iterating the result joins a point between forward passes. width: of each dummy row (the adapter's
+    `pad_to_multiple`: a model splitting the sequence over ranks needs a multiple of their number)."""
     n = agreement.agree(len(batches))
-    return AgreedSequence(batches + [dummy_batch() for _ in range(n - len(batches))], agreement)
+    return AgreedSequence(batches + [dummy_batch(width=width) for _ in range(n - len(batches))], agreement)

@@ -2,7 +2,8 @@
 
 The vocabulary projection and the log-softmax run on the selected positions only, a bounded number of
 them at a time, so peak memory grows with neither the sequence length nor the batch times the vocabulary.
-A head whose logits are a DTensor sharded on the vocabulary is scored slice by slice (`vocab_parallel`).
+A head whose logits are a DTensor sharded on the vocabulary is scored slice by slice (`vocab_parallel`); a
+model splitting the sequence over ranks, each on the positions it holds (`sequence_parallel`).
 Legend: N continuation tokens in a batch, U distinct positions predicting them, X feature width (hidden
 size, or V for logits), V vocabulary, C positions of one head chunk, M targets of a chunk, P pairs scored,
 B rows, T time.
@@ -21,6 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from inloop_eval.engine.adapters import ModelAdapter
 from inloop_eval.engine.batching import Batch, attention_mask_B1TT
+from inloop_eval.engine.sequence_parallel import SequenceShard
 from inloop_eval.engine.vocab_parallel import VocabShard, sharded_logprobs, vocab_shard
 from inloop_eval.errors import ModelOutputError
 
@@ -118,12 +120,7 @@ def token_logprobs(
     order_N = torch.argsort(position_N, stable=True)
     sorted_pos_N = position_N[order_N]
     vocab = _head_width(features_UX, head)
-    max_target = int(target_N.max()) if target_N.numel() else -1  # one host sync per batch, not per chunk
-    if vocab < min_vocab or max_target >= vocab:
-        raise ModelOutputError(
-            f"expected logits over at least {max(min_vocab, max_target + 1)} tokens (the tokenizer's "
-            f"vocabulary), found {vocab}; the model and the tokenizer do not match"
-        )
+    _check_vocab(vocab, target_N, min_vocab)
     chunk = max(1, _HEAD_ELEMENTS // max(vocab, 1))
     bounds = torch.searchsorted(
         sorted_pos_N, torch.arange(0, features_UX.shape[0] + chunk, chunk, device=position_N.device)
@@ -144,6 +141,47 @@ def token_logprobs(
         greedy_N[picked] = _is_argmax(logits_CV, max_C, local_M, target_M, logit_M)
         logp_N[picked] = logit_M - _logsumexp(logits_CV, max_C, in_place=owned)[local_M]
     return logp_N, greedy_N
+
+
+def _check_vocab(vocab: int, target_N: Tensor, min_vocab: int) -> None:
+    """ModelOutputError unless logits `vocab` wide cover the tokenizer's vocabulary and every target."""
+    max_target = int(target_N.max()) if target_N.numel() else -1  # one host sync per batch, not per chunk
+    if vocab < min_vocab or max_target >= vocab:
+        raise ModelOutputError(
+            f"expected logits over at least {max(min_vocab, max_target + 1)} tokens (the tokenizer's "
+            f"vocabulary), found {vocab}; the model and the tokenizer do not match"
+        )
+
+
+def sequence_shard_logprobs(
+    shard: SequenceShard,
+    target_N: Tensor,
+    min_vocab: int,
+    position_N: Tensor,
+    workspace: HeadWorkspace | None = None,
+) -> tuple[Tensor, Tensor]:
+    """log p(target) [N] and the greedy flag [N] when this rank holds the logits of some positions only:
+    its targets scored by `token_logprobs` on its positions, the others zero, then one all-reduce of [2, N]
+    over the ranks holding the rest. The vocabulary is checked on every target first, so that every rank
+    raises alike or joins the all-reduce."""
+    _check_vocab(int(shard.logits_LV.shape[-1]), target_N, min_vocab)
+    local_U = torch.full((shard.n_positions,), -1, dtype=torch.long, device=target_N.device)
+    local_U[shard.held_L] = torch.arange(shard.held_L.shape[0], device=target_N.device)
+    local_N = local_U[position_N]
+    mine_N = local_N >= 0
+    scores_2N = torch.zeros(2, target_N.shape[0], dtype=torch.float32, device=target_N.device)
+    if bool(mine_N.any()):
+        logp_M, greedy_M = token_logprobs(
+            shard.logits_LV, _identity, target_N[mine_N], 0, local_N[mine_N], workspace
+        )
+        scores_2N[0, mine_N] = logp_M
+        scores_2N[1, mine_N] = greedy_M.float()
+    shard.all_reduce(scores_2N)
+    return scores_2N[0], scores_2N[1] > 0
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
 
 
 def _is_argmax(
@@ -227,9 +265,14 @@ def run_batches(
             if batch.pair_N.size == 0:
                 continue
             with _naming_batch(describe, batch):
-                logp_N, greedy_N = token_logprobs(
-                    features_UX, head, target_N, min_vocab, position_N, workspace
-                )
+                if isinstance(features_UX, SequenceShard):
+                    logp_N, greedy_N = sequence_shard_logprobs(
+                        features_UX, target_N, min_vocab, position_N, workspace
+                    )
+                else:
+                    logp_N, greedy_N = token_logprobs(
+                        features_UX, head, target_N, min_vocab, position_N, workspace
+                    )
         if batch.pair_N.size == 0:
             continue
         owners_N = torch.from_numpy(batch.pair_N)

@@ -5,6 +5,11 @@ Evaluation runs under `torch.no_grad()`, not `torch.inference_mode()`: tensors a
 eval and keeps (FSDP2's unsharded parameter buffers, rotary-embedding caches) would otherwise be inference
 tensors, and the next training step fails on them ("Inplace update to inference tensor outside
 InferenceMode"). Parameters are never written by the evaluator; the tests check them bit for bit.
+
+One model cannot be evaluated under `no_grad` before it has trained: torch's DDP (`replicate`, OLMo-core's
+`DataParallelType.ddp`) over tensor-parallel DTensor parameters swaps each parameter for a DTensor built from it
+on its first forward, for good; built under `no_grad` that DTensor is detached and the model never learns
+again (its next training step fails: the loss has no gradient). `check_no_grad_forward` refuses it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
+
+from inloop_eval.errors import ConfigError
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -63,11 +71,29 @@ class _AutocastState:
         torch.set_autocast_cache_enabled(self.cache_enabled)
 
 
+def check_no_grad_forward(model: Any) -> None:
+    """ConfigError when a forward under `no_grad` would detach `model`'s parameters for good: torch's DDP
+    (`replicate`) over tensor-parallel DTensor parameters that no training forward has swapped yet."""
+    hooks = model._forward_pre_hooks.values() if isinstance(model, nn.Module) else ()
+    if not any(getattr(h, "__name__", "") == "_reconstruct_dtensor" for h in hooks):
+        return
+    if any(isinstance(p, DTensor) or hasattr(p, "_st_info") for p in model.parameters()):
+        raise ConfigError(
+            "evaluator: the model is wrapped by torch's DDP (replicate; OLMo-core's DataParallelType.ddp) over "
+            "tensor-parallel DTensor parameters and has not run a training forward yet; its first forward "
+            "under torch.no_grad would replace its parameters by detached copies and training would stop "
+            "learning. Evaluate after the first training step (eval_on_startup=False), or shard the data "
+            "parallel dimension with FSDP (DataParallelType.fsdp) under tensor parallelism"
+        )
+
+
 @contextmanager
 def training_untouched(model: Any) -> Iterator[None]:
     """Run the body in eval mode under `torch.no_grad()`, then restore every module's `training` flag,
     every parameter's `requires_grad` and `.grad` (the same tensor objects), the Python, NumPy, torch and
-    CUDA RNG states, and the autocast settings, whether the body returns or raises."""
+    CUDA RNG states, and the autocast settings, whether the body returns or raises. A model that a
+    `no_grad` forward would change for good is refused first (`check_no_grad_forward`)."""
+    check_no_grad_forward(model)
     modules = list(model.modules()) if isinstance(model, nn.Module) else []
     params = list(model.parameters()) if isinstance(model, nn.Module) else []
     modes = [m.training for m in modules]

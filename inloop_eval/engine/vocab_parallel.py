@@ -109,8 +109,8 @@ def select_rows(logits_BTV: DTensor, rows_N: Tensor, cols_N: Tensor) -> tuple[Te
     if any(isinstance(p, Shard) and p.dim in (0, 1, -3, -2) for p in placements):
         raise ModelOutputError(
             f"model output: logits as a DTensor with placements {tuple(placements)}: sharded on the batch or "
-            "the sequence (OLMo-core's tensor parallelism) is not supported yet; shard them on the "
-            "vocabulary (Shard(-1)) or return full logits"
+            "the sequence, which is read only from OLMo-core Transformers (OLMoCoreAdapter); shard them on "
+            "the vocabulary (Shard(-1)) or return full logits"
         )
     rows = tuple(Shard(1) if isinstance(p, Shard) else p for p in placements)
     local_NL = logits_BTV.to_local()[rows_N, cols_N]

@@ -212,7 +212,7 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         rows, uncond_ids = assign_work(prepared)
         pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
         check_vocabulary(adapter, prepared, pair_ids, min_vocab=min_vocab)
-        batches = equalize_forward_calls(plan(adapter, prepared, pair_ids), agreement)
+        batches = equalize_forward_calls(plan(adapter, prepared, pair_ids), agreement, adapter.pad_to_multiple)
         scores = run_batches(
             adapter,
             batches,

@@ -11,6 +11,7 @@ after the sync, so the averages need no collective of their own.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,8 @@ class InLoopEvaluator:
         self.last_suites: dict[str, DocumentOutcomes] = {}
         """Each suite average's per-document outcomes of the latest `run`, by its outcomes label."""
         self._tokens_forwarded = 0
+        self.last_dp_group: ProcessGroup | None = None
+        """The data-parallel group of the latest `run` (None: the world)."""
 
     @classmethod
     def from_yaml(cls, path: str | Path, **kwargs: Any) -> InLoopEvaluator:
@@ -97,10 +100,12 @@ class InLoopEvaluator:
             parameters on a model-parallel mesh dimension. Failures are still agreed world-wide.
         """
         group = resolve_data_parallel(dp_group)
+        self.last_dp_group = group
         adapter = make_adapter(model, self.config.max_length)
         check_data_parallel(adapter.model, group, adapter.model_parallel_groups)
-        if self.config.pad_to_multiple > 1:
-            adapter.pad_to_multiple = self.config.pad_to_multiple
+        multiple = math.lcm(self.config.pad_to_multiple, adapter.sequence_multiple)
+        if multiple > 1:
+            adapter.pad_to_multiple = multiple
         outputs: dict[str, EvalOutput] = {}
         # An adapter passed in keeps its counts across runs: this run's tokens are the difference.
         tokens_before = adapter.tokens_probed + adapter.tokens_scored

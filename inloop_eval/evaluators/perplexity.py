@@ -255,7 +255,7 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
             adapter.pad_to_multiple,
             prepared.config.seq_len,
         )
-        batches = equalize_forward_calls(planned, agreement)
+        batches = equalize_forward_calls(planned, agreement, adapter.pad_to_multiple)
         scores = run_batches(
             adapter,
             batches,

@@ -51,16 +51,21 @@ def run_and_log(
     prefix: str = PREFIX,
     dp_group: ProcessGroup | DeviceMesh | None = None,
 ) -> dict[str, float]:
-    """`evaluator.run(model, step=step, prefix=prefix)` plus `eval/seconds` (wall time of the call) and
-    `eval/tokens_forwarded` (tokens sent through the model by all ranks, padding and dummies included), logged
-    at `step`, with each task's per-document outcomes (`logger.log_outcomes`, unless the config's `outcomes`
-    is off). Every rank must call it (the evaluator and the token count sync across ranks).
+    """`evaluator.run(model, step=step, prefix=prefix, dp_group=dp_group)` plus `eval/seconds` (wall time of
+    the call) and `eval/tokens_forwarded`, logged at `step`, with each task's per-document outcomes
+    (`logger.log_outcomes`, unless the config's `outcomes` is off). Every rank must call it (the evaluator
+    and the token count sync across ranks).
+
+    `eval/tokens_forwarded` counts the tokens of every batch sent through the model once, padding and dummies
+    included: the sum over the data-parallel group. The ranks of a model-parallel group (tensor or context
+    parallel peers) forward the same batches together, so it is not summed over them: each batch counts
+    once, whatever the layout, and the figure is that of one process forwarding the same batches.
     prefix: the first part of every key (`eval`; `eval/merged` for OLMo-core's merged weights).
-    dp_group: the data-parallel group of a model split over ranks (`InLoopEvaluator.run`'s)."""
+    dp_group: the data-parallel group of a model split over ranks (`InLoopEvaluator.run`'s); None: the world."""
     start = time.perf_counter()
     metrics = dict(evaluator.run(model, step=step, prefix=prefix, dp_group=dp_group))
     metrics[seconds_key(prefix)] = time.perf_counter() - start
-    metrics[tokens_key(prefix)] = float(all_reduce_sum(evaluator.tokens_forwarded))
+    metrics[tokens_key(prefix)] = float(all_reduce_sum(evaluator.tokens_forwarded, evaluator.last_dp_group))
     if logger is not None:
         logger.log(metrics, step)
         outcomes = evaluator.outcomes()

@@ -294,9 +294,12 @@ class InLoopEvalCallback(EvaluatorCallback):
         Unconditional: the schedule is the hooks' business (`eval_checkpoints` calls this after loading a
         checkpoint whose step was evaluated while training)."""
         step = self.step
-        model = self.trainer.train_module.model
+        train_module = self.trainer.train_module
+        # Tensor and context parallel peers must score the same documents: shard them over the train
+        # module's data-parallel group (None without a world mesh: one process, or the whole world).
+        dp_group = getattr(train_module, "dp_process_group", None)
         with self.autocast_context():
-            metrics = run_and_log(self.evaluator, model, step, prefix=prefix)
+            metrics = run_and_log(self.evaluator, train_module.model, step, prefix=prefix, dp_group=dp_group)
         for key, value in recorded(metrics, self.olmo_core_keys_only).items():
             # Synced across ranks by the evaluator already: OLMo-core must not reduce them again.
             self.trainer.record_metric(key, value, reduce_type=None)

@@ -27,6 +27,7 @@ from olmo_core.optim import AdamWConfig
 from olmo_core.train import Duration, Trainer, TrainerConfig
 from olmo_core.train.callbacks import Callback, CheckpointerCallback
 from olmo_core.train.train_module import TransformerDataParallelConfig, TransformerTrainModuleConfig
+from torch.distributed.tensor import DTensor
 
 from inloop_eval.integrations import SECONDS_KEY
 from inloop_eval.integrations.olmo_core import InLoopEvalCallbackConfig
@@ -74,6 +75,14 @@ def callback_config(data_root: Path, **overrides: Any) -> InLoopEvalCallbackConf
     return InLoopEvalCallbackConfig(**fields)
 
 
+def model_config(tokenizer: TokenizerConfig | None = None) -> TransformerConfig:
+    """The tiny 2-layer model (vocabulary: the tokenizer's, default GPT-NeoX)."""
+    tokenizer = tokenizer or TokenizerConfig.gpt_neox_olmo_dolma_v1_5()
+    return TransformerConfig.llama_like(
+        d_model=32, vocab_size=tokenizer.padded_vocab_size(), n_layers=2, n_heads=2, hidden_size_multiple_of=16
+    )
+
+
 def train(
     work: Path,
     data_root: Path,
@@ -87,6 +96,7 @@ def train(
     extra_callbacks: dict[str, Any] | None = None,
     save_interval: int | None = None,
     fit: bool = True,
+    train_module_fields: dict[str, Any] | None = None,
     **trainer_fields: Any,
 ) -> tuple[dict[str, Any], Trainer]:
     """Train the seeded tiny model for `steps` steps; returns (what OLMo-core logged, the evaluator's
@@ -97,26 +107,29 @@ def train(
     extra_callbacks: more callbacks by name. save_interval: save a checkpoint every this many steps into
     `<work>/save` (a run with the same `work` resumes from there); None: no checkpoints.
     fit: False builds the trainer and returns it untrained. trainer_fields: more `TrainerConfig` fields.
+    train_module_fields: more `TransformerTrainModuleConfig` fields (`tp_config`, `cp_config`, `dp_config`
+    replacing DDP); each data-parallel rank's micro-batch is its share of the global batch.
     """
     distributed = dist.is_initialized()
     tokenizer = tokenizer or TokenizerConfig.gpt_neox_olmo_dolma_v1_5()
-    model_config = TransformerConfig.llama_like(
-        d_model=32,
-        vocab_size=tokenizer.padded_vocab_size(),
-        n_layers=2,
-        n_heads=2,
-        hidden_size_multiple_of=16,
-    )
-    model_config.block.dropout = dropout or None
+    config = model_config(tokenizer)
+    config.block.dropout = dropout or None
     torch.manual_seed(0)
-    model = model_config.build(init_device="cpu")
+    model = config.build(init_device="cpu")
+    module_fields: dict[str, Any] = {
+        "dp_config": TransformerDataParallelConfig(name=DataParallelType.ddp) if distributed else None,
+        **(train_module_fields or {}),
+    }
     world = dist.get_world_size() if distributed else 1
+    for parallel in ("tp_config", "cp_config"):
+        if module_fields.get(parallel) is not None:
+            world //= module_fields[parallel].degree
     train_module = TransformerTrainModuleConfig(
         rank_microbatch_size=GLOBAL_SEQUENCES // world * SEQ_LEN,
         max_sequence_length=SEQ_LEN,
         optim=AdamWConfig(lr=1e-2),
         autocast_precision=autocast,
-        dp_config=TransformerDataParallelConfig(name=DataParallelType.ddp) if distributed else None,
+        **module_fields,
     ).build(model, device=torch.device("cpu"))
     tokens = work / "tokens.npy"
     work.mkdir(parents=True, exist_ok=True)
@@ -154,13 +167,18 @@ def train(
     return collected(trainer), trainer
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def collected(trainer: Trainer) -> dict[str, Any]:
     """What the collector kept of a trained (or checkpoint-evaluating) trainer, the evaluator's max_length
     per task evaluated (with the callback) and a hash of the model's parameters."""
     train_module = trainer.train_module
     with_callback = "inloop_eval" in trainer.callbacks
     collector = trainer.callbacks["collector"]  # with_callback deep-copied the one passed in
-    params = torch.cat([p.detach().reshape(-1).float() for p in train_module.model.parameters()])
+    # This rank's part of each parameter (a DTensor's local shard).
+    params = torch.cat([_local(p).detach().reshape(-1).float() for p in train_module.model.parameters()])
     max_lengths = {}
     if with_callback:
         evaluator = trainer.callbacks["inloop_eval"].evaluator

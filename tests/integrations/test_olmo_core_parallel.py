@@ -1,0 +1,132 @@
+"""The OLMo-core callback when OLMo-core's train module splits the model: tensor parallel (TP=2, FSDP), Ulysses
+context parallel (CP=2, DDP) and FSDP=2 x TP=2 (4 processes), each a real `Trainer` run under torchrun on gloo,
+compared with one process: the same `eval/downstream/...` keys, accuracies identical, the other figures within
+1e-5 relative, for an rc, a letter-key mc and a bpb OLMo label and a PMI task, under our keys and OLMo-core's.
+Also: the scoring code allocates at most [B, T/TP, V] per batch, tokens are counted once per data-parallel
+rank, and sharding over no group or over the world is refused. The worker is
+tests/support/workers/olmo_core_layouts.py (one launch per layout)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from workers.launch import REPO, torchrun, worker_env
+from workers.olmo_core_layouts import LAYOUTS, run_layout
+
+from inloop_eval.engine.sequence_parallel import SequenceLayout, olmo_core_layout
+from inloop_eval.errors import ConfigError, ModelOutputError
+
+LAUNCHED = ["tp2", "cp2", "dp2tp2"]
+LAUNCH_TIMEOUT_S = 400
+# Figures that count documents: equal exactly (OLMo-core's keys name accuracies in words).
+EXACT = ("/acc", "/acc_norm", "/acc_bytes", "/acc_per_token", "/acc_pmi", "/n_docs", "/failed", "accuracy)", "accuracy v2)")
+
+
+def downstream(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if k.startswith("eval/downstream/")}
+
+
+@pytest.fixture(scope="module")
+def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
+    return run_layout("single", tmp_path_factory.mktemp("single"), data_root)
+
+
+@pytest.fixture(scope="module")
+def launched(data_root: Path, tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
+    """Layout -> every rank's result, one torchrun launch each."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for layout in LAUNCHED:
+        nproc = LAYOUTS[layout][0]
+        folder = tmp_path_factory.mktemp(layout)
+        args = [str(REPO / "tests" / "support" / "workers" / "olmo_core_layouts.py"), "--data-root", str(data_root)]
+        args += ["--work", str(folder / "work"), "--out", str(folder / "out"), "--layout", layout]
+        torchrun(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(OLMO_SHARED_FS="1"))
+        out[layout] = [json.loads((folder / "out" / f"rank{r}.json").read_text()) for r in range(nproc)]
+    return out
+
+
+def test_every_layout_gives_the_figures_of_one_process(single, launched) -> None:
+    """At startup (the same weights) and after one training step, on every rank of every layout."""
+    steps = sorted(single["logged"], key=int)
+    assert steps == ["0", "1"]
+    for layout, ranks in launched.items():
+        for rank, result in enumerate(ranks):
+            for step in steps:
+                expected, found = downstream(single["logged"][step]), downstream(result["logged"][step])
+                where = f"{layout} rank {rank} step {step}"
+                assert sorted(found) == sorted(expected), where
+                for key, value in expected.items():
+                    if key.endswith(EXACT):
+                        assert found[key] == value, f"{where}: {key} {found[key]} != {value}"
+                    else:
+                        assert math.isclose(found[key], value, rel_tol=1e-5), f"{where}: {key}"
+
+
+def test_every_kind_of_label_and_both_key_styles_are_compared(single) -> None:
+    keys = downstream(single["logged"]["0"])
+    for label in ("olmo:piqa", "olmo:mmlu_stem_test_mc_5shot_fast", "olmo:arc_easy_test_bpb_5shot"):
+        assert f"eval/downstream/{label}/n_docs" in keys  # our keys
+    for words in ("piqa (length-normalized accuracy)", "mmlu_stem_test_mc_5shot_fast (length-normalized accuracy)",
+                  "arc_easy_test_bpb_5shot (BPB)"):
+        assert f"eval/downstream/{words}" in keys  # OLMo-core's keys
+    assert "eval/downstream/k_arc_easy_pmi/acc_pmi" in keys
+
+
+def test_tokens_are_counted_once_per_data_parallel_rank(single, launched) -> None:
+    """Tensor and context parallel peers forward the same batches: counted once. Padding to a multiple of
+    the degree adds a few tokens (counted: they are forwarded); FSDP=2 x TP=2 forwards the same batches as
+    TP=2, split over two data-parallel ranks, so their totals are within the dummy batches that even out
+    the ranks."""
+    one = single["logged"]["0"]["eval/tokens_forwarded"]
+    tp2 = launched["tp2"][0]["logged"]["0"]["eval/tokens_forwarded"]
+    assert launched["cp2"][0]["logged"]["0"]["eval/tokens_forwarded"] == tp2
+    assert one <= tp2 < 1.05 * one
+    dp2tp2 = launched["dp2tp2"][0]["logged"]["0"]["eval/tokens_forwarded"]
+    assert 0.9 * tp2 < dp2tp2 < 1.5 * tp2
+    for ranks in launched.values():
+        assert len({r["logged"]["0"]["eval/tokens_forwarded"] for r in ranks}) == 1
+
+
+def test_scoring_allocates_at_most_the_positions_a_rank_holds(launched) -> None:
+    """Per batch, the largest tensor selecting and scoring a rank's positions allocates (the model's own
+    forward left out) is at most [B, T/TP, V], at TP=2 (the forward projects only the kept positions)."""
+    for result in launched["tp2"]:
+        record = result["memory"]
+        assert record and all(r["largest"] > 0 for r in record)
+        assert all(r["largest"] <= r["bound"] for r in record), max(record, key=lambda r: r["largest"] / r["bound"])
+
+
+def test_sharding_over_no_group_or_the_world_is_refused(launched) -> None:
+    for layout, dim in (("tp2", "tp"), ("cp2", "cp"), ("dp2tp2", "tp")):
+        for result in launched[layout]:
+            assert "no data-parallel group was given" in result["no_group"], layout
+            assert f"splits the peers of the model-parallel dimension ['{dim}']" in result["world_group"], layout
+
+
+def test_ddp_over_tensor_parallel_is_refused_before_it_has_trained(launched) -> None:
+    for result in launched["tp2"]:
+        assert "has not run a training forward yet" in result["ddp_tp_startup"]
+        assert "DataParallelType.fsdp" in result["ddp_tp_startup"]
+
+
+def test_a_width_the_layout_cannot_split_is_an_error() -> None:
+    layout = SequenceLayout(tp_size=2, cp_size=2)
+    assert layout.held(8) == (0, 4)
+    assert SequenceLayout(tp_size=2, tp_rank=1, cp_size=2, cp_rank=1).held(8) == (4, 4)
+    with pytest.raises(ModelOutputError, match="input width 6 is not a multiple of 4"):
+        layout.held(6)
+
+
+def test_ring_context_parallelism_is_refused() -> None:
+    """Ring attention's load balancers interleave chunks; only Ulysses' contiguous chunks are read."""
+    ring = type("RingAttentionZigZagLoadBalancer", (), {"cp_rank": 0, "cp_world_size": 2})()
+    model = torch.nn.Module()
+    model._cp_load_balancer = ring
+    with pytest.raises(ConfigError, match="ring context parallelism.*Ulysses"):
+        olmo_core_layout(model)
+    assert olmo_core_layout(torch.nn.Module()) is None
