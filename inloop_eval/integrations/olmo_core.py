@@ -57,7 +57,14 @@ from inloop_eval.integrations.olmo_core_perplexity import (
     PerplexityCallbackFields,
     validation_mix_dataset,
 )
-from inloop_eval.keys import KEY_STYLES, OLMO_CORE_EVAL_TIME_KEY, PREFIX, is_olmo_core_key, seconds_key
+from inloop_eval.keys import (
+    KEY_STYLES,
+    OLMO_CORE_EVAL_TIME_KEY,
+    PREFIX,
+    is_olmo_core_key,
+    seconds_key,
+    tokens_key,
+)
 from inloop_eval.tasks.registry import check_task_id
 
 # The name OLMo-core's `with_recommended_evals` and experiment builder give their downstream evaluator.
@@ -300,9 +307,13 @@ class InLoopEvalCallback(EvaluatorCallback):
         dp_group = getattr(train_module, "dp_process_group", None)
         with self.autocast_context():
             metrics = run_and_log(self.evaluator, train_module.model, step, prefix=prefix, dp_group=dp_group)
+        # The cost keys are shared by every callback of ours evaluating at this step (downstream and
+        # perplexity): they add up, as OLMo-core's own evaluation time does, instead of colliding.
+        cost_keys = {seconds_key(prefix), tokens_key(prefix)}
         for key, value in recorded(metrics, self.olmo_core_keys_only).items():
             # Synced across ranks by the evaluator already: OLMo-core must not reduce them again.
-            self.trainer.record_metric(key, value, reduce_type=None)
+            strategy = MetricMergeStrategy.sum if key in cost_keys else MetricMergeStrategy.warn
+            self.trainer.record_metric(key, value, reduce_type=None, merge_strategy=strategy)
         self.trainer.record_metric(
             OLMO_CORE_EVAL_TIME_KEY, metrics[seconds_key(prefix)], merge_strategy=MetricMergeStrategy.sum
         )

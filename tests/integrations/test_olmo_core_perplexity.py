@@ -16,7 +16,7 @@ from olmo_core.train.common import Duration
 from olmo_core.train.train_module import EvalBatchSizeUnit, EvalBatchSpec
 from workers.launch import torchrun, worker_env
 from workers.olmo_core_perplexity import DOCUMENTS, both_runs, olmo_core_config, write_documents
-from workers.olmo_core_train import SEQ_LEN
+from workers.olmo_core_train import SEQ_LEN, callback_config, train
 
 from inloop_eval.data.perplexity.documents import LoaderSelection, loader_selection
 from inloop_eval.errors import ConfigError
@@ -215,3 +215,25 @@ def test_loader_selection_is_olmo_cores_global_indices(tmp_path):
     assert np.array_equal(
         np.sort(np.concatenate([k + o for k, o in zip(kept, offsets, strict=True)])), theirs
     )
+
+
+def test_downstream_and_perplexity_callbacks_add_up_their_cost(data_root, tmp_path):
+    """Both of our callbacks evaluating at one step (as `with_recommended_evals` installs them) record
+    `eval/seconds` and `eval/tokens_forwarded` once each: OLMo-core keeps their sum, not the first."""
+    tokenizer = TokenizerConfig.gpt_neox_olmo_dolma_v1_5()
+    write_documents(tmp_path / "ppl", tokenizer)
+    perplexity = InLoopPerplexityCallbackConfig.from_olmo_core(
+        olmo_core_config(tmp_path, tokenizer), data_root=str(data_root)
+    )
+    downstream = callback_config(data_root, tasks=["piqa"], limit=2, eval_on_finish=False)
+    result, trainer = train(
+        tmp_path / "run",
+        data_root,
+        with_callback=True,
+        callback=downstream,
+        steps=1,
+        extra_callbacks={"lm_evaluator": perplexity},
+    )
+    tokens = [trainer.callbacks[name].evaluator.tokens_forwarded for name in ("inloop_eval", "lm_evaluator")]
+    assert min(tokens) > 0
+    assert result["logged"]["0"]["eval/tokens_forwarded"] == sum(tokens)
