@@ -79,13 +79,17 @@ def test_every_kind_of_label_and_both_key_styles_are_compared(single) -> None:
 
 def test_tokens_are_counted_once_per_data_parallel_rank(single, launched) -> None:
     """Tensor and context parallel peers forward the same batches: counted once. Padding to a multiple of
-    the degree adds a few tokens (counted: they are forwarded); FSDP=2 x TP=2 forwards the same batches as
-    TP=2, split over two data-parallel ranks, so their totals are within the dummy batches that even out
+    the degree adds a few tokens (counted: they are forwarded) to what one process forwards unpacked (split
+    layouts are never packed; one process packs, forwarding fewer); FSDP=2 x TP=2 forwards the same batches
+    as TP=2, split over two data-parallel ranks, so their totals are within the dummy batches that even out
     the ranks."""
-    one = single["logged"]["0"]["eval/tokens_forwarded"]
+    one_packed = single["evaluator_tokens"]
+    one = single["unpacked_evaluator_tokens"]
+    tp2_rank = launched["tp2"][0]["evaluator_tokens"]
+    assert one_packed < one <= tp2_rank < 1.05 * one
     tp2 = launched["tp2"][0]["logged"]["0"]["eval/tokens_forwarded"]
     assert launched["cp2"][0]["logged"]["0"]["eval/tokens_forwarded"] == tp2
-    assert one <= tp2 < 1.05 * one
+    assert single["logged"]["0"]["eval/tokens_forwarded"] < tp2
     dp2tp2 = launched["dp2tp2"][0]["logged"]["0"]["eval/tokens_forwarded"]
     assert 0.9 * tp2 < dp2tp2 < 1.5 * tp2
     for ranks in launched.values():

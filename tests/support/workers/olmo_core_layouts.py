@@ -33,6 +33,7 @@ from olmo_core.train.train_module import (
 )
 
 import inloop_eval.engine.scoring as scoring_module
+from inloop_eval.engine.adapters import OLMoCoreAdapter
 from inloop_eval.engine.sequence_parallel import SequenceLayout
 from inloop_eval.errors import ConfigError
 from inloop_eval.integrations.olmo_core import DEFAULT_BATCH_TOKENS
@@ -165,6 +166,14 @@ def run_layout(layout: str, work: Path, data_root: Path) -> dict[str, Any]:
     else:
         trainer.fit()
     result = collected(trainer)
+    evaluator = trainer.callbacks["inloop_eval"].evaluator
+    result["evaluator_tokens"] = evaluator.tokens_forwarded  # this rank's, at the last step
+    if not dist.is_initialized():  # one process packs rows; the split layouts cannot: count it unpacked too
+        model = trainer.train_module.model
+        unpacked = OLMoCoreAdapter(model, trainer.train_module.eval_batch_spec.max_sequence_length)
+        unpacked.supports_packing = False
+        evaluator.run(unpacked, step=STEPS)
+        result["unpacked_evaluator_tokens"] = evaluator.tokens_forwarded
     if layout == "tp2":
         result["memory"] = memory.record
         result["ddp_tp_startup"] = ddp_tp_refusal(trainer, data_root)
