@@ -44,8 +44,8 @@ from olmo_core.train.train_module import TransformerPipelineTrainModule
 
 from inloop_eval.config_fields import one_of, read_config_file
 from inloop_eval.data.root import default_data_root
-from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer, with_special_ids
-from inloop_eval.data.tokenizer_lookup import find_tokenizer_file
+from inloop_eval.data.tokenizer import Tokenizer, with_special_ids
+from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
 from inloop_eval.errors import ConfigError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
@@ -430,8 +430,8 @@ def recorded(metrics: dict[str, float], olmo_core_keys_only: bool) -> dict[str, 
 def olmo_tokenizer(config: TokenizerConfig, data_root: Path) -> Tokenizer:
     """The tokenizer OLMo's `config` names, with its BOS and EOS ids as given. Its `identifier` is found on this
     machine, never downloaded: a local file or directory, a tokenizer `inloop-eval data fetch` put in
-    `<data_root>/tokenizers/`, or one in the local Hugging Face hub cache (`find_tokenizer_file`)."""
-    base = load_tokenizer(find_tokenizer_file(config.identifier, data_root))
+    `<data_root>/tokenizers/`, or one in the local Hugging Face hub cache (`find_and_load_tokenizer`)."""
+    base = find_and_load_tokenizer(config.identifier, data_root)
     return with_special_ids(
         base, bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, name=config.identifier
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+from helpers import assert_same_metrics
 from workers import parallel_checks
 from workers.launch import REPO, torchrun, worker_env
 
@@ -25,17 +26,6 @@ from inloop_eval.errors import ConfigError
 
 LAUNCHES: dict[int, list[str]] = {2: ["layouts", "vocab_tp", "torchtitan_plan"], 4: ["layouts"]}
 LAUNCH_TIMEOUT_S = 300
-EXACT = ("/acc", "/acc_norm", "/acc_bytes", "/acc_per_token", "/acc_pmi", "/n_docs", "/failed")
-
-
-def assert_same_metrics(found: dict[str, float], expected: dict[str, float], where: str, rel: float) -> None:
-    """Accuracies and counts exactly; every other figure within `rel`."""
-    assert sorted(found) == sorted(expected), where
-    for key, value in expected.items():
-        if key.endswith(EXACT):
-            assert found[key] == value, f"{where}: {key} {found[key]} != {value}"
-        else:
-            assert math.isclose(found[key], value, rel_tol=rel, abs_tol=rel), f"{where}: {key}"
 
 
 @pytest.fixture(scope="module")

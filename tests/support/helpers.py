@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -13,6 +14,18 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
+# Figures that count documents: equal exactly across layouts and world sizes.
+EXACT = ("/acc", "/acc_norm", "/acc_bytes", "/acc_per_token", "/acc_pmi", "/n_docs", "/failed")
+
+
+def assert_same_metrics(found: dict[str, float], expected: dict[str, float], where: str, rel: float) -> None:
+    """Accuracies and counts exactly; every other figure within `rel`."""
+    assert sorted(found) == sorted(expected), where
+    for key, value in expected.items():
+        if key.endswith(EXACT):
+            assert found[key] == value, f"{where}: {key} {found[key]} != {value}"
+        else:
+            assert math.isclose(found[key], value, rel_tol=rel, abs_tol=rel), f"{where}: {key}"
 
 
 def seed_all(seed: int) -> None:
