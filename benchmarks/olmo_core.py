@@ -55,7 +55,14 @@ from benchmarks.common import (
     table_minimum,
     task_requests,
 )
-from inloop_eval import EvaluatorConfig, InLoopEvaluator, ModelAdapter
+from inloop_eval import (
+    EvaluatorConfig,
+    ForwardInputs,
+    InLoopEvaluator,
+    LayoutNeeds,
+    ModelAdapter,
+    ProjectedHead,
+)
 from inloop_eval.data.root import default_data_root, neox_tokenizer_path, oe_eval_dir, split_dir
 from inloop_eval.data.tokenizer import load_tokenizer
 from inloop_eval.metrics.olmo import olmo_request_values
@@ -112,23 +119,18 @@ class PlanOnly(ModelAdapter):
     """A model that takes packed rows and computes nothing (equal logits everywhere): a run through it
     counts, in `tokens_forwarded`, what the planner would send such a model."""
 
-    supports_packing = True
-
     def __init__(self, vocab_size: int, max_length: int) -> None:
         super().__init__(None)
         self.vocab_size, self.max_length = vocab_size, max_length
         self.head = nn.Linear(1, vocab_size, bias=False)
         nn.init.zeros_(self.head.weight)
 
-    def features(
-        self,
-        input_ids_BT: Tensor,
-        rows_N: Tensor,
-        cols_N: Tensor,
-        attention_mask: Tensor | None = None,
-        position_ids: Tensor | None = None,
-    ) -> tuple[Tensor, nn.Module]:
-        return torch.zeros((rows_N.shape[0], 1)), self.head
+    @property
+    def needs(self) -> LayoutNeeds:
+        return LayoutNeeds(packing=True)
+
+    def forward(self, inputs: ForwardInputs) -> ProjectedHead:
+        return ProjectedHead(torch.zeros((inputs.rows_U.shape[0], 1)), self.head)
 
 
 def olmo_core_train_module(batch_tokens: int) -> Any:

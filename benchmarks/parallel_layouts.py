@@ -108,7 +108,7 @@ def main() -> None:
         start = time.perf_counter()
         evaluator.run(module.model, dp_group=dp_group)
         seconds.append(time.perf_counter() - start)
-    tokens = all_reduce_sum(evaluator.tokens_forwarded, evaluator.last_dp_group)
+    tokens = all_reduce_sum(evaluator.tokens_forwarded, dp_group)
     rss_mib = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024])
     world = dist.get_world_size() if dist.is_initialized() else 1
     every_rss = [torch.zeros_like(rss_mib) for _ in range(world)]

@@ -28,8 +28,8 @@ an item still joins that all-reduce; with `strict`, every rank then raises and `
 keeps `report_failure` from joining a point the others will not reach.
 
 Data parallelism. Documents are shared out, and metrics reduced, over the *data-parallel group* of the
-evaluation (`data_parallel`), which is the world unless `InLoopEvaluator.run` was given one
-(`evaluating_over`). The ranks of one model-parallel group (tensor, context, pipeline parallel peers) share
+evaluation, which is the world unless `InLoopEvaluator.run` was given one; it is passed down in the open
+(`evaluators.base.EvalContext.dp_group`), never read from a global. The ranks of one model-parallel group (tensor, context, pipeline parallel peers) share
 a data-parallel rank, so they are handed the same documents, plan the same batches and make the same forward
 calls, as their model's collectives require. Failure agreement, the request cache and the forward-call
 count stay world-wide: a failure on any rank stops every rank, and every rank of the world makes as many
@@ -41,8 +41,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any, TypeVar, overload
 
 import torch
@@ -73,30 +71,6 @@ def world() -> tuple[int, int]:
 # torchtitan's DTensor backend ("partial_dtensor") shards parameters over "fsdp", which folds dp_shard and
 # cp: data parallel without context parallelism, which its validator (integrations/torchtitan.py) refuses.
 DATA_PARALLEL_DIMS = ("dp", "dp_replicate", "dp_shard", "fsdp")
-
-_data_parallel_group: ContextVar[ProcessGroup | None] = ContextVar("data_parallel_group", default=None)
-
-
-def data_parallel() -> tuple[int, int]:
-    """(size, rank) of this rank's data-parallel group in the current evaluation: the group given to
-    `evaluating_over`, else the world; (1, 0) outside torch.distributed."""
-    return data_parallel_in(_data_parallel_group.get())
-
-
-def data_parallel_group() -> ProcessGroup | None:
-    """The current evaluation's data-parallel group; None for the world (torch's default group)."""
-    return _data_parallel_group.get()
-
-
-@contextmanager
-def evaluating_over(group: ProcessGroup | None) -> Iterator[None]:
-    """Within the block, documents are sharded and metrics reduced over `group` (None: the world)."""
-    token = _data_parallel_group.set(group)
-    try:
-        yield
-    finally:
-        _data_parallel_group.reset(token)
-
 
 def resolve_data_parallel(dp: ProcessGroup | DeviceMesh | None) -> ProcessGroup | None:
     """The process group of `dp`: a group as is; a one-dimensional mesh's group; the data-parallel dimensions

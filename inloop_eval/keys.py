@@ -17,6 +17,8 @@ with `figure_key`, the way OLMo-core's evaluator callback records `f"{prefix}/{e
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from inloop_eval.errors import ConfigError
 
 PREFIX = "eval"
@@ -159,3 +161,37 @@ def is_olmo_core_key(key: str) -> bool:
 def olmo_core_metrics(label: str, figures: dict[str, float], prefix: str = PREFIX) -> dict[str, float]:
     """OLMo figures (as `olmo_icl_compute` returns them) under OLMo-core's keys."""
     return {olmo_core_key(label, figure, prefix): value for figure, value in figures.items()}
+
+
+@dataclass(frozen=True)
+class OlmoCoreNames:
+    """How OLMo-core names some figures of a label (used with `key_style: olmo_core`): an `olmo:` task's
+    (its `DownstreamEvaluator` keys) or a `documents` perplexity label's (its `LMEvaluator` keys).
+
+    label: the label in OLMo-core (an `olmo:` task's id without `olmo:`; a perplexity label as it is).
+    figures: the figures that take OLMo-core's key; the others keep ours.
+    """
+
+    label: str
+    figures: frozenset[str]
+
+
+def metric_keys(
+    kind: str,
+    figures: dict[str, dict[str, float]],
+    olmo_core_names: dict[str, OlmoCoreNames],
+    key_style: str,
+    prefix: str = PREFIX,
+) -> dict[str, float]:
+    """One evaluator's figures (label -> {figure: value}) under their keys: `<prefix>/<kind>/<label>/<figure>`;
+    with `key_style: olmo_core`, the figures OLMo-core also reports (`olmo_core_names`) under its keys
+    instead (`<prefix>/downstream/<OLMo label> (<words>)`, `<prefix>/lm/<label>/CE loss`)."""
+    metrics: dict[str, float] = {}
+    for label, values in figures.items():
+        names = olmo_core_names.get(label) if key_style == "olmo_core" else None
+        for figure, value in values.items():
+            if names is not None and figure in names.figures:
+                metrics[olmo_core_figure_key(kind, names.label, figure, prefix)] = value
+            else:
+                metrics[figure_key(kind, label, figure, prefix)] = value
+    return metrics

@@ -1,7 +1,8 @@
-"""The engine that runs a model over requests: how to call a model (`adapters`; packed rows for OLMo-core
-Transformers, `olmo_core_packing`), token-budget batches (`batching`), log-probabilities at continuation
-positions (`scoring`; from logits sharded over the vocabulary by a tensor-parallel head, `vocab_parallel`; from
-a sequence split over tensor- or context-parallel ranks, `sequence_parallel`), a model split into pipeline
-stages scored through its schedule (`pipeline`), each rank's share of documents (`sharding`), and leaving
-training untouched (`training_state`). The collectives every layer relies on are one level up, in
-`inloop_eval.distributed`."""
+"""The engine that runs a model over requests, in the order a batch goes through it: token-budget batches
+(`batching`), each rank's share of the work (`sharding`), the one seam between the scoring loop and a model
+(`layout`: an adapter's `forward` returns outputs that score the targets), the ways a model returns its
+outputs (`layouts/`: full logits, hidden states and a head, vocabulary-sharded, sequence-sharded, a pipeline's
+last stage), the adapters of the model families (`adapters`, `olmo_core_adapter` with `olmo_core_packing`
+and `sequence_parallel`, `pipeline`) and the registry that picks one (`registry`), the scoring loop
+(`scoring`, the shared arithmetic in `logprobs`), and leaving training untouched (`training_state`). The
+collectives every layer relies on are one level up, in `inloop_eval.distributed`."""

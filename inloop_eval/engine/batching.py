@@ -25,6 +25,8 @@ rows (contexts and pieces), M tokens of all rows, B rows in a batch, T its longe
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +34,7 @@ import torch
 from torch import Tensor
 
 from inloop_eval.distributed import AgreedSequence, TaskAgreement
+from inloop_eval.engine.layout import LayoutNeeds
 from inloop_eval.requests.table import PairSet
 
 # A packed row's pieces may span at least this many tokens (or the context's length, if longer) before the
@@ -45,6 +48,24 @@ FORWARD_COST_TOKENS = 64
 
 # Segment ids in `Batch.segment_BT`: 0 is the context, k > 0 a piece, PAD_SEGMENT padding.
 PAD_SEGMENT = -1
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What every batch of one evaluation must be, as the model's layout needs it and the config asks.
+
+    packing: rows may be packed (the model takes an attention mask and position ids).
+    width_multiple: every width is a multiple of this: the layout's own (a sequence split over ranks)
+        times what the config's `pad_to_multiple` adds (bucketed shapes for torch.compile), their lcm.
+    """
+
+    packing: bool = False
+    width_multiple: int = 1
+
+    @classmethod
+    def of(cls, needs: LayoutNeeds, pad_to_multiple: int = 1) -> BatchShape:
+        """The shape honouring both the layout's `needs` and the config's `pad_to_multiple`."""
+        return cls(needs.packing, math.lcm(needs.width_multiple, pad_to_multiple))
 
 
 @dataclass
@@ -226,20 +247,62 @@ def plan_batches(
 
     packing: share each context among its continuations (the model must accept a mask and position ids).
     max_length: longest row a packed group may form (the model's context length).
-    pad_to_multiple: round every batch's width up to a multiple of this (bucketed shapes for torch.compile),
-        but not past `max_length` (a row never gets positions the model does not have).
+    pad_to_multiple: round every batch's width up to a multiple of this (`BatchShape.width_multiple`), but
+        not past `max_length` (`round_widths`).
     """
-    if pad_to_multiple < 1:
-        raise ValueError(f"plan_batches: pad_to_multiple must be >= 1 (1 = off), found {pad_to_multiple}")
     pair_ids = np.asarray(pair_ids, dtype=np.int64)
     layout = layout_rows(pairs, pair_ids, packing=packing, max_length=max_length)
-    width_R = -(-layout.length_R // pad_to_multiple) * pad_to_multiple
-    if max_length is not None:
-        width_R = np.maximum(layout.length_R, np.minimum(width_R, max_length))
+    width_R = round_widths(layout.length_R, pad_to_multiple, max_length)
     batch_R, slot_R, widths = cut_batches(width_R, batch_tokens)
     tokens = _row_tokens(pairs, pair_ids, layout, batch_R, len(widths))
     targets = _targets(pairs, pair_ids, layout, batch_R, len(widths))
     return _assemble(tokens, targets, layout, batch_R, slot_R, widths, packing, pad_id)
+
+
+def plan_sequence_batches(
+    length_S: np.ndarray,
+    sequence: Callable[[int], np.ndarray],
+    batch_tokens: int,
+    *,
+    max_length: int | None = None,
+    pad_to_multiple: int = 1,
+) -> list[Batch]:
+    """Batches of whole sequences (perplexity): one row per sequence, every position but the last of a row
+    predicting the next token; `Batch.pair_N` indexes the sequences. Widths rounded and rows cut into
+    batches as `plan_batches` does (`round_widths`, `cut_batches`); never packed.
+
+    length_S: each sequence's length; sequence(s): its tokens [L].
+    """
+    width_S = round_widths(np.asarray(length_S, dtype=np.int64), pad_to_multiple, max_length)
+    batch_S, slot_S, widths = cut_batches(width_S, batch_tokens)
+    order_S = np.argsort(batch_S, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(batch_S, minlength=len(widths)))])
+    batches: list[Batch] = []
+    for b, width in enumerate(widths):
+        members = order_S[bounds[b] : bounds[b + 1]]
+        input_ids_BT = np.zeros((len(members), width), dtype=np.int64)
+        rows, cols, targets, owners = [], [], [], []
+        for s in members.tolist():
+            ids = sequence(s)
+            row, n = int(slot_S[s]), len(ids) - 1
+            input_ids_BT[row, : len(ids)] = ids
+            rows.append(np.full(n, row, dtype=np.int64))
+            cols.append(np.arange(n, dtype=np.int64))
+            targets.append(ids[1:])
+            owners.append(np.full(n, s, dtype=np.int64))
+        batches.append(Batch(input_ids_BT, *(np.concatenate(x) for x in (rows, cols, targets, owners))))
+    return batches
+
+
+def round_widths(length_R: np.ndarray, multiple: int, max_length: int | None) -> np.ndarray:
+    """Each row's width: its length rounded up to `multiple`, but not past `max_length` (a row never gets
+    positions the model does not have) unless it is that long already."""
+    if multiple < 1:
+        raise ValueError(f"round_widths: the width multiple must be >= 1 (1 = off), found {multiple}")
+    width_R = -(-length_R // multiple) * multiple
+    if max_length is not None:
+        width_R = np.maximum(length_R, np.minimum(width_R, max_length))
+    return width_R
 
 
 def cut_batches(width_R: np.ndarray, batch_tokens: int) -> tuple[np.ndarray, np.ndarray, list[int]]:

@@ -31,8 +31,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
-from inloop_eval.engine.adapters import ModelAdapter, input_embedding_rows
-from inloop_eval.engine.scoring import HeadWorkspace, token_logprobs
+from inloop_eval.engine.adapters import input_embedding_rows
+from inloop_eval.engine.layout import ForwardInputs, HeadWorkspace, LayoutNeeds, ModelAdapter, ModelOutputs
+from inloop_eval.engine.layouts.pipeline_stage import ScoredTargets, share_from_last_stage
+from inloop_eval.engine.layouts.projected_head import token_logprobs
 from inloop_eval.errors import ConfigError, ModelOutputError
 
 
@@ -55,9 +57,6 @@ class PipelineAdapter(ModelAdapter):
     pad_id: the token id of padding.
     vocab_size: token ids the first stage can embed; by default the rows of its input embedding.
     """
-
-    supports_packing = False
-    scores_targets = True
 
     def __init__(
         self,
@@ -83,7 +82,6 @@ class PipelineAdapter(ModelAdapter):
         self.max_length = seq_len
         self.pad_id = pad_id
         self.group: ProcessGroup | None = self.stages[0].group
-        self.model_parallel_groups = (("pipeline", self.group),)
         self.has_first = any(stage.is_first for stage in self.stages)
         self.has_last = any(stage.is_last for stage in self.stages)
         self.last_rank, self.vocab_size = self._agree_layout(vocab_size)
@@ -107,18 +105,19 @@ class PipelineAdapter(ModelAdapter):
             )
         return last_rank, vocab_size if vocab_size is not None else rows
 
-    def target_logprobs(
-        self,
-        input_ids_BT: Tensor,
-        rows_U: Tensor,
-        cols_U: Tensor,
-        position_N: Tensor,
-        target_N: Tensor,
-        min_vocab: int = 0,
-    ) -> tuple[Tensor, Tensor, int]:
-        """log p(target) [N] and greedy flags [N] on every rank of the pipeline group, and the tokens this
-        rank's schedule steps carried; target n is predicted by position `position_N[n]` of
-        (rows_U, cols_U)."""
+    @property
+    def needs(self) -> LayoutNeeds:
+        return LayoutNeeds(peer_groups=(("pipeline", self.group),))
+
+    def tokens_fed(self, inputs: ForwardInputs) -> int:
+        """Every schedule step carries `batch_rows` x `seq_len` tokens, however narrow the batch."""
+        steps = -(-inputs.input_ids_BT.shape[0] // self.batch_rows)
+        return steps * self.batch_rows * self.max_length
+
+    def forward(self, inputs: ForwardInputs) -> ModelOutputs:
+        """log p(target) [N] and greedy flags [N] on every rank of the pipeline group, scored on the last
+        stage from the logits of the positions read (`inputs.rows_U`, `cols_U`)."""
+        input_ids_BT, rows_U, cols_U = inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
         n_rows, width = input_ids_BT.shape
         if width > self.max_length:
             raise ModelOutputError(
@@ -127,8 +126,7 @@ class PipelineAdapter(ModelAdapter):
             )
         selected_UV: Tensor | None = None
         failure = ""
-        steps = range(0, n_rows, self.batch_rows)
-        for start in steps:
+        for start in range(0, n_rows, self.batch_rows):
             logits_RTV = self._step(input_ids_BT[start : start + self.batch_rows])
             if not self.has_last or failure:
                 continue
@@ -139,19 +137,20 @@ class PipelineAdapter(ModelAdapter):
                 selected_UV = logits_RTV.new_empty(rows_U.shape[0], logits_RTV.shape[-1])
             in_step_U = (rows_U >= start) & (rows_U < start + self.batch_rows)
             selected_UV[in_step_U] = logits_RTV[rows_U[in_step_U] - start, cols_U[in_step_U]]
-        tokens = len(steps) * self.batch_rows * self.max_length
+        target_N = inputs.target_N
         scores_2N = torch.zeros(1 + 2 * target_N.shape[0], dtype=torch.float32, device=self.device)
         if self.has_last and not failure:
             try:
                 assert selected_UV is not None  # at least one step ran
                 logp_N, greedy_N = token_logprobs(
-                    selected_UV, _identity, target_N, min_vocab, position_N, self.workspace
+                    selected_UV, _identity, target_N, inputs.min_vocab, inputs.position_N, self.workspace
                 )
                 scores_2N[0] = 1.0
                 scores_2N[1:] = torch.cat([logp_N.float(), greedy_N.float()])
             except ModelOutputError as exc:
                 failure = str(exc)
-        return (*self._share(scores_2N, failure), tokens)
+        logp_N, greedy_N = share_from_last_stage(scores_2N, failure, self.group, self.last_rank)
+        return ScoredTargets(logp_N, greedy_N, self.vocab_size)
 
     def _step(self, input_ids_RT: Tensor) -> Any:
         """One forward-only run of the schedule on rows padded to [batch_rows, seq_len]; the last stage's
@@ -175,14 +174,3 @@ class PipelineAdapter(ModelAdapter):
             f"pipeline output: expected the last stage to return logits of shape [{expected[0]}, "
             f"{expected[1]}, V] (a tensor or an object with .logits), found {found}"
         )
-
-    def _share(self, scores_2N: Tensor, failure: str) -> tuple[Tensor, Tensor]:
-        """Broadcast the last stage's status and scores to the pipeline group; every rank raises the last
-        stage's failure."""
-        dist.broadcast(scores_2N, group=self.group, group_src=self.last_rank)
-        if scores_2N[0] != 1.0:
-            message = [failure]
-            dist.broadcast_object_list(message, group=self.group, group_src=self.last_rank)
-            raise ModelOutputError(message[0])
-        n = (scores_2N.shape[0] - 1) // 2
-        return scores_2N[1 : 1 + n], scores_2N[1 + n :] == 1.0

@@ -1,4 +1,5 @@
-"""Target log-probabilities of a model whose logits each rank holds for some positions only: OLMo-core's tensor
+"""How an OLMo-core model splits the sequence over ranks, and the logits each rank holds for some positions
+only (scored by `layouts/sequence_sharded.py`): OLMo-core's tensor
 parallelism (logits a DTensor sharded on the positions, `Shard(1)`: each rank the whole vocabulary for 1/TP of
 them) and its Ulysses context parallelism (every rank passes the same full inputs, the model cuts them into
 contiguous chunks and returns each rank its chunk's logits as a plain tensor), or both.
@@ -22,30 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from inloop_eval.errors import ConfigError, ModelOutputError
-
-
-@dataclass
-class SequenceShard:
-    """The logits [L, V] of the selected positions this rank holds, `held_L` their indices among the U
-    positions read, and the groups over which the other ranks hold the rest."""
-
-    logits_LV: Tensor
-    held_L: Tensor
-    n_positions: int
-    groups: list[ProcessGroup]
-
-    def all_reduce(self, scores_XN: Tensor) -> Tensor:
-        """`scores_XN` summed over the ranks holding the other positions (in place; returned)."""
-        for group in self.groups:
-            dist.all_reduce(scores_XN, group=group)
-        return scores_XN
+from inloop_eval.engine.layout import refuse_layout
+from inloop_eval.engine.layouts.sequence_sharded import SequenceShard
+from inloop_eval.errors import ModelOutputError
 
 
 @dataclass
@@ -116,10 +101,11 @@ def olmo_core_layout(model: nn.Module) -> SequenceLayout | None:
     balancer = getattr(model, "_cp_load_balancer", None)
     if balancer is not None:
         if type(balancer).__name__ != "UlyssesLoadBalancer":
-            raise ConfigError(
-                f"evaluator: the OLMo-core model uses ring context parallelism ({type(balancer).__name__}), "
-                "whose interleaved chunks are not read yet; evaluate with Ulysses context parallelism "
-                "(TransformerContextParallelConfig.ulysses) or without context parallelism"
+            refuse_layout(
+                f"an OLMo-core model under ring context parallelism ({type(balancer).__name__})",
+                "its interleaved chunks are not read yet",
+                "evaluate with Ulysses context parallelism (TransformerContextParallelConfig.ulysses) or "
+                "without context parallelism",
             )
         mesh = model.lm_head._cp_mesh
         layout.cp_size, layout.cp_rank, layout.cp_group = balancer.cp_world_size, balancer.cp_rank, mesh.get_group()

@@ -1,4 +1,5 @@
-"""Documents as dataset items, shared across ranks by a DistributedSampler.
+"""How work is shared out over the data-parallel ranks: documents of a task as dataset items, shared by a
+DistributedSampler; perplexity sequences dealt out longest first (`deal_longest_first`).
 
 An item is one document: the rows of its requests in the task's RequestTable. Sharding by document
 keeps a document's choices together on one rank; the sampler pads the last round by repeating documents,
@@ -91,3 +92,10 @@ def rank_rows(dataset: ICLMultiChoiceTaskDataset, indices: list[int]) -> np.ndar
     if not indices:
         return np.zeros(0, dtype=np.int64)
     return np.concatenate([dataset[i][1] for i in indices])
+
+
+def deal_longest_first(length_G: np.ndarray, world_size: int, rank: int) -> np.ndarray:
+    """This rank's items (perplexity sequences) of lengths `length_G`: all of them sorted by length (longest
+    first, stable), dealt out to the ranks in turn: each item to exactly one rank, none repeated, similar
+    lengths on every rank."""
+    return np.argsort(-np.asarray(length_G), kind="stable")[rank::world_size]

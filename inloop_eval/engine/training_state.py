@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from inloop_eval.errors import ConfigError
+from inloop_eval.engine.layout import refuse_layout
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -72,18 +72,20 @@ class _AutocastState:
 
 
 def check_no_grad_forward(model: Any) -> None:
-    """ConfigError when a forward under `no_grad` would detach `model`'s parameters for good: torch's DDP
-    (`replicate`) over tensor-parallel DTensor parameters that no training forward has swapped yet."""
+    """Refused (`refuse_layout`) when a forward under `no_grad` would detach `model`'s parameters for good:
+    torch's DDP (`replicate`) over tensor-parallel DTensor parameters that no training forward has swapped
+    yet."""
     hooks = model._forward_pre_hooks.values() if isinstance(model, nn.Module) else ()
     if not any(getattr(h, "__name__", "") == "_reconstruct_dtensor" for h in hooks):
         return
     if any(isinstance(p, DTensor) or hasattr(p, "_st_info") for p in model.parameters()):
-        raise ConfigError(
-            "evaluator: the model is wrapped by torch's DDP (replicate; OLMo-core's DataParallelType.ddp) over "
-            "tensor-parallel DTensor parameters and has not run a training forward yet; its first forward "
-            "under torch.no_grad would replace its parameters by detached copies and training would stop "
-            "learning. Evaluate after the first training step (eval_on_startup=False), or shard the data "
-            "parallel dimension with FSDP (DataParallelType.fsdp) under tensor parallelism"
+        refuse_layout(
+            "a model wrapped by torch's DDP (replicate; OLMo-core's DataParallelType.ddp) over tensor-parallel "
+            "DTensor parameters",
+            "it has not run a training forward yet, and its first forward under torch.no_grad would replace "
+            "its parameters by detached copies, so training would stop learning",
+            "evaluate after the first training step (eval_on_startup=False), or shard the data parallel "
+            "dimension with FSDP (DataParallelType.fsdp) under tensor parallelism",
         )
 
 

@@ -3,6 +3,10 @@ and answering with bare figure names per label (`EvalOutput`). The orchestrator
 (`inloop_eval.evaluators.orchestrator.InLoopEvaluator`) only loops over them and names the figures' keys
 (`inloop_eval.keys`); `inloop_eval.evaluators.kinds` maps each config `type:` to its evaluator class.
 
+What one evaluation hands every evaluator is in the open, in one `EvalContext`: the model's adapter, the
+data-parallel group documents are sharded and metrics reduced over, the batch shape the planner must honour,
+the count of tokens forwarded, `strict` and the progress callback. Nothing is read from a global.
+
 What a kind promises, and the orchestrator relies on:
 - `run` is called by every rank, with the same config, in the same order as the other evaluators; it makes
   the same collectives on every rank, and its figures are the same on every rank (synced).
@@ -20,12 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+from torch.distributed import ProcessGroup
+
 from inloop_eval.config_fields import shown
 from inloop_eval.data.tokenizer import TokenizerLike
-from inloop_eval.distributed import TaskAgreement, run_agreed
-from inloop_eval.engine.adapters import ModelAdapter
+from inloop_eval.distributed import TaskAgreement, data_parallel_in, run_agreed
+from inloop_eval.engine.batching import BatchShape
+from inloop_eval.engine.layout import ModelAdapter, TokenCount
 from inloop_eval.errors import ConfigError
-from inloop_eval.keys import FAILED
+from inloop_eval.keys import FAILED, OlmoCoreNames
 from inloop_eval.metrics.icl import DocumentOutcomes
 
 
@@ -65,36 +72,56 @@ def check_entry_type(config: Any, where: str) -> None:
         raise ConfigError(f"{where}: type must be {expected!r}, found {shown(config.type)}")
 
 
-@dataclass(frozen=True)
-class OlmoNames:
-    """How OLMo-core names the figures of an `olmo:` task (used with `key_style: olmo_core`).
-
-    label: the task's label in OLMo-core (its task id without `olmo:`).
-    figures: the figures OLMo-core reports for the task's metric type (`metrics.olmo.olmo_figures`).
-    """
-
-    label: str
-    figures: frozenset[str]
-
-
 @dataclass
 class EvalOutput:
     """One evaluator's answer to one evaluation, in bare figure names.
 
     figures: label -> {figure: value}, labels in the entry's order, the same on every rank (synced); a
         label whose evaluation failed holds `{keys.FAILED: 1.0}`.
-    tokens_forwarded: tokens this rank sent through the model, padding and dummy batches included.
     detail: the evaluator's own result object (scores per request or per sequence), None after a failure.
-    olmo: label -> its OLMo-core names, for the labels that are `olmo:` tasks.
+    olmo_core_names: label -> OLMo-core's names of its figures, for the labels OLMo-core also reports.
     outcomes: label -> the per-document values its figures are the means of (the same on every rank), for
         the kinds that keep them (downstream tasks).
     """
 
     figures: dict[str, dict[str, float]]
-    tokens_forwarded: int = 0
     detail: Any = None
-    olmo: dict[str, OlmoNames] = field(default_factory=dict)
+    olmo_core_names: dict[str, OlmoCoreNames] = field(default_factory=dict)
     outcomes: dict[str, DocumentOutcomes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvalContext:
+    """What one evaluation hands every evaluator (made by the orchestrator for each run).
+
+    adapter: the model.
+    dp_group: the data-parallel group documents are sharded and metrics reduced over; None: the world.
+    shape: what every planned batch must be (packing, width multiple), from the layout and the config.
+    tokens: the tokens forwarded in this run, added to at each forward.
+    strict: raise a failure rather than reporting `failed = 1`.
+    progress: called with the number of requests (or sequences) of each batch scored.
+    """
+
+    adapter: ModelAdapter
+    dp_group: ProcessGroup | None
+    shape: BatchShape
+    tokens: TokenCount
+    strict: bool = False
+    progress: Callable[[int], None] | None = None
+
+    @property
+    def data_parallel(self) -> tuple[int, int]:
+        """(size, rank) of this rank in the data-parallel group."""
+        return data_parallel_in(self.dp_group)
+
+    def logits_width(self) -> int:
+        """The model's vocabulary bound: its input embedding's rows where known, else its logits' width from
+        a one-row probe (every rank makes it alike, as wide as the batch shape needs)."""
+        adapter = self.adapter
+        if adapter.vocab_size is not None:
+            return adapter.vocab_size
+        width = min(self.shape.width_multiple, adapter.max_length or self.shape.width_multiple)
+        return adapter.logits_width(width, self.tokens)
 
 
 ConfigT = TypeVar("ConfigT", bound=KindConfig)
@@ -122,43 +149,27 @@ class Evaluator(Generic[ConfigT, PreparedT]):
         self.settings = settings
         self.labels: tuple[str, ...] = tuple(config.labels())
 
-    def prepare(self, adapter: ModelAdapter, agreement: TaskAgreement, *, strict: bool) -> PreparedT:
+    def prepare(self, context: EvalContext, agreement: TaskAgreement) -> PreparedT:
         """What the evaluation needs that does not change between evaluations (documents, tokenized
-        requests), loaded once and reused. Joins the agreement's first point on every rank.
-
-        adapter: the model (its context length decides how requests are cut).
-        strict: raise a failure of one label rather than reporting it (kinds whose labels fail one by one).
-        """
+        requests), loaded once and reused. Joins the agreement's first point on every rank. The adapter's
+        context length decides how requests are cut; `context.strict` raises a failure of one label rather
+        than reporting it (kinds whose labels fail one by one)."""
         raise NotImplementedError
 
-    def evaluate(
-        self,
-        adapter: ModelAdapter,
-        prepared: PreparedT,
-        agreement: TaskAgreement,
-        *,
-        strict: bool,
-        progress: Callable[[int], None] | None = None,
-    ) -> EvalOutput:
-        """Score this rank's share of `prepared` and compute the figures over all ranks, joining the same
-        agreement points on every rank.
-
-        progress: called with the number of requests (or sequences) of each batch scored.
-        """
+    def evaluate(self, context: EvalContext, prepared: PreparedT, agreement: TaskAgreement) -> EvalOutput:
+        """Score this rank's share of `prepared` and compute the figures over all ranks of the data-parallel
+        group, joining the same agreement points on every rank."""
         raise NotImplementedError
 
-    def run(
-        self, adapter: ModelAdapter, *, strict: bool, progress: Callable[[int], None] | None = None
-    ) -> EvalOutput:
+    def run(self, context: EvalContext) -> EvalOutput:
         """Prepare and evaluate once. Under torch.distributed every rank calls this; a failure on any rank is
         agreed by all (`inloop_eval.distributed.run_agreed`): all report `failed = 1` for every label, or all
         raise when `strict`."""
 
         def body(agreement: TaskAgreement) -> EvalOutput:
-            prepared = self.prepare(adapter, agreement, strict=strict)
-            return self.evaluate(adapter, prepared, agreement, strict=strict, progress=progress)
+            return self.evaluate(context, self.prepare(context, agreement), agreement)
 
-        output = run_agreed(self.title(), body, strict=strict)
+        output = run_agreed(self.title(), body, strict=context.strict)
         if output is None:
             return EvalOutput({label: {FAILED: 1.0} for label in self.labels})
         return output

@@ -18,6 +18,9 @@ from inloop_eval.config_fields import (
     repeated,
     shown,
 )
+from inloop_eval.data.root import default_data_root
+from inloop_eval.data.tokenizer import TokenizerLike
+from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.kinds import KINDS, EntryConfig
@@ -77,8 +80,8 @@ class EvaluatorConfig:
     (`eval/downstream/<label>/failed`, `eval/lm/<label>/failed`)."""
     pad_to_multiple: Annotated[int, AtLeast(1)] = 1
     """Round every batch's width up to a multiple of this many tokens (bucketed shapes, so a model whose
-    forward is compiled sees a few widths rather than one per batch); 1 is off. An adapter passed to `run`
-    keeps its own setting unless this is set."""
+    forward is compiled sees a few widths rather than one per batch); 1 is off. A layout that needs widths
+    of a multiple of its own (a sequence split over ranks) gets their least common multiple."""
     compiler_reset: bool = False
     """Call `torch.compiler.reset()` after each evaluation, dropping every graph torch.compile holds
     (training's too: its next step recompiles). Evaluation itself runs the uncompiled module
@@ -132,6 +135,14 @@ class EvaluatorConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def load_tokenizer(self) -> TokenizerLike:
+        """The tokenizer `tokenizer:` names, looked up under the data root (`find_and_load_tokenizer`);
+        ConfigError when the config names none."""
+        if not self.tokenizer:
+            raise ConfigError("evaluator: set `tokenizer:` in the config or pass tokenizer=")
+        root = Path(self.data_root).expanduser() if self.data_root else default_data_root()
+        return find_and_load_tokenizer(self.tokenizer, root)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> EvaluatorConfig:

@@ -9,7 +9,6 @@ compute (which syncs across ranks).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
@@ -19,14 +18,19 @@ import torch
 
 from inloop_eval.config_fields import AtLeast, check_fields, check_label, shown
 from inloop_eval.data.tokenizer import TokenizerLike
-from inloop_eval.distributed import TaskAgreement, data_parallel, data_parallel_group, world
-from inloop_eval.engine.adapters import ModelAdapter, probe_vocab_size
-from inloop_eval.engine.batching import Batch, equalize_forward_calls, plan_batches
+from inloop_eval.distributed import TaskAgreement, world
+from inloop_eval.engine.batching import Batch, BatchShape, equalize_forward_calls, plan_batches
 from inloop_eval.engine.scoring import PairScores, run_batches
 from inloop_eval.engine.sharding import ICLMultiChoiceTaskDataset, rank_rows, shard_documents, subset_size
 from inloop_eval.errors import ConfigError, ModelOutputError
-from inloop_eval.evaluators.base import EvalOutput, Evaluator, OlmoNames, Settings, check_entry_type
-from inloop_eval.keys import DOWNSTREAM
+from inloop_eval.evaluators.base import (
+    EvalContext,
+    EvalOutput,
+    Evaluator,
+    Settings,
+    check_entry_type,
+)
+from inloop_eval.keys import DOWNSTREAM, OlmoCoreNames
 from inloop_eval.metrics.icl import ICLMetric
 from inloop_eval.metrics.olmo import olmo_figures
 from inloop_eval.metrics.registry import ALL_METRICS, comparing_choices, needs_uncond, unknown_metrics
@@ -106,8 +110,8 @@ class PreparedTask:
     dataset: ICLMultiChoiceTaskDataset
     # Evaluated documents given fewer few-shot examples than asked (see `tasks.fewshot`); None: zero-shot.
     n_fewshot_short_docs: int | None = None
-    # This rank's batches by (data-parallel size, rank, packing, pad_to_multiple): planned once, reused.
-    plans: dict[tuple[int, int, bool, int], list[Batch]] = field(default_factory=dict)
+    # This rank's batches by (data-parallel size, rank, batch shape): planned once, reused.
+    plans: dict[tuple[int, int, BatchShape], list[Batch]] = field(default_factory=dict)
 
 
 @dataclass
@@ -138,11 +142,11 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
     def title(self) -> str:
         return f"task {self.config.label!r}"
 
-    def prepare(self, adapter: ModelAdapter, agreement: TaskAgreement, *, strict: bool) -> PreparedTask:
+    def prepare(self, context: EvalContext, agreement: TaskAgreement) -> PreparedTask:
         """Load and tokenize the task once (again only for another context length); later evaluations
         reuse it. Every rank joins the task's first agreement point here, even with the task in memory.
         A task fails whole (`strict` changes nothing here)."""
-        max_length = adapter.max_length or DEFAULT_MAX_LENGTH
+        max_length = context.adapter.max_length or DEFAULT_MAX_LENGTH
         if self._prepared is not None and self._prepared.max_length == max_length:
             agreement.agree()
             return self._prepared
@@ -196,43 +200,34 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
             table = build_requests(task, docs, self.tokenizer, max_length, with_uncond=with_uncond)
         return table
 
-    def evaluate(
-        self,
-        adapter: ModelAdapter,
-        prepared: PreparedTask,
-        agreement: TaskAgreement,
-        *,
-        strict: bool,
-        progress: Callable[[int], None] | None = None,
-    ) -> EvalOutput:
-        """Score this rank's share of the task and compute its figures over all ranks, joining the task's
-        agreement points (planning, between forward passes, before the metric sync). Logits narrower than
-        the tokenizer's vocabulary are an error (`run_batches`)."""
+    def evaluate(self, context: EvalContext, prepared: PreparedTask, agreement: TaskAgreement) -> EvalOutput:
+        """Score this rank's share of the task and compute its figures over the data-parallel group, joining
+        the task's agreement points (planning, between forward passes, before the metric sync). Logits
+        narrower than the tokenizer's vocabulary are an error (`run_batches`)."""
         min_vocab = int(getattr(self.tokenizer, "vocab_size", 0) or 0)
-        rows, uncond_ids = assign_work(prepared)
+        rows, uncond_ids = rank_share(prepared, *context.data_parallel)
         pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
-        check_vocabulary(adapter, prepared, pair_ids, min_vocab=min_vocab)
-        batches = equalize_forward_calls(plan(adapter, prepared, pair_ids), agreement, adapter.pad_to_multiple)
+        check_vocabulary(context, prepared, pair_ids, min_vocab=min_vocab)
+        planned = plan(prepared, pair_ids, context.shape, context.data_parallel)
         scores = run_batches(
-            adapter,
-            batches,
+            context.adapter,
+            equalize_forward_calls(planned, agreement, context.shape.width_multiple),
             len(pair_ids),
+            context.tokens,
             describe=lambda p: describe_pair(prepared, int(pair_ids[p])),
-            progress=progress,
+            progress=context.progress,
             min_vocab=min_vocab,
         )
-        metric = ICLMetric(
-            prepared.metrics, prepared.task.olmo_metric_type, process_group=data_parallel_group()
-        ).to(adapter.device)
-        update_metric(metric, prepared.table, rows, uncond_ids, scores)
+        metric = ICLMetric(prepared.metrics, prepared.task.olmo_metric_type, process_group=context.dp_group)
+        update_metric(metric.to(context.adapter.device), prepared.table, rows, uncond_ids, scores)
         agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
         result = TaskResult(metric.compute(), rows, uncond_ids, scores, prepared)
-        check_finite_documents(self.title(), result.metrics, strict=strict)
+        check_finite_documents(self.title(), result.metrics, strict=context.strict)
         label, olmo_type = self.config.label, prepared.task.olmo_metric_type
-        olmo = {label: olmo_names(self.config.task, olmo_type)} if olmo_type else {}
+        names = {label: olmo_core_names(self.config.task, olmo_type)} if olmo_type else {}
         figures = {label: task_figures(prepared, result.metrics)}
         outcomes = {label: metric.outcomes} if metric.outcomes is not None else {}
-        return EvalOutput(figures, scores.tokens_forwarded, result, olmo, outcomes)
+        return EvalOutput(figures, result, names, outcomes)
 
     def samples(self, output: EvalOutput) -> list[dict[str, Any]]:
         """One record per request this rank scored: the texts, the loglikelihood (and its unconditional one),
@@ -284,10 +279,10 @@ def task_figures(prepared: PreparedTask, computed: dict[str, float]) -> dict[str
     return figures
 
 
-def olmo_names(task_id: str, olmo_metric_type: str) -> OlmoNames:
+def olmo_core_names(task_id: str, olmo_metric_type: str) -> OlmoCoreNames:
     """OLMo-core's names of an `olmo:` task: its label there (the id without `olmo:`) and the figures it
     reports for the task's OLMo metric type."""
-    return OlmoNames(task_id.removeprefix("olmo:"), frozenset(olmo_figures(olmo_metric_type)))
+    return OlmoCoreNames(task_id.removeprefix("olmo:"), frozenset(olmo_figures(olmo_metric_type)))
 
 
 def count_short_fewshot(
@@ -310,34 +305,36 @@ def count_short_fewshot(
     return len(short)
 
 
-def plan(adapter: ModelAdapter, prepared: PreparedTask, pair_ids: np.ndarray) -> list[Batch]:
-    """This rank's batches for `pair_ids` (its share, which the data-parallel size and rank decide), planned
-    at the task's first evaluation and reused by the later ones (planning a large task takes a CPU-second)."""
-    key = (*data_parallel(), adapter.supports_packing, adapter.pad_to_multiple)
+def plan(
+    prepared: PreparedTask, pair_ids: np.ndarray, shape: BatchShape, data_parallel: tuple[int, int]
+) -> list[Batch]:
+    """This rank's batches for `pair_ids` (its share, which the data-parallel size and rank decide), in the
+    batch `shape` the layout needs, planned at the task's first evaluation and reused by the later ones
+    (planning a large task takes a CPU-second)."""
+    key = (*data_parallel, shape)
     if key not in prepared.plans:
         prepared.plans[key] = plan_batches(
             prepared.pairs,
             pair_ids,
             prepared.config.batch_tokens,
-            packing=adapter.supports_packing,
+            packing=shape.packing,
             max_length=prepared.max_length,
-            pad_to_multiple=adapter.pad_to_multiple,
+            pad_to_multiple=shape.width_multiple,
         )
     return prepared.plans[key]
 
 
-def assign_work(prepared: PreparedTask) -> tuple[np.ndarray, np.ndarray]:
-    """This rank's request rows (its documents, by the DistributedSampler over the data-parallel group) and
-    unconditional pairs (every dp_size-th of those the evaluated documents need); the ranks of one
-    model-parallel group get the same."""
-    dp_size, dp_rank = data_parallel()
+def rank_share(prepared: PreparedTask, dp_size: int, dp_rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """This rank's request rows (its documents, by the DistributedSampler over the data-parallel group of
+    `dp_size` ranks) and unconditional pairs (every dp_size-th of those the evaluated documents need); the
+    ranks of one model-parallel group, which share a data-parallel rank, get the same."""
     rows = rank_rows(prepared.dataset, shard_documents(prepared.dataset, dp_size, dp_rank))
     uncond_ids = prepared.dataset.uncond_ids()[dp_rank::dp_size]
     return rows, uncond_ids
 
 
 def check_vocabulary(
-    adapter: ModelAdapter, prepared: PreparedTask, pair_ids: np.ndarray, *, min_vocab: int = 0
+    context: EvalContext, prepared: PreparedTask, pair_ids: np.ndarray, *, min_vocab: int = 0
 ) -> None:
     """Token ids the model cannot take are an error naming the first document that holds one, raised
     before the first forward: fed to the model, such an id fails inside the embedding (on CUDA a
@@ -346,10 +343,8 @@ def check_vocabulary(
 
     min_vocab: the tokenizer's vocabulary size, named when the probed logits are narrower.
     """
-    vocab = adapter.vocab_size
-    probed = vocab is None
-    if vocab is None:
-        vocab = probe_vocab_size(adapter)
+    probed = context.adapter.vocab_size is None
+    vocab = context.logits_width()
     if prepared.pairs.max_token_id() < vocab:
         return
     for p in pair_ids:

@@ -2,16 +2,14 @@
 
 `InLoopEvaluator` only orchestrates: it builds one evaluator per entry of the config (`kinds.KINDS` maps each
 entry's `type:` to its class: downstream tasks, per-domain perplexity), and at each evaluation runs them in
-order on one model adapter, with training state left as it was, and names their figures' keys
-(`metric_keys`, through `inloop_eval.keys`). After them it computes the config's suite averages
-(`suite_average:`, `inloop_eval.metrics.suite`) from the tasks' per-document outcomes, which every rank holds
-after the sync, so the averages need no collective of their own.
+order on one model adapter, with training state left as it was, each handed the same `EvalContext` (the
+adapter, the data-parallel group, the batch shape, the token count); then the suite averages
+(`suites.SuiteAverages`) from the tasks' per-document outcomes. Keys are named by `inloop_eval.keys`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,27 +18,18 @@ import torch
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
-from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import TokenizerLike
-from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
-from inloop_eval.distributed import check_data_parallel, evaluating_over, resolve_data_parallel
-from inloop_eval.engine.adapters import make_adapter
+from inloop_eval.distributed import check_data_parallel, resolve_data_parallel
+from inloop_eval.engine.batching import BatchShape
+from inloop_eval.engine.layout import TokenCount
+from inloop_eval.engine.registry import make_adapter
 from inloop_eval.engine.training_state import training_untouched
-from inloop_eval.errors import ConfigError
-from inloop_eval.evaluators.base import EvalOutput, Evaluator
+from inloop_eval.evaluators.base import EvalContext, EvalOutput, Evaluator
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.kinds import KINDS
-from inloop_eval.keys import (
-    FAILED,
-    PREFIX,
-    SUITE,
-    failed_labels,
-    figure_key,
-    olmo_core_figure_key,
-    suite_outcomes_label,
-)
+from inloop_eval.evaluators.suites import SuiteAverages
+from inloop_eval.keys import PREFIX, failed_labels, metric_keys
 from inloop_eval.metrics.icl import DocumentOutcomes
-from inloop_eval.metrics.suite import CENTERED_ACC, SuiteAverageError, suite_average
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +43,12 @@ class InLoopEvaluator:
 
     def __init__(self, config: EvaluatorConfig, *, tokenizer: TokenizerLike | None = None) -> None:
         self.config = config
-        if tokenizer is None:
-            if not config.tokenizer:
-                raise ConfigError("evaluator: set `tokenizer:` in the config or pass tokenizer=")
-            root = Path(config.data_root).expanduser() if config.data_root else default_data_root()
-            tokenizer = find_and_load_tokenizer(config.tokenizer, root)
-        self.tokenizer = tokenizer
-        built = [KINDS[entry.type](entry, tokenizer=tokenizer, settings=config) for entry in config.evaluators]
+        self.tokenizer = tokenizer if tokenizer is not None else config.load_tokenizer()
+        built = [KINDS[e.type](e, tokenizer=self.tokenizer, settings=config) for e in config.evaluators]
         self.evaluators: dict[str, Evaluator] = {e.name: e for e in built}
+        self.suites = SuiteAverages(config.suite_average, strict=config.strict)
         self.last_outputs: dict[str, EvalOutput] = {}
-        self.last_suites: dict[str, DocumentOutcomes] = {}
-        """Each suite average's per-document outcomes of the latest `run`, by its outcomes label."""
-        self._tokens_forwarded = 0
-        self.last_dp_group: ProcessGroup | None = None
-        """The data-parallel group of the latest `run` (None: the world)."""
+        self._tokens = TokenCount()
 
     @classmethod
     def from_yaml(cls, path: str | Path, **kwargs: Any) -> InLoopEvaluator:
@@ -100,61 +81,37 @@ class InLoopEvaluator:
             parameters on a model-parallel mesh dimension. Failures are still agreed world-wide.
         """
         group = resolve_data_parallel(dp_group)
-        self.last_dp_group = group
         adapter = make_adapter(model, self.config.max_length)
-        check_data_parallel(adapter.model, group, adapter.model_parallel_groups)
-        multiple = math.lcm(self.config.pad_to_multiple, adapter.sequence_multiple)
-        if multiple > 1:
-            adapter.pad_to_multiple = multiple
-        outputs: dict[str, EvalOutput] = {}
-        # An adapter passed in keeps its counts across runs: this run's tokens are the difference.
-        tokens_before = adapter.tokens_probed + adapter.tokens_scored
+        needs = adapter.needs
+        check_data_parallel(adapter.model, group, needs.peer_groups)
+        shape = BatchShape.of(needs, self.config.pad_to_multiple)
+        self._tokens = TokenCount()
+        context = EvalContext(adapter, group, shape, self._tokens, self.config.strict, progress)
         try:
-            with training_untouched(adapter.model), evaluating_over(group):
-                for name, evaluator in self.evaluators.items():
-                    outputs[name] = evaluator.run(adapter, strict=self.config.strict, progress=progress)
+            with training_untouched(adapter.model):
+                self.last_outputs = {name: e.run(context) for name, e in self.evaluators.items()}
         finally:
             if self.config.compiler_reset:
                 torch.compiler.reset()
-        self.last_outputs = outputs
-        self._tokens_forwarded = adapter.tokens_probed + adapter.tokens_scored - tokens_before
         metrics: dict[str, float] = {}
-        for name, output in outputs.items():
-            metrics.update(metric_keys(self.evaluators[name].kind, output, self.config.key_style, prefix))
-        metrics.update(self.suite_metrics(prefix))
+        for name, output in self.last_outputs.items():
+            kind = self.evaluators[name].kind
+            metrics.update(metric_keys(kind, output.figures, output.olmo_core_names, self.config.key_style, prefix))
+        metrics.update(self.suites.compute(self.task_outcomes(), prefix))
         if step is not None:
             log.info("%s", summary_line(step, metrics, self.tokens_forwarded, prefix))
         return metrics
 
-    def suite_metrics(self, prefix: str = PREFIX) -> dict[str, float]:
-        """Each suite average of the latest `run` under `<prefix>/suite/<label>/centered_acc` (and `_stderr`),
-        its per-document values kept in `last_suites`; `failed = 1` for a suite one of whose tasks has no
-        per-document values of its figure (the task failed), or raised when `strict`."""
-        task_outcomes = {
-            label: o for output in self.last_outputs.values() for label, o in output.outcomes.items()
-        }
-        metrics: dict[str, float] = {}
-        self.last_suites = {}
-        for suite in self.config.suite_average:
-            try:
-                average = suite_average(task_outcomes, suite.tasks, suite.figure)
-            except SuiteAverageError as exc:
-                if self.config.strict:
-                    raise
-                log.warning("suite_average %r not computed: %s", suite.label, exc)
-                metrics[figure_key(SUITE, suite.label, FAILED, prefix)] = 1.0
-                continue
-            metrics[figure_key(SUITE, suite.label, CENTERED_ACC, prefix)] = average.value
-            metrics[figure_key(SUITE, suite.label, f"{CENTERED_ACC}_stderr", prefix)] = average.stderr
-            self.last_suites[suite_outcomes_label(suite.label)] = average.outcomes
-        return metrics
+    def task_outcomes(self) -> dict[str, DocumentOutcomes]:
+        """label -> per-document outcomes of each task of the latest `run` (the same on every rank)."""
+        return {label: o for output in self.last_outputs.values() for label, o in output.outcomes.items()}
 
     @property
     def tokens_forwarded(self) -> int:
         """Tokens this rank sent through the model in the latest `run`, padding and dummies included: every
         forward of every evaluator, those of an evaluator that then failed too, and the vocabulary probe of a
         model of unknown vocabulary."""
-        return self._tokens_forwarded
+        return self._tokens.total
 
     def detail(self, name: str) -> Any:
         """The latest result object of the evaluator `name` (scores per request or sequence), or None
@@ -168,8 +125,7 @@ class InLoopEvaluator:
         the config's `outcomes` is off. Failed tasks and suites have none."""
         if not self.config.outcomes:
             return {}
-        tasks = {label: o for output in self.last_outputs.values() for label, o in output.outcomes.items()}
-        return {**tasks, **self.last_suites}
+        return {**self.task_outcomes(), **self.suites.last}
 
     def samples(self, name: str | None = None) -> list[dict[str, Any]]:
         """This rank's record of each request scored in the latest `run` (texts, loglikelihoods, greedy,
@@ -182,22 +138,6 @@ class InLoopEvaluator:
             if n in self.last_outputs
             for record in self.evaluators[n].samples(self.last_outputs[n])
         ]
-
-
-def metric_keys(kind: str, output: EvalOutput, key_style: str, prefix: str = PREFIX) -> dict[str, float]:
-    """The figures of one evaluator of kind `kind` under their keys: `<prefix>/<kind>/<label>/<figure>`;
-    with `key_style: olmo_core`, the OLMo figures of an `olmo:` task under OLMo-core's key instead
-    (`<prefix>/downstream/<OLMo label> (<words>)`), and those of a `documents` perplexity label under its
-    `LMEvaluator`'s (`<prefix>/lm/<label>/CE loss`)."""
-    metrics: dict[str, float] = {}
-    for label, figures in output.figures.items():
-        olmo = output.olmo.get(label) if key_style == "olmo_core" else None
-        for figure, value in figures.items():
-            if olmo is not None and figure in olmo.figures:
-                metrics[olmo_core_figure_key(kind, olmo.label, figure, prefix)] = value
-            else:
-                metrics[figure_key(kind, label, figure, prefix)] = value
-    return metrics
 
 
 def summary_line(step: int, metrics: dict[str, float], tokens_forwarded: int, prefix: str = PREFIX) -> str:

@@ -12,7 +12,6 @@ Legend: S sequences, G sequences of all labels together, B rows in a batch, T lo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, ClassVar
@@ -28,13 +27,13 @@ from inloop_eval.data.perplexity.loading import load_domains
 from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
 from inloop_eval.data.root import home
 from inloop_eval.data.tokenizer import TokenizerLike
-from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank, data_parallel, data_parallel_group
-from inloop_eval.engine.adapters import ModelAdapter, probe_vocab_size
-from inloop_eval.engine.batching import Batch, equalize_forward_calls
+from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank
+from inloop_eval.engine.batching import Batch, BatchShape, equalize_forward_calls, plan_sequence_batches
 from inloop_eval.engine.scoring import run_batches
+from inloop_eval.engine.sharding import deal_longest_first
 from inloop_eval.errors import ConfigError, LMDataError
-from inloop_eval.evaluators.base import EvalOutput, Evaluator, OlmoNames, Settings, check_entry_type
-from inloop_eval.keys import FAILED, PERPLEXITY
+from inloop_eval.evaluators.base import EvalContext, EvalOutput, Evaluator, Settings, check_entry_type
+from inloop_eval.keys import FAILED, PERPLEXITY, OlmoCoreNames
 from inloop_eval.metrics.perplexity import FIGURES, OLMO_CORE_FIGURES, PerplexityMetric, olmo_core_perplexity
 
 log = logging.getLogger(__name__)
@@ -151,7 +150,6 @@ class DomainsResult:
     totals: label -> (Σ nll, Σ tokens, Σ bytes) over all ranks.
     domains: the domain sets evaluated; failed: label -> reason for those the model could not take.
     shard, nll_S: this rank's sequences (indexing `domains`) and the summed NLL of each (nats, float64).
-    forward_calls: batches this rank forwarded, dummies included (the same on every rank).
     tokens_forwarded: tokens this rank sent through the model, padding and dummies included.
     """
 
@@ -161,7 +159,6 @@ class DomainsResult:
     failed: dict[str, str]
     shard: Shard
     nll_S: np.ndarray
-    forward_calls: int
     tokens_forwarded: int
 
 
@@ -180,7 +177,7 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
     def title(self) -> str:
         return f"lm {','.join(self.labels)}"
 
-    def prepare(self, adapter: ModelAdapter, agreement: TaskAgreement, *, strict: bool) -> PreparedDomains:
+    def prepare(self, context: EvalContext, agreement: TaskAgreement) -> PreparedDomains:
         """The domain sets to evaluate: those loaded at an earlier evaluation, and the others loaded (for text,
         tokenized and cached) now; then the entry's first agreement point. Every rank ends with the same
         labels: a label that failed on any rank is dropped on all (`load_domains` agrees it), logged,
@@ -204,7 +201,7 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
                 self.keep_loader_sequences(selection, result.errors)
             for exc in result.errors.values():
                 log.error("in-loop lm eval: %s", exc)
-            if result.errors and strict:
+            if result.errors and context.strict:
                 agreement.failure_agreed()  # every rank raises here, so none may wait at another point
                 own = [e for e in result.errors.values() if not isinstance(e, TaskFailedOnAnotherRank)]
                 raise (own or list(result.errors.values()))[0]
@@ -235,43 +232,27 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
             self.loaded[label] = self.loaded[label].select(keep)
             log.info("lm domain %r: %d sequences reached by OLMo-core's data loader", label, len(keep))
 
-    def evaluate(
-        self,
-        adapter: ModelAdapter,
-        prepared: PreparedDomains,
-        agreement: TaskAgreement,
-        *,
-        strict: bool,
-        progress: Callable[[int], None] | None = None,
-    ) -> EvalOutput:
+    def evaluate(self, context: EvalContext, prepared: PreparedDomains, agreement: TaskAgreement) -> EvalOutput:
         """Score this rank's share of every domain the model can take and compute each label's figures over
-        all ranks."""
-        domains, failed = usable_domains(adapter, prepared, strict=strict)
-        shard = assign_work(domains)
-        planned = plan_sequence_batches(
-            domains,
-            shard,
-            prepared.config.batch_tokens,
-            adapter.pad_to_multiple,
-            prepared.config.seq_len,
-        )
-        batches = equalize_forward_calls(planned, agreement, adapter.pad_to_multiple)
+        the data-parallel group."""
+        domains, failed = usable_domains(context, prepared)
+        shard = rank_share(domains, *context.data_parallel)
+        planned = plan_sequences(domains, shard, prepared.config, context.shape)
         scores = run_batches(
-            adapter,
-            batches,
+            context.adapter,
+            equalize_forward_calls(planned, agreement, context.shape.width_multiple),
             len(shard.seq_S),
+            context.tokens,
             describe=lambda p: domains[int(shard.domain_S[p])].describe(int(shard.seq_S[p])),
-            progress=progress,
+            progress=context.progress,
         )
         nll_S = -scores.ll
         agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
         olmo_core_labels = set(prepared.config.documents_labels())
-        figures, totals = domain_figures(adapter, domains, shard, nll_S, olmo_core_labels)
-        result = DomainsResult(
-            figures, totals, domains, failed, shard, nll_S, len(batches), scores.tokens_forwarded
-        )
-        olmo = {label: OlmoNames(label, frozenset(OLMO_CORE_FIGURES)) for label in olmo_core_labels}
-        return EvalOutput(self.label_figures(prepared, result), scores.tokens_forwarded, result, olmo)
+        figures, totals = domain_figures(context, domains, shard, nll_S, olmo_core_labels)
+        result = DomainsResult(figures, totals, domains, failed, shard, nll_S, scores.tokens_forwarded)
+        names = {label: OlmoCoreNames(label, frozenset(OLMO_CORE_FIGURES)) for label in olmo_core_labels}
+        return EvalOutput(self.label_figures(prepared, result), result, names)
 
     def label_figures(self, prepared: PreparedDomains, result: DomainsResult) -> dict[str, dict[str, float]]:
         """Every label's figures, in the config's order: `failed = 1` for a label that could not be loaded or
@@ -286,14 +267,15 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
 
 
 def domain_figures(
-    adapter: ModelAdapter,
+    context: EvalContext,
     domains: list[DomainSet],
     shard: Shard,
     nll_S: np.ndarray,
     olmo_core_labels: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, int, int]]]:
     """Each label's figures over all ranks (labels without tokens left out) and its totals (Σ nll, Σ tokens,
-    Σ bytes), from this rank's summed NLL of each of its sequences. Every rank updates and computes every
+    Σ bytes), from this rank's summed NLL of each of its sequences, over the data-parallel group. Every rank
+    of it updates and computes every
     label, in order, zeros included: the same collectives. The labels `olmo_core_labels` add OLMo-core's
     figures, whose positions (Σ length over the label's sequences) every rank knows without a collective."""
     figures: dict[str, dict[str, float]] = {}
@@ -301,7 +283,7 @@ def domain_figures(
     for d, domain in enumerate(domains):
         mine = shard.domain_S == d
         seqs = shard.seq_S[mine]
-        metric = PerplexityMetric(process_group=data_parallel_group()).to(adapter.device)
+        metric = PerplexityMetric(process_group=context.dp_group).to(context.adapter.device)
         metric.update(
             torch.from_numpy(nll_S[mine]),
             torch.from_numpy(domain.length_S[seqs] - 1),
@@ -317,19 +299,17 @@ def domain_figures(
     return figures, totals
 
 
-def usable_domains(
-    adapter: ModelAdapter, prepared: PreparedDomains, *, strict: bool = False
-) -> tuple[list[DomainSet], dict[str, str]]:
+def usable_domains(context: EvalContext, prepared: PreparedDomains) -> tuple[list[DomainSet], dict[str, str]]:
     """The domains whose token ids the model's vocabulary holds, and the others (label -> reason;
     raised when `strict`). Checked on every rank alike before any forward, as is the context length."""
-    ev = prepared.config
-    if adapter.max_length is not None and ev.seq_len > adapter.max_length:
+    ev, max_length = prepared.config, context.adapter.max_length
+    if max_length is not None and ev.seq_len > max_length:
         labels = [d.label for d in ev.domains]
         raise ConfigError(
             f"lm evaluator {labels}: seq_len {ev.seq_len} is longer than the model's context of "
-            f"{adapter.max_length} tokens; lower seq_len"
+            f"{max_length} tokens; lower seq_len"
         )
-    vocab = adapter.vocab_size if adapter.vocab_size is not None else probe_vocab_size(adapter)
+    vocab = context.logits_width()
     usable: list[DomainSet] = []
     failed: dict[str, str] = {}
     for domain in prepared.domains:
@@ -340,61 +320,34 @@ def usable_domains(
             f"{domain.describe(domain.max_token_seq)}: token id {domain.max_token_id} is beyond the "
             f"model's vocabulary of {vocab}; the data was tokenized for another model"
         )
-        if strict:
+        if context.strict:
             raise error
         log.error("in-loop lm eval: %s", error)
         failed[domain.label] = str(error)
     return usable, failed
 
 
-def assign_work(domains: list[DomainSet]) -> Shard:
-    """Every label's sequences in one list sorted by length (longest first, stable), dealt out to the ranks
-    in turn (over the data-parallel group; the ranks of one model-parallel group get the same): each
-    sequence to exactly one data-parallel rank, none repeated, similar lengths on every rank."""
-    dp_size, dp_rank = data_parallel()
+def rank_share(domains: list[DomainSet], dp_size: int, dp_rank: int) -> Shard:
+    """This rank's sequences of every label (`sharding.deal_longest_first` over the data-parallel group; the
+    ranks of one model-parallel group, which share a data-parallel rank, get the same)."""
     domain_G = np.concatenate([np.full(len(d), i, dtype=np.int64) for i, d in enumerate(domains)] or [[]])
     seq_G = np.concatenate([np.arange(len(d), dtype=np.int64) for d in domains] or [[]])
     length_G = np.concatenate([d.length_S for d in domains] or [[]])
-    mine = np.argsort(-length_G, kind="stable")[dp_rank::dp_size]
+    mine = deal_longest_first(length_G, dp_size, dp_rank)
     return Shard(domain_G[mine].astype(np.int64), seq_G[mine].astype(np.int64))
 
 
-def plan_sequence_batches(
-    domains: list[DomainSet], shard: Shard, batch_tokens: int, pad_to_multiple: int = 1, seq_len: int = 0
-) -> list[Batch]:
-    """Batches of whole sequences, at most `batch_tokens` padded tokens each; every position but the last
-    of a row predicts the next token. `Batch.pair_N` indexes the shard's sequences.
-
-    pad_to_multiple: round widths up to a multiple of it (at most `seq_len`), so that a torch.compile'd
-        model sees few shapes.
-    """
-    length_S = np.array([domains[d].length_S[s] for d, s in zip(shard.domain_S, shard.seq_S, strict=True)])
-    batches: list[Batch] = []
-    start = 0
-    while start < len(length_S):  # the shard is sorted longest first
-        width = int(length_S[start])
-        if pad_to_multiple > 1:
-            width = max(width, min(-(-width // pad_to_multiple) * pad_to_multiple, seq_len))
-        n_rows = max(1, batch_tokens // width)
-        chunk = range(start, min(start + n_rows, len(length_S)))
-        input_ids_BT = np.zeros((len(chunk), width), dtype=np.int64)
-        rows, cols, targets, owners = [], [], [], []
-        for b, p in enumerate(chunk):
-            ids = domains[int(shard.domain_S[p])].sequence(int(shard.seq_S[p]))
-            input_ids_BT[b, : len(ids)] = ids
-            n = len(ids) - 1
-            rows.append(np.full(n, b, dtype=np.int64))
-            cols.append(np.arange(n, dtype=np.int64))
-            targets.append(ids[1:])
-            owners.append(np.full(n, p, dtype=np.int64))
-        batches.append(
-            Batch(
-                input_ids_BT,
-                np.concatenate(rows),
-                np.concatenate(cols),
-                np.concatenate(targets),
-                np.concatenate(owners),
-            )
-        )
-        start = chunk.stop
-    return batches
+def plan_sequences(domains: list[DomainSet], shard: Shard, config: LMEvalConfig, shape: BatchShape) -> list[Batch]:
+    """This rank's batches of whole sequences (`batching.plan_sequence_batches`), at most `batch_tokens`
+    padded tokens each, widths rounded to the batch shape's multiple but not past `seq_len`;
+    `Batch.pair_N` indexes the shard's sequences."""
+    length_S = np.array(
+        [domains[d].length_S[s] for d, s in zip(shard.domain_S, shard.seq_S, strict=True)], dtype=np.int64
+    )
+    return plan_sequence_batches(
+        length_S,
+        lambda p: domains[int(shard.domain_S[p])].sequence(int(shard.seq_S[p])),
+        config.batch_tokens,
+        max_length=config.seq_len,
+        pad_to_multiple=shape.width_multiple,
+    )

@@ -16,7 +16,7 @@ from typing import Any
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
-from inloop_eval.distributed import all_reduce_sum
+from inloop_eval.distributed import all_reduce_sum, resolve_data_parallel
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.keys import PREFIX, SECONDS_KEY, TOKENS_KEY, seconds_key, tokens_key
 from inloop_eval.loggers import MetricsLogger
@@ -63,9 +63,10 @@ def run_and_log(
     prefix: the first part of every key (`eval`; `eval/merged` for OLMo-core's merged weights).
     dp_group: the data-parallel group of a model split over ranks (`InLoopEvaluator.run`'s); None: the world."""
     start = time.perf_counter()
-    metrics = dict(evaluator.run(model, step=step, prefix=prefix, dp_group=dp_group))
+    group = resolve_data_parallel(dp_group)
+    metrics = dict(evaluator.run(model, step=step, prefix=prefix, dp_group=group))
     metrics[seconds_key(prefix)] = time.perf_counter() - start
-    metrics[tokens_key(prefix)] = float(all_reduce_sum(evaluator.tokens_forwarded, evaluator.last_dp_group))
+    metrics[tokens_key(prefix)] = float(all_reduce_sum(evaluator.tokens_forwarded, group))
     if logger is not None:
         logger.log(metrics, step)
         outcomes = evaluator.outcomes()

@@ -46,6 +46,7 @@ from inloop_eval.config_fields import one_of, read_config_file
 from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import Tokenizer, with_special_ids
 from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
+from inloop_eval.engine.layout import refuse_layout
 from inloop_eval.errors import ConfigError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
@@ -329,16 +330,16 @@ class InLoopEvalCallback(EvaluatorCallback):
 
 
 def check_train_module(train_module: Any) -> None:
-    """ConfigError, when the trainer is built, for a train module the callback cannot evaluate: OLMo-core's
-    pipeline-parallel one, whose model exists only as stages that its own schedule runs (its `model` raises,
-    its `eval_batch` does not support inference)."""
+    """Refused (`refuse_layout`), when the trainer is built, for a train module the callback cannot evaluate:
+    OLMo-core's pipeline-parallel one, whose model exists only as stages that its own schedule runs (its
+    `model` raises, its `eval_batch` does not support inference)."""
     if isinstance(train_module, TransformerPipelineTrainModule):
-        raise ConfigError(
-            "InLoopEvalCallback: the train module is OLMo-core's TransformerPipelineTrainModule (pipeline "
-            "parallel), which the callback does not evaluate yet: its model exists only as stages run by "
-            "OLMo-core's own schedules, which need CUDA. Leave the callback out of pipeline-parallel runs, or "
-            "evaluate from your own loop with inloop_eval.engine.pipeline.PipelineAdapter over a "
-            "torch.distributed.pipelining schedule"
+        refuse_layout(
+            "an OLMo-core TransformerPipelineTrainModule (pipeline parallel)",
+            "InLoopEvalCallback does not evaluate yet: its model exists only as stages run by OLMo-core's "
+            "own schedules, which need CUDA",
+            "leave the callback out of pipeline-parallel runs, or evaluate from your own loop with "
+            "inloop_eval.engine.pipeline.PipelineAdapter over a torch.distributed.pipelining schedule",
         )
 
 

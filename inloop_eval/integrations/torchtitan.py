@@ -38,8 +38,9 @@ from torchtitan.tools.logging import logger
 
 from inloop_eval.config_fields import read_config_file
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer, with_special_ids
-from inloop_eval.engine.adapters import Head, ModelAdapter, input_embedding_rows
-from inloop_eval.engine.vocab_parallel import VocabShardedLogits, select_rows
+from inloop_eval.engine.adapters import input_embedding_rows
+from inloop_eval.engine.layout import ForwardInputs, LayoutNeeds, ModelAdapter, ModelOutputs, refuse_layout
+from inloop_eval.engine.layouts.vocab_sharded import logits_outputs, selected_logits
 from inloop_eval.errors import ConfigError, ModelOutputError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
@@ -179,12 +180,13 @@ class InLoopValidator(Validator):
 
 
 def check_layout(parallel_dims: Any) -> None:
-    """ConfigError for the layouts the validator cannot evaluate yet: context and pipeline parallel."""
+    """Refuse the layouts the validator cannot evaluate yet: context and pipeline parallel."""
     for name, enabled in (("context", parallel_dims.cp_enabled), ("pipeline", parallel_dims.pp_enabled)):
         if enabled:
-            raise ConfigError(
-                f"InLoopValidator: {name} parallelism (degree > 1) is not supported yet: set "
-                f"`parallelism.{name}_parallel_degree = 1`, or evaluate a checkpoint apart"
+            refuse_layout(
+                f"a torchtitan model under {name} parallelism",
+                f"{name} parallelism (degree > 1) is not supported yet by InLoopValidator",
+                f"set `parallelism.{name}_parallel_degree = 1`, or evaluate a checkpoint apart",
             )
 
 
@@ -213,9 +215,8 @@ class TorchTitanAdapter(ModelAdapter):
     """A torchtitan decoder (`model_parts[0]`, FSDP- and tensor-parallel-wrapped as trained), called through
     `forward`. Its output is either hidden states [B, T, D] (the head skipped, `_skip_lm_head`: the selected
     positions then go through `lm_head` in the same call, a vocabulary-sharded DTensor head under tensor
-    parallelism) or logits
-    [B, T, V], plain or sharded on the vocabulary. Rows are padded to a multiple of `seq_multiple` (sequence
-    parallelism splits the positions over the tensor-parallel ranks)."""
+    parallelism) or logits [B, T, V], plain or sharded on the vocabulary. Batch widths must be a multiple of
+    `seq_multiple` (sequence parallelism splits the positions over the tensor-parallel ranks)."""
 
     def __init__(
         self,
@@ -226,42 +227,30 @@ class TorchTitanAdapter(ModelAdapter):
         seq_multiple: int = 1,
     ) -> None:
         super().__init__(model)
-        self.forward = forward
+        self.call = forward
         self.max_length = max_length
         self.vocab_size = input_embedding_rows(model)
-        self.pad_to_multiple = max(1, seq_multiple)
+        self.seq_multiple = max(1, seq_multiple)
 
-    def features(
-        self,
-        input_ids_BT: Tensor,
-        rows_N: Tensor,
-        cols_N: Tensor,
-        attention_mask: Tensor | None = None,
-        position_ids: Tensor | None = None,
-    ) -> tuple[Tensor, Head]:
-        if attention_mask is not None or position_ids is not None:
+    @property
+    def needs(self) -> LayoutNeeds:
+        return LayoutNeeds(width_multiple=self.seq_multiple)
+
+    def forward(self, inputs: ForwardInputs) -> ModelOutputs:
+        if inputs.packed:
             raise ValueError(
                 "TorchTitanAdapter: packed rows were planned, but torchtitan models are never packed"
             )
-        out = self.forward(input_ids_BT)
+        input_ids_BT, rows_U, cols_U = inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
+        out = self.call(input_ids_BT)
         if getattr(self.model, "_skip_lm_head", False):
             hidden_BTD = replicated_local(out, input_ids_BT, "hidden states")
             # Projected here, once per forward on every rank: FSDP gathers the head's weights on each call, so
             # the number of calls must not depend on how many positions a rank's documents have.
-            logits_NV = self.model.lm_head(hidden_BTD[rows_N, cols_N])
-            if isinstance(logits_NV, DTensor):
-                return logits_NV.to_local(), VocabShardedLogits(
-                    logits_NV.device_mesh, tuple(logits_NV.placements), int(logits_NV.shape[-1])
-                )
-            return logits_NV, _identity
+            return logits_outputs(self.model.lm_head(hidden_BTD[rows_U, cols_U]))
         if isinstance(out, DTensor) and any(isinstance(p, Shard) for p in out.placements):
-            return select_rows(out, rows_N, cols_N)
-        logits_BTV = replicated_local(out, input_ids_BT, "logits")
-        return logits_BTV[rows_N, cols_N], _identity
-
-
-def _identity(x: Tensor) -> Tensor:
-    return x
+            return selected_logits(out, rows_U, cols_U)
+        return selected_logits(replicated_local(out, input_ids_BT, "logits"), rows_U, cols_U)
 
 
 def replicated_local(out: Any, input_ids_BT: Tensor, what: str) -> Tensor:

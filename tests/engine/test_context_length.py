@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import tiny_neox
 
-from inloop_eval.engine.adapters import make_adapter
+from inloop_eval.engine.registry import make_adapter
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator

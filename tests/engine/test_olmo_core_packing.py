@@ -19,8 +19,11 @@ from olmo_core.nn.attention.backend import FlashAttention2Backend
 from olmo_core.nn.transformer import Transformer, TransformerBlockType, TransformerConfig
 
 from inloop_eval.engine import olmo_core_packing
-from inloop_eval.engine.adapters import LogitsAdapter, OLMoCoreAdapter, make_adapter
+from inloop_eval.engine.adapters import LogitsAdapter
 from inloop_eval.engine.batching import plan_batches
+from inloop_eval.engine.layout import TokenCount
+from inloop_eval.engine.olmo_core_adapter import OLMoCoreAdapter
+from inloop_eval.engine.registry import make_adapter
 from inloop_eval.engine.scoring import PairScores, run_batches
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -111,7 +114,7 @@ def reference_scores(model, pairs: PairSet, pair_ids: np.ndarray) -> tuple[np.nd
 
 def score(adapter, pairs: PairSet, pair_ids: np.ndarray, **plan) -> PairScores:
     with torch.no_grad():
-        return run_batches(adapter, plan_batches(pairs, pair_ids, **plan), len(pair_ids))
+        return run_batches(adapter, plan_batches(pairs, pair_ids, **plan), len(pair_ids), TokenCount())
 
 
 def packed_plan(batch_tokens: int = 4096) -> dict:
@@ -124,7 +127,7 @@ def test_packed_rows_give_the_unshared_numbers(shape, requests):
     greedy flags; packed batches forward fewer tokens than one request per row."""
     model = olmo_core_model(shape)
     adapter = make_adapter(model, MAX_LENGTH)
-    assert isinstance(adapter, OLMoCoreAdapter) and adapter.supports_packing and adapter.keeps_logits
+    assert isinstance(adapter, OLMoCoreAdapter) and adapter.needs.packing and adapter.keeps_logits
     full_logits = OLMoCoreAdapter(model, MAX_LENGTH)
     full_logits.keeps_logits = False  # OLMo-core without `logits_to_keep`: the whole [B, T, V] logits
     for task, (pairs, ids) in requests.items():
@@ -287,15 +290,15 @@ def test_unverified_models_go_one_request_per_row_said_once(monkeypatch, caplog)
         caplog.clear()
         with caplog.at_level(logging.INFO, logger=olmo_core_packing.__name__):
             adapters = [make_adapter(model, MAX_LENGTH) for _ in range(3)]
-        assert not any(a.supports_packing for a in adapters), name
+        assert not any(a.needs.packing for a in adapters), name
         assert len(caplog.records) == 1, name
         message = caplog.records[0].getMessage()
         assert message.startswith(f"OLMo-core model {type(model).__name__}: scoring one request per row"), (
             message
         )
         assert message.endswith(why), message
-        with pytest.raises(ValueError, match="plan with packing=adapter.supports_packing"):
-            run_batches(adapters[0], [batch], 2)
+        with pytest.raises(ValueError, match="plan with the adapter's needs.packing"):
+            run_batches(adapters[0], [batch], 2, TokenCount())
 
 
 def test_a_refused_model_gives_its_unpacked_numbers(data_root, neox_tokenizer):

@@ -14,15 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from inloop_eval.engine import batching, scoring
-from inloop_eval.engine.adapters import (
-    HF_PACKING_TYPES,
-    HFCausalLMAdapter,
-    LogitsAdapter,
-    ModelAdapter,
-    SoftCappedHead,
-    make_adapter,
-)
+from inloop_eval.engine import batching, logprobs
+from inloop_eval.engine.adapters import HF_PACKING_TYPES, HFCausalLMAdapter, LogitsAdapter, SoftCappedHead
 from inloop_eval.engine.batching import (
     attention_mask_B1TT,
     layout_rows,
@@ -30,6 +23,9 @@ from inloop_eval.engine.batching import (
     plan_batches,
     row_lengths,
 )
+from inloop_eval.engine.layout import ForwardInputs, ModelAdapter, TokenCount
+from inloop_eval.engine.layouts import projected_head
+from inloop_eval.engine.registry import make_adapter
 from inloop_eval.engine.scoring import PairScores, run_batches
 from inloop_eval.errors import ModelOutputError
 from inloop_eval.evaluators.config import EvaluatorConfig
@@ -135,7 +131,7 @@ def reference_scores(model, pairs: PairSet, pair_ids: np.ndarray) -> tuple[np.nd
 
 def score(adapter: ModelAdapter, pairs: PairSet, pair_ids: np.ndarray, **plan) -> PairScores:
     with torch.inference_mode():
-        return run_batches(adapter, plan_batches(pairs, pair_ids, **plan), len(pair_ids))
+        return run_batches(adapter, plan_batches(pairs, pair_ids, **plan), len(pair_ids), TokenCount())
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -143,7 +139,7 @@ def test_every_path_gives_the_unshared_numbers(model, tables, task):
     pairs, ids = scored_pairs(tables[task], N_DOCS)
     ref_ll, ref_greedy = reference_scores(model, pairs, ids)
     adapter = make_adapter(model)
-    assert adapter.supports_packing
+    assert adapter.needs.packing
     paths = {
         "packed": score(adapter, pairs, ids, batch_tokens=4096, packing=True, max_length=MAX_LENGTH),
         "plain": score(adapter, pairs, ids, batch_tokens=4096, packing=False),
@@ -260,7 +256,7 @@ def test_hugging_face_types_that_pack(model_type, attn):
     """Every model type the HF adapter packs for takes the packed batch and gives the unshared numbers."""
     model = hf_model(model_type, vocab_size=128, attn_implementation=attn)
     adapter = make_adapter(model)
-    assert isinstance(adapter, HFCausalLMAdapter) and adapter.supports_packing
+    assert isinstance(adapter, HFCausalLMAdapter) and adapter.needs.packing
     pairs, ids = two_documents(), np.arange(5)
     ref_ll, ref_greedy = reference_scores(model, pairs, ids)
     found = score(adapter, pairs, ids, batch_tokens=4096, packing=True, max_length=64)
@@ -277,29 +273,29 @@ def test_soft_capped_heads_project_only_the_selected_positions(model_type):
     assert isinstance(adapter, HFCausalLMAdapter) and adapter.plain_head and adapter.softcap == 0.5
     pairs, ids = two_documents(), np.arange(5)
     ref_ll, ref_greedy = reference_scores(model, pairs, ids)
-    found = score(adapter, pairs, ids, batch_tokens=4096, packing=adapter.supports_packing, max_length=64)
+    found = score(adapter, pairs, ids, batch_tokens=4096, packing=adapter.needs.packing, max_length=64)
     np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0)
     np.testing.assert_array_equal(found.greedy, ref_greedy)
     adapter.softcap = None  # the uncapped projection is not the model's numbers
     assert not np.allclose(score(adapter, pairs, ids, batch_tokens=4096).ll, ref_ll, atol=1e-3)
-    features, head = make_adapter(model).features(
-        torch.ones(1, 3, dtype=torch.long), *torch.zeros(2, 1, dtype=torch.long)
-    )
-    assert isinstance(head, SoftCappedHead) and scoring._head_width(features, head) == 128
+    zero = torch.zeros(1, dtype=torch.long)
+    outputs = make_adapter(model).forward(ForwardInputs(torch.ones(1, 3, dtype=torch.long), zero, zero, zero, zero))
+    head = outputs.head
+    assert isinstance(head, SoftCappedHead) and projected_head.head_width(outputs.features_UX, head) == 128
 
 
 def test_unverified_hf_models_take_the_plain_path():
     config = transformers.MistralConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1,
                                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)  # fmt: skip
     model = transformers.MistralForCausalLM(config)  # sliding window: a custom mask would drop it
-    assert not make_adapter(model).supports_packing
+    assert not make_adapter(model).needs.packing
 
 
 def test_a_packed_batch_needs_an_adapter_that_packs():
     (batch,) = plan_batches(two_documents(), np.arange(2), 4096, packing=True, max_length=64)
     adapter = LogitsAdapter(lambda ids: torch.zeros(*ids.shape, 128))
-    with pytest.raises(ValueError, match="packing=adapter.supports_packing"):
-        run_batches(adapter, [batch], 2)
+    with pytest.raises(ValueError, match="the adapter's needs.packing"):
+        run_batches(adapter, [batch], 2, TokenCount())
 
 
 def test_bucketed_widths_give_the_same_numbers(tables):
@@ -312,7 +308,7 @@ def test_bucketed_widths_give_the_same_numbers(tables):
     assert all(b.input_ids_BT.shape[1] % 64 == 0 for b in bucketed)
     assert len({b.input_ids_BT.shape[1] for b in bucketed}) <= 2
     with torch.inference_mode():
-        found = run_batches(adapter, bucketed, len(ids))
+        found = run_batches(adapter, bucketed, len(ids), TokenCount())
     np.testing.assert_allclose(found.ll, score(adapter, pairs, ids, **plan).ll, atol=1e-5, rtol=0)
 
 
@@ -326,16 +322,16 @@ def test_head_runs_on_bounded_chunks_of_continuation_positions(tables, monkeypat
     plan = dict(batch_tokens=4096, packing=True, max_length=MAX_LENGTH)
     expected = score(adapter, pairs, ids, **plan)
     seen: list[tuple[int, ...]] = []
-    project = scoring._project
+    project = projected_head._project
 
     def recorded(head, linear, x_CX, workspace):
         assert linear is model.lm_head  # the workspace path
         seen.append(tuple(x_CX.shape))
         return project(head, linear, x_CX, workspace)
 
-    monkeypatch.setattr(scoring, "_project", recorded)
+    monkeypatch.setattr(projected_head, "_project", recorded)
     monkeypatch.setattr(GPT, "forward", lambda *a, **k: pytest.fail("full [B, T, V] logits computed"))
-    monkeypatch.setattr(scoring, "_HEAD_ELEMENTS", 50304 * 64)
+    monkeypatch.setattr(logprobs, "HEAD_ELEMENTS", 50304 * 64)
     found = score(adapter, pairs, ids, **plan)
     assert seen and all(len(shape) == 2 and shape[0] <= 64 for shape in seen)
     # Each position projected once, though it predicts the first token of every choice after a context.
@@ -347,7 +343,7 @@ def test_head_runs_on_bounded_chunks_of_continuation_positions(tables, monkeypat
 
 def test_a_head_without_weight_is_chunked_by_its_logits_width(monkeypatch):
     """A head that is any callable (here D=8 -> V=1000) is chunked by the width of its logits, not by its
-    input's: at most _HEAD_ELEMENTS // V positions a call, after one probing call of one position."""
+    input's: at most HEAD_ELEMENTS // V positions a call, after one probing call of one position."""
     torch.manual_seed(0)
     weight = torch.randn(1000, 8)
     rows: list[int] = []
@@ -357,13 +353,13 @@ def test_a_head_without_weight_is_chunked_by_its_logits_width(monkeypatch):
         return x @ weight.t()
 
     features, target = torch.randn(50, 8), torch.randint(0, 1000, (50,))
-    monkeypatch.setattr(scoring, "_HEAD_ELEMENTS", 1000 * 16)
-    logp, _ = scoring.token_logprobs(features, head, target)
+    monkeypatch.setattr(logprobs, "HEAD_ELEMENTS", 1000 * 16)
+    logp, _ = projected_head.token_logprobs(features, head, target)
     assert rows[0] == 1 and max(rows[1:]) == 16 and sum(rows[1:]) == 50
     expected = torch.log_softmax(features.double() @ weight.double().t(), -1)[torch.arange(50), target]
     np.testing.assert_allclose(logp.numpy(), expected.numpy(), atol=1e-5, rtol=0)
     with pytest.raises(ModelOutputError, match="at least 1001 tokens"):
-        scoring.token_logprobs(features, head, torch.full((50,), 1000))
+        projected_head.token_logprobs(features, head, torch.full((50,), 1000))
 
 
 def test_no_pairs_no_batches():
@@ -393,11 +389,11 @@ def test_the_evaluator_packs_when_the_model_allows(data_root, neox_tokenizer):
 def test_greedy_is_the_argmax_ties_to_the_lowest_index():
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [0.0, 1.0, 2.0, 5.0]])
     features = logits[[0, 0, 0, 1, 1]]
-    logp, greedy = scoring.token_logprobs(features, lambda f: f, torch.tensor([1, 2, 0, 3, 2]))
+    logp, greedy = projected_head.token_logprobs(features, lambda f: f, torch.tensor([1, 2, 0, 3, 2]))
     assert greedy.tolist() == [True, False, False, True, False]
     expected = torch.log_softmax(features, -1)[range(5), [1, 2, 0, 3, 2]]
     np.testing.assert_allclose(logp.numpy(), expected.numpy(), atol=1e-6, rtol=0)
-    shared, shared_greedy = scoring.token_logprobs(
+    shared, shared_greedy = projected_head.token_logprobs(
         logits, lambda f: f, torch.tensor([1, 2, 0, 3, 2]), position_N=torch.tensor([0, 0, 0, 1, 1])
     )
     np.testing.assert_allclose(shared.numpy(), logp.numpy(), atol=1e-6, rtol=0)

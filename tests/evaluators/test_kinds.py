@@ -7,14 +7,15 @@ from dataclasses import dataclass
 
 import pytest
 
+from inloop_eval.engine.batching import BatchShape
+from inloop_eval.engine.layout import ModelAdapter, TokenCount
 from inloop_eval.errors import TaskDataError
-from inloop_eval.evaluators.base import EvalOutput, Evaluator, OlmoNames, entry_type
+from inloop_eval.evaluators.base import EvalContext, EvalOutput, Evaluator, entry_type
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import DownstreamEvaluator, TaskEvalConfig
 from inloop_eval.evaluators.kinds import KINDS
-from inloop_eval.evaluators.orchestrator import metric_keys
 from inloop_eval.evaluators.perplexity import LMEvalConfig, PerplexityEvaluator
-from inloop_eval.keys import DOWNSTREAM, FAILED, PERPLEXITY
+from inloop_eval.keys import DOWNSTREAM, FAILED, PERPLEXITY, OlmoCoreNames, metric_keys
 
 
 def test_each_type_selects_its_evaluator_and_its_config():
@@ -31,7 +32,7 @@ def test_config_entries_are_built_by_their_type():
     assert [e.labels() for e in config.evaluators] == [["piqa"], ["code"]]
 
 
-ARC = OlmoNames("arc_easy", frozenset({"acc_v1"}))
+ARC = OlmoCoreNames("arc_easy", frozenset({"acc_v1"}))
 
 
 @pytest.mark.parametrize(
@@ -47,14 +48,14 @@ ARC = OlmoNames("arc_easy", frozenset({"acc_v1"}))
     ],
 )
 def test_figures_are_named_by_kind_label_and_key_style(key_style, prefix, expected):
-    output = EvalOutput({"arc": {"acc": 0.5, "acc_v1": 0.25}}, olmo={"arc": ARC})
-    found = metric_keys(DOWNSTREAM, output, key_style, prefix)
+    output = EvalOutput({"arc": {"acc": 0.5, "acc_v1": 0.25}}, olmo_core_names={"arc": ARC})
+    found = metric_keys(DOWNSTREAM, output.figures, output.olmo_core_names, key_style, prefix)
     assert found == expected and list(found) == list(expected)
 
 
 def test_perplexity_figures_and_failures_keep_our_keys():
     output = EvalOutput({"c4": {"ce": 2.0, "ppl": 7.0}, "code": {FAILED: 1.0}})
-    assert metric_keys(PERPLEXITY, output, "olmo_core") == {
+    assert metric_keys(PERPLEXITY, output.figures, output.olmo_core_names, "olmo_core") == {
         "eval/lm/c4/ce": 2.0,
         "eval/lm/c4/ppl": 7.0,
         "eval/lm/code/failed": 1.0,
@@ -81,15 +82,19 @@ class FailingEvaluator(Evaluator[TwoLabels, None]):
         self.name = "two"
         self.strict_seen: list[bool] = []
 
-    def prepare(self, adapter, agreement, *, strict):
-        self.strict_seen.append(strict)
+    def prepare(self, context, agreement):
+        self.strict_seen.append(context.strict)
         raise TaskDataError("no data")
 
 
 def test_a_failed_evaluation_reports_every_label_failed_or_raises_when_strict():
     evaluator = FailingEvaluator()
-    assert evaluator.run(None, strict=False).figures == {"a": {FAILED: 1.0}, "b": {FAILED: 1.0}}
+
+    def context(strict: bool) -> EvalContext:
+        return EvalContext(ModelAdapter(None), None, BatchShape(), TokenCount(), strict)
+
+    assert evaluator.run(context(False)).figures == {"a": {FAILED: 1.0}, "b": {FAILED: 1.0}}
     with pytest.raises(TaskDataError, match="no data"):
-        evaluator.run(None, strict=True)
+        evaluator.run(context(True))
     assert evaluator.strict_seen == [False, True]
     assert evaluator.samples(EvalOutput({})) == []

@@ -7,12 +7,13 @@ import importlib
 
 import torch
 from helpers import tiny_neox
-from lm_helpers import SEQ_LEN, lm_entry, tiny_gpt, write_domains
+from lm_helpers import lm_entry, tiny_gpt, write_domains
 
 from inloop_eval.engine.adapters import LogitsAdapter
+from inloop_eval.engine.batching import BatchShape
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.evaluators.perplexity import plan_sequence_batches
+from inloop_eval.evaluators.perplexity import plan_sequences
 from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY, EvalSchedule, run_and_log
 from inloop_eval.loggers import JSONLLogger
 from inloop_eval.models.gpt import GPT, GPTConfig
@@ -62,9 +63,8 @@ def test_tokens_forwarded_count_the_perplexity_domains_too(data_root, neox_token
     evaluator = InLoopEvaluator(config, tokenizer=neox_tokenizer)
     metrics = run_and_log(evaluator, tiny_gpt(), step=1)
     lm_result = evaluator.detail("lm:" + ",".join(d["label"] for d in evaluators[1]["domains"]))
-    planned = plan_sequence_batches(
-        lm_result.domains, lm_result.shard, evaluators[1]["batch_tokens"], seq_len=SEQ_LEN
-    )
+    lm_config = evaluator.config.evaluators[1]
+    planned = plan_sequences(lm_result.domains, lm_result.shard, lm_config, BatchShape())
     assert lm_result.tokens_forwarded == sum(b.input_ids_BT.size for b in planned) > 0
     downstream = evaluator.detail("piqa").scores.tokens_forwarded
     assert metrics[TOKENS_KEY] == downstream + lm_result.tokens_forwarded

@@ -19,7 +19,9 @@ from workers.launch import torchrun, worker_env
 from workers.olmo_core_train import INTERVAL, LIMIT, SEQ_LEN, STEPS, TASKS, callback_config, train
 
 from inloop_eval.data.root import TOKENIZER_DIR
-from inloop_eval.engine.adapters import LogitsAdapter, OLMoCoreAdapter, make_adapter
+from inloop_eval.engine.adapters import LogitsAdapter
+from inloop_eval.engine.olmo_core_adapter import OLMoCoreAdapter
+from inloop_eval.engine.registry import make_adapter
 from inloop_eval.errors import ConfigError, TokenizerError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -257,7 +259,7 @@ def test_adapter_projects_only_the_positions_read(data_root, neox_tokenizer):
     entries = [{"task": "piqa", "limit": 5, "batch_tokens": 512}, {"task": "mmlu_mc", "limit": 4}]
     config = EvaluatorConfig(evaluators=entries, data_root=str(data_root), strict=True, max_length=SEQ_LEN)
     adapter = make_adapter(model, SEQ_LEN)
-    assert isinstance(adapter, OLMoCoreAdapter) and adapter.supports_packing
+    assert isinstance(adapter, OLMoCoreAdapter) and adapter.needs.packing
     assert (adapter.max_length, adapter.vocab_size) == (SEQ_LEN, 50304)
     evaluator = InLoopEvaluator(config, tokenizer=neox_tokenizer)
     ours = evaluator.run(model)

@@ -21,13 +21,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import inloop_eval.engine.scoring as scoring_module
+import inloop_eval.engine.layouts.projected_head as projected_head
 import inloop_eval.evaluators.downstream as downstream_module
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer
 from inloop_eval.distributed import TaskFailedOnAnotherRank, world
-from inloop_eval.engine.adapters import LogitsAdapter, OLMoCoreAdapter, make_adapter
+from inloop_eval.engine.adapters import LogitsAdapter
+from inloop_eval.engine.olmo_core_adapter import OLMoCoreAdapter
 from inloop_eval.engine.olmo_core_packing import packing_refusal
+from inloop_eval.engine.registry import make_adapter
 from inloop_eval.errors import ModelOutputError, TaskDataError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -160,7 +162,13 @@ def per_rank(value: Any) -> list[Any]:
 
 
 def tokens_forwarded(ev: InLoopEvaluator) -> dict[str, int]:
-    return {name: out.tokens_forwarded for name, out in ev.last_outputs.items() if out.detail is not None}
+    """Each evaluator's tokens forwarded on this rank (those of its scores), by name."""
+    return {name: evaluator_tokens(out.detail) for name, out in ev.last_outputs.items() if out.detail is not None}
+
+
+def evaluator_tokens(detail: Any) -> int:
+    """The tokens a downstream task's (`TaskResult.scores`) or an lm entry's (`DomainsResult`) scores forwarded."""
+    return int(detail.scores.tokens_forwarded if hasattr(detail, "scores") else detail.tokens_forwarded)
 
 
 # ---- checks -------------------------------------------------------------------------------------------
@@ -237,7 +245,7 @@ def check_olmo_core_fsdp(ctx: Context) -> dict[str, Any]:
     model = tiny_olmo_core()
     if ctx.world_size == 1:
         adapter = OLMoCoreAdapter(model, MAX_LENGTH)
-        adapter.supports_packing = False
+        adapter.packing = False
         ev = ctx.evaluator(OLMO_CORE_TASKS, strict=True)
         return {"metrics": ev.run(adapter), "packs": [False], "tokens_forwarded": [tokens_forwarded(ev)]}
     model.apply_fsdp(dp_mesh=init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("dp",)))
@@ -246,7 +254,7 @@ def check_olmo_core_fsdp(ctx: Context) -> dict[str, Any]:
     out = ev.run(model)
     return {
         "metrics": out,
-        "packs": per_rank(make_adapter(model, MAX_LENGTH).supports_packing),
+        "packs": per_rank(make_adapter(model, MAX_LENGTH).needs.packing),
         "calls": per_rank(calls[0]),
         "tokens_forwarded": per_rank(tokens_forwarded(ev)),
     }
@@ -259,7 +267,7 @@ def check_olmo_core_tp(ctx: Context) -> dict[str, Any]:
 
     model = tiny_olmo_core()
     model.apply_tp(init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("tp",)))
-    return {"packs": OLMoCoreAdapter(model, MAX_LENGTH).supports_packing, "refusal": packing_refusal(model)}
+    return {"packs": OLMoCoreAdapter(model, MAX_LENGTH).needs.packing, "refusal": packing_refusal(model)}
 
 
 @contextmanager
@@ -313,9 +321,9 @@ def check_failures(ctx: Context) -> dict[str, Any]:
 
     # Scoring a batch, between forward passes, on a model whose forward all-gathers (FSDP2).
     failing_logprobs = raise_on_rank(
-        last, 2, ModelOutputError("injected scoring error"), scoring_module.token_logprobs
+        last, 2, ModelOutputError("injected scoring error"), projected_head.token_logprobs
     )
-    with patched(scoring_module, "token_logprobs", failing_logprobs):
+    with patched(projected_head, "token_logprobs", failing_logprobs):
         results["scoring_fsdp"] = ctx.evaluator(tasks).run(fsdp_gpt())
 
     # Inside the forward of a model without collectives.

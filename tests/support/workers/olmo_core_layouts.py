@@ -32,8 +32,8 @@ from olmo_core.train.train_module import (
     TransformerTensorParallelConfig,
 )
 
-import inloop_eval.engine.scoring as scoring_module
-from inloop_eval.engine.adapters import OLMoCoreAdapter
+import inloop_eval.engine.layouts.sequence_sharded as sequence_sharded
+from inloop_eval.engine.olmo_core_adapter import OLMoCoreAdapter
 from inloop_eval.engine.sequence_parallel import SequenceLayout
 from inloop_eval.errors import ConfigError
 from inloop_eval.integrations.olmo_core import DEFAULT_BATCH_TOKENS
@@ -85,7 +85,7 @@ class ScoringMemory:
         mode = PausableLargest()
         pause = model.register_forward_pre_hook(lambda *_: mode.pause(True))
         resume = model.register_forward_hook(lambda *_: mode.pause(False))
-        features, score = SequenceLayout.features, scoring_module.sequence_shard_logprobs
+        features, score = SequenceLayout.features, sequence_sharded.sequence_shard_logprobs
 
         def recording_features(layout: SequenceLayout, model: Any, input_ids_BT: torch.Tensor, *args: Any) -> Any:
             mode.largest = 0
@@ -103,12 +103,12 @@ class ScoringMemory:
             return result
 
         SequenceLayout.features = recording_features  # type: ignore[method-assign]
-        scoring_module.sequence_shard_logprobs = recording_score
+        sequence_sharded.sequence_shard_logprobs = recording_score
         try:
             yield
         finally:
             SequenceLayout.features = features  # type: ignore[method-assign]
-            scoring_module.sequence_shard_logprobs = score
+            sequence_sharded.sequence_shard_logprobs = score
             pause.remove()
             resume.remove()
 
@@ -171,7 +171,7 @@ def run_layout(layout: str, work: Path, data_root: Path) -> dict[str, Any]:
     if not dist.is_initialized():  # one process packs rows; the split layouts cannot: count it unpacked too
         model = trainer.train_module.model
         unpacked = OLMoCoreAdapter(model, trainer.train_module.eval_batch_spec.max_sequence_length)
-        unpacked.supports_packing = False
+        unpacked.packing = False
         evaluator.run(unpacked, step=STEPS)
         result["unpacked_evaluator_tokens"] = evaluator.tokens_forwarded
     if layout == "tp2":

@@ -9,7 +9,8 @@ compares them with one process.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,9 @@ from torch.distributed.tensor.parallel import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-import inloop_eval.engine.scoring as scoring_module
 from inloop_eval.engine.adapters import LogitsAdapter
+from inloop_eval.engine.layouts.projected_head import ProjectedHead
+from inloop_eval.engine.layouts.vocab_sharded import VocabSharded
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -105,20 +107,31 @@ class LargestTensor(TorchDispatchMode):
         return out
 
 
-def recording_scoring(record: list[dict[str, int]]) -> Callable[..., Any]:
-    """`token_logprobs` recording, per call, the largest tensor it allocates and the [U, V/TP] bound."""
-    inner = scoring_module.token_logprobs
+@contextlib.contextmanager
+def recording_scoring(record: list[dict[str, int]]) -> Iterator[None]:
+    """While active, the scoring of the layouts a tensor-parallel head returns (hidden states and a head,
+    vocabulary-sharded logits) records, per batch, the largest tensor it allocates and the [U, V/TP] bound."""
+    originals = {cls: cls.target_logprobs for cls in (ProjectedHead, VocabSharded)}
 
-    def token_logprobs(features_UX: torch.Tensor, head: Any, *args: Any, **kwargs: Any) -> Any:
-        mode = LargestTensor()
-        with mode:
-            result = inner(features_UX, head, *args, **kwargs)
-        tp = dist.get_world_size() if dist.is_initialized() else 1
-        bound = features_UX.shape[0] * -(-GPT_VOCAB // tp)
-        record.append({"largest": mode.largest, "bound": bound, "positions": int(features_UX.shape[0])})
-        return result
+    def recording(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def target_logprobs(outputs: Any, inputs: Any, workspace: Any) -> Any:
+            mode = LargestTensor()
+            with mode:
+                result = inner(outputs, inputs, workspace)
+            tp = dist.get_world_size() if dist.is_initialized() else 1
+            positions = int(inputs.rows_U.shape[0])
+            record.append({"largest": mode.largest, "bound": positions * -(-GPT_VOCAB // tp), "positions": positions})
+            return result
 
-    return token_logprobs
+        return target_logprobs
+
+    for cls, inner in originals.items():
+        cls.target_logprobs = recording(inner)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for cls, inner in originals.items():
+            cls.target_logprobs = inner  # type: ignore[method-assign]
 
 
 def tensor_parallel_gpt(mesh: Any) -> GPT:
@@ -138,13 +151,9 @@ def check_vocab_tp(ctx: Context) -> dict[str, Any]:
     model = tensor_parallel_gpt(mesh["tp"]) if mesh is not None else tiny_gpt()
     for path, wrap in (("hidden", lambda m: m), ("logits", lambda m: LogitsAdapter(m, MAX_LENGTH))):
         record: list[dict[str, int]] = []
-        original = scoring_module.token_logprobs
-        scoring_module.token_logprobs = recording_scoring(record)
-        try:
+        with recording_scoring(record):
             ev = ctx.evaluator(TASKS, strict=True)
             metrics = ev.run(wrap(model), dp_group=mesh)
-        finally:
-            scoring_module.token_logprobs = original
         out[path] = {"metrics": metrics, "samples": samples(ev), "memory": record}
     if mesh is not None:
         for name, group in (("no_group", None), ("world_group", dist.group.WORLD)):

@@ -168,7 +168,7 @@ def check_layouts(ctx: Context) -> dict[str, Any]:
     out: dict[str, Any] = {
         "metrics": metrics,
         "samples": samples(ev),
-        "tokens_scored": adapter.tokens_scored,
+        "tokens_scored": ev.tokens_forwarded,
         "last_rank": adapter.last_rank,
     }
     if ctx.world_size == 2:

@@ -1,0 +1,173 @@
+"""The one seam between the scoring loop and a model: how a model is called, and how what it returns becomes
+log p(target) and greedy flags for a planned batch.
+
+What every layout promises, and `scoring.run_batches` relies on (it has one path for every model):
+- `ModelAdapter.forward(inputs)` runs the model on one planned batch and returns `ModelOutputs`; every rank of
+  the adapter's peer groups calls it for the same batch, dummies included, in the same order.
+- `ModelOutputs.target_logprobs(inputs, workspace)` returns log p(target) [N] (float32) and whether each target
+  is the argmax [N], for `inputs.target_N` predicted at the distinct positions `inputs.rows_U, cols_U`
+  (target n at position `inputs.position_N[n]`). It checks the logits' width against `inputs.min_vocab` and
+  every target, the same way on every rank of a peer group, before any collective of its own, so that every
+  peer raises alike or joins. It is skipped for batches without targets (dummies) on every peer alike.
+- `ModelAdapter.needs` (`LayoutNeeds`) is declared once by the adapter and honoured by the planner: a width
+  every batch must be a multiple of, whether rows may be packed (the model takes a 4D mask and position
+  ids), and the groups of model-parallel peers that must be fed the same documents.
+- A layout that cannot be scored is refused before any forward, by `refuse_layout`, with one message shape.
+
+The ways a model returns its outputs are in `engine/layouts/` (full logits, hidden states and a head, logits
+sharded on the vocabulary or on the sequence, a pipeline's last stage), one module each; the adapters of the
+model families that produce them, and the registry that picks one for a model, are in `engine/adapters.py`,
+`engine/olmo_core_adapter.py`, `engine/pipeline.py` and `engine/registry.py`.
+Legend: B rows, T time, U distinct positions read, N targets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol
+
+import torch
+from torch import Tensor, nn
+from torch.distributed import ProcessGroup
+
+from inloop_eval.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LayoutNeeds:
+    """What a layout needs from the planner.
+
+    width_multiple: every batch's width must be a multiple of this (a sequence split over TP x CP ranks).
+    packing: rows may be packed: the model takes a boolean attention mask [B, 1, T, T] and position ids [B, T].
+    peer_groups: the model-parallel groups, by name, whose ranks hold parts of one model (other than through
+        DTensor parameters) and so must be handed the same documents (`distributed.check_data_parallel`).
+    """
+
+    width_multiple: int = 1
+    packing: bool = False
+    peer_groups: tuple[tuple[str, ProcessGroup | None], ...] = ()
+
+
+@dataclass
+class ForwardInputs:
+    """One planned batch on the model's device.
+
+    input_ids_BT: right-padded token ids.
+    rows_U, cols_U: the distinct positions whose logits are read.
+    position_N, target_N: target n is predicted by position `position_N[n]` of (rows_U, cols_U).
+    attention_mask_B1TT, position_ids_BT: set for a packed batch only (True = may attend).
+    min_vocab: the tokenizer's vocabulary size; logits narrower than it mean the model does not match.
+    """
+
+    input_ids_BT: Tensor
+    rows_U: Tensor
+    cols_U: Tensor
+    position_N: Tensor
+    target_N: Tensor
+    attention_mask_B1TT: Tensor | None = None
+    position_ids_BT: Tensor | None = None
+    min_vocab: int = 0
+
+    @property
+    def packed(self) -> bool:
+        return self.attention_mask_B1TT is not None
+
+
+class ModelOutputs(Protocol):
+    """What a model returned for one batch, in the layout it returned it."""
+
+    @property
+    def width(self) -> int:
+        """The width of the logits (the vocabulary the model scores over)."""
+        ...
+
+    def target_logprobs(self, inputs: ForwardInputs, workspace: HeadWorkspace) -> tuple[Tensor, Tensor]:
+        """log p(target) [N] (float32) and greedy flags [N] for `inputs.target_N`."""
+        ...
+
+
+class HeadWorkspace:
+    """One float32 logits buffer reused across chunks and batches: a fresh [chunk, V] tensor per chunk
+    costs as much in page faults as the exponentials computed in it."""
+
+    def __init__(self) -> None:
+        self.buffer: Tensor | None = None
+
+    def get(self, rows: int, vocab: int, device: torch.device) -> Tensor:
+        buf = self.buffer
+        if buf is None or buf.shape[1] != vocab or buf.shape[0] < rows or buf.device != device:
+            buf = self.buffer = torch.empty(rows, vocab, dtype=torch.float32, device=device)
+        return buf[:rows]
+
+
+class ModelAdapter:
+    """How to call one kind of model. A subclass sets `max_length` and `vocab_size` where it knows them,
+    declares `needs`, and implements `forward`.
+
+    max_length: the model's context length (None: unknown, the evaluator's default applies).
+    vocab_size: rows of the input embedding, when known: token ids at or beyond it cannot be fed.
+    """
+
+    max_length: int | None = None
+    vocab_size: int | None = None
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._logits_width: int | None = None
+
+    @property
+    def needs(self) -> LayoutNeeds:
+        """What this model's layout needs from the planner; plain causal rows by default."""
+        return LayoutNeeds()
+
+    @property
+    def device(self) -> torch.device:
+        module = self.model if isinstance(self.model, nn.Module) else None
+        if module is not None:
+            for p in module.parameters():
+                return p.device
+        return torch.device("cpu")
+
+    def forward(self, inputs: ForwardInputs) -> ModelOutputs:
+        """Run the model on one batch; every peer of `needs.peer_groups` calls it for the same batch."""
+        raise NotImplementedError
+
+    def tokens_fed(self, inputs: ForwardInputs) -> int:
+        """Tokens `forward` sends through the model for `inputs`, padding included."""
+        return int(inputs.input_ids_BT.numel())
+
+    def logits_width(self, width: int, tokens: TokenCount) -> int:
+        """The width of the model's logits: the bound on token ids for a model whose input embedding is
+        unknown. Measured once per adapter by a forward of one row of token 0, `width` wide (the planner's
+        width multiple, so that a compiled model sees no new shape); every rank makes it. Its tokens are
+        added to `tokens`."""
+        if self._logits_width is None:
+            ids = torch.zeros((1, max(1, width)), dtype=torch.long, device=self.device)
+            zero = torch.zeros(1, dtype=torch.long, device=self.device)
+            probe = ForwardInputs(ids, zero, zero, zero, zero)
+            outputs = self.forward(probe)
+            tokens.add(self.tokens_fed(probe))
+            self._logits_width = outputs.width
+        return self._logits_width
+
+
+class TokenCount:
+    """Tokens sent through the model during one evaluation, padding and dummies included: made by the
+    orchestrator for each run and passed down to what forwards; added to once per forward, so the forwards
+    of an evaluation that then failed count too."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def add(self, n: int) -> None:
+        self.total += int(n)
+
+
+class LayoutRefused(ConfigError):
+    """A model layout the evaluator cannot score; raised before any forward."""
+
+
+def refuse_layout(layout: str, reason: str, fix: str) -> NoReturn:
+    """Refuse a layout, in the one shape every refusal has: what layout, why it cannot be scored, and what to
+    do instead."""
+    raise LayoutRefused(f"evaluator: {layout} cannot be evaluated: {reason}; {fix}")

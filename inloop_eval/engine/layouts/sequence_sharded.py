@@ -1,0 +1,74 @@
+"""Logits sharded on the sequence: each rank holds the logits of some of the positions read (OLMo-core's
+tensor and Ulysses context parallelism, engine/olmo_core_adapter.py), scores the targets its positions predict
+with a local log-softmax over the full vocabulary, contributes zeros for the others, and one all-reduce (SUM)
+of [2, N] per batch over each model-parallel group completes every target's score, exactly.
+Legend: U positions read, L of them this rank holds, V vocabulary, N targets, M this rank's targets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed import ProcessGroup
+
+from inloop_eval.engine.layout import ForwardInputs, HeadWorkspace
+from inloop_eval.engine.layouts.projected_head import token_logprobs
+from inloop_eval.engine.logprobs import check_vocab
+
+
+@dataclass
+class SequenceShard:
+    """The logits [L, V] of the selected positions this rank holds, `held_L` their indices among the U
+    positions read, and the groups over which the other ranks hold the rest."""
+
+    logits_LV: Tensor
+    held_L: Tensor
+    n_positions: int
+    groups: list[ProcessGroup]
+
+    @property
+    def width(self) -> int:
+        return int(self.logits_LV.shape[-1])
+
+    def all_reduce(self, scores_XN: Tensor) -> Tensor:
+        """`scores_XN` summed over the ranks holding the other positions (in place; returned)."""
+        for group in self.groups:
+            dist.all_reduce(scores_XN, group=group)
+        return scores_XN
+
+    def target_logprobs(self, inputs: ForwardInputs, workspace: HeadWorkspace) -> tuple[Tensor, Tensor]:
+        return sequence_shard_logprobs(self, inputs.target_N, inputs.min_vocab, inputs.position_N, workspace)
+
+
+def sequence_shard_logprobs(
+    shard: SequenceShard,
+    target_N: Tensor,
+    min_vocab: int,
+    position_N: Tensor,
+    workspace: HeadWorkspace | None = None,
+) -> tuple[Tensor, Tensor]:
+    """log p(target) [N] and the greedy flag [N] when this rank holds the logits of some positions only:
+    its targets scored by `token_logprobs` on its positions, the others zero, then one all-reduce of [2, N]
+    over the ranks holding the rest. The vocabulary is checked on every target first, so that every rank
+    raises alike or joins the all-reduce."""
+    check_vocab(shard.width, target_N, min_vocab)
+    local_U = torch.full((shard.n_positions,), -1, dtype=torch.long, device=target_N.device)
+    local_U[shard.held_L] = torch.arange(shard.held_L.shape[0], device=target_N.device)
+    local_N = local_U[position_N]
+    mine_N = local_N >= 0
+    scores_2N = torch.zeros(2, target_N.shape[0], dtype=torch.float32, device=target_N.device)
+    if bool(mine_N.any()):
+        logp_M, greedy_M = token_logprobs(
+            shard.logits_LV, _identity, target_N[mine_N], 0, local_N[mine_N], workspace
+        )
+        scores_2N[0, mine_N] = logp_M
+        scores_2N[1, mine_N] = greedy_M.float()
+    shard.all_reduce(scores_2N)
+    return scores_2N[0], scores_2N[1] > 0
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
