@@ -186,29 +186,33 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
         TaskFailedOnAnotherRank elsewhere."""
         ev = self.config
         pending = [d.label for d in ev.domains if d.label not in self.loaded]
-        failed: dict[str, str] = {}
-        if pending:
-            cache_dir = Path(ev.cache_dir).expanduser() if ev.cache_dir else home() / "lm_cache"
-            configs = [d for d in ev.domains if d.label in pending]
-            byte_table = token_byte_lengths(self.tokenizer)
-            result = load_domains(configs, ev.seq_len, ev.cap, self.tokenizer, byte_table, cache_dir)
-            for domain in result.domains.values():
-                log.info("lm domain %r: %d sequences, %d tokens", domain.label, len(domain), domain.n_tokens)
-            self.loaded.update(result.domains)
-            # The `documents` labels load together (all pending or none), and are cut to the loader's share once.
-            if ev.loader_batch_instances is not None and set(ev.documents_labels()) <= set(pending):
-                selection = LoaderSelection(ev.loader_batch_instances, ev.loader_seed, ev.loader_max_batches)
-                self.keep_loader_sequences(selection, result.errors)
-            for exc in result.errors.values():
-                log.error("in-loop lm eval: %s", exc)
-            if result.errors and context.strict:
-                agreement.failure_agreed()  # every rank raises here, so none may wait at another point
-                own = [e for e in result.errors.values() if not isinstance(e, TaskFailedOnAnotherRank)]
-                raise (own or list(result.errors.values()))[0]
-            failed = {label: str(exc) for label, exc in result.errors.items()}
+        errors = self.load_pending(pending) if pending else {}
+        for exc in errors.values():
+            log.error("in-loop lm eval: %s", exc)
+        if errors and context.strict:
+            agreement.failure_agreed()  # every rank raises here, so none may wait at another point
+            own = [e for e in errors.values() if not isinstance(e, TaskFailedOnAnotherRank)]
+            raise (own or list(errors.values()))[0]
         domains = [self.loaded[d.label] for d in ev.domains if d.label in self.loaded]
         agreement.agree()
-        return PreparedDomains(ev, domains, failed)
+        return PreparedDomains(ev, domains, {label: str(exc) for label, exc in errors.items()})
+
+    def load_pending(self, pending: list[str]) -> dict[str, Exception]:
+        """Load (for text, tokenize and cache) the domain labels `pending` into `loaded`; returns the labels
+        that failed on any rank, with the reason (the same labels on every rank)."""
+        ev = self.config
+        cache_dir = Path(ev.cache_dir).expanduser() if ev.cache_dir else home() / "lm_cache"
+        configs = [d for d in ev.domains if d.label in pending]
+        byte_table = token_byte_lengths(self.tokenizer)
+        result = load_domains(configs, ev.seq_len, ev.cap, self.tokenizer, byte_table, cache_dir)
+        for domain in result.domains.values():
+            log.info("lm domain %r: %d sequences, %d tokens", domain.label, len(domain), domain.n_tokens)
+        self.loaded.update(result.domains)
+        # The `documents` labels load together (all pending or none), and are cut to the loader's share once.
+        if ev.loader_batch_instances is not None and set(ev.documents_labels()) <= set(pending):
+            selection = LoaderSelection(ev.loader_batch_instances, ev.loader_seed, ev.loader_max_batches)
+            self.keep_loader_sequences(selection, result.errors)
+        return result.errors
 
     def keep_loader_sequences(self, selection: LoaderSelection, errors: dict[str, Exception]) -> None:
         """Cut the loaded `documents` domains to the sequences OLMo-core's data loader reaches: all of them

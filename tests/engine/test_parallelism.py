@@ -24,7 +24,7 @@ from workers.launch import REPO, torchrun, worker_env
 from inloop_eval.distributed import check_data_parallel, resolve_data_parallel
 from inloop_eval.errors import ConfigError
 
-LAUNCHES: dict[int, list[str]] = {2: ["layouts", "vocab_tp", "torchtitan_plan"], 4: ["layouts"]}
+LAUNCHES: dict[int, list[str]] = {2: ["layouts", "vocab_tp", "torchtitan_plan", "registered_layout"], 4: ["layouts"]}
 LAUNCH_TIMEOUT_S = 300
 
 
@@ -32,7 +32,7 @@ LAUNCH_TIMEOUT_S = 300
 def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("INLOOP_EVAL_HOME", str(tmp_path_factory.mktemp("home1")))
-        return parallel_checks.run_checks(["layouts", "vocab_tp", "torchtitan_plan"], data_root)
+        return parallel_checks.run_checks(["layouts", "vocab_tp", "torchtitan_plan", "registered_layout"], data_root)
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,21 @@ def test_vocabulary_sharded_scoring_allocates_at_most_a_slice(launched, path: st
         record = result["vocab_tp"][path]["memory"]
         assert record
         assert all(r["largest"] <= r["bound"] for r in record), max(record, key=lambda r: r["largest"] / r["bound"])
+
+
+def test_a_layout_registered_from_outside_the_package_gives_the_unsharded_numbers(single, launched) -> None:
+    """A toy model returning its vocabulary in slices over two ranks, registered with `register_layout` from
+    this test's support code (no edit of the engine), scores as the same model unsharded."""
+    reference = single["registered_layout"]
+    expected = {(s["task"], s["doc_id"], s["cont_id"]): s for s in reference["samples"]}
+    for rank, result in enumerate(launched[2]):
+        found = result["registered_layout"]
+        assert_same_metrics(found["metrics"], reference["metrics"], f"rank {rank}", 1e-5)
+        assert len(found["samples"]) == len(expected)
+        for s in found["samples"]:
+            ref = expected[(s["task"], s["doc_id"], s["cont_id"])]
+            assert s["is_greedy"] == ref["is_greedy"], s
+            assert math.isclose(s["ll"], ref["ll"], rel_tol=1e-5, abs_tol=1e-5), (s, ref)
 
 
 def test_sharding_over_no_group_or_the_wrong_group_is_refused(launched) -> None:

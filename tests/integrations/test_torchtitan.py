@@ -147,3 +147,39 @@ def test_context_and_pipeline_parallel_layouts_are_refused(degrees: dict[str, in
     name = "context" if "cp" in degrees else "pipeline"
     with pytest.raises(ConfigError, match=f"{name} parallelism .* is not supported yet"):
         check_layout(dims)
+
+
+def test_batch_widths_stay_multiples_of_the_sequence_divisor_under_a_config_multiple(
+    data_root, neox_tokenizer
+) -> None:
+    """torchtitan's sequence divisor (here 4, as TP=4 sequence parallelism needs) and the config's
+    `pad_to_multiple: 6` together: every forward is a multiple of lcm(4, 6) = 12 wide, never of 6 only, and
+    the numbers are those of the model unpadded."""
+    import torch
+
+    from inloop_eval.evaluators.config import EvaluatorConfig
+    from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+    from inloop_eval.integrations.torchtitan import TorchTitanAdapter
+    from inloop_eval.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=240)).eval()
+    widths: list[int] = []
+
+    def forward(ids_BT: torch.Tensor) -> torch.Tensor:
+        widths.append(ids_BT.shape[1])
+        return model(ids_BT)
+
+    def figures(pad_to_multiple: int, adapter: Any) -> dict[str, float]:
+        entries = [{"task": "copa", "limit": 9, "batch_tokens": 96}, {"task": "arc_easy", "limit": 5}]
+        config = EvaluatorConfig(
+            evaluators=entries, data_root=str(data_root), max_length=240, strict=True, pad_to_multiple=pad_to_multiple
+        )
+        return InLoopEvaluator(config, tokenizer=neox_tokenizer).run(adapter)
+
+    found = figures(6, TorchTitanAdapter(model, forward=forward, max_length=240, seq_multiple=4))
+    assert widths and all(w % 12 == 0 for w in widths), sorted(set(widths))
+    expected = figures(1, model)
+    assert found.keys() == expected.keys()
+    for key, value in expected.items():
+        assert math.isclose(found[key], value, rel_tol=1e-5, abs_tol=1e-6), key

@@ -21,12 +21,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import inloop_eval.engine.layouts.projected_head as projected_head
 import inloop_eval.evaluators.downstream as downstream_module
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer
 from inloop_eval.distributed import TaskFailedOnAnotherRank, world
 from inloop_eval.engine.adapters import LogitsAdapter
+from inloop_eval.engine.layouts.full_logits import FullLogits
 from inloop_eval.engine.olmo_core_adapter import OLMoCoreAdapter
 from inloop_eval.engine.olmo_core_packing import packing_refusal
 from inloop_eval.engine.registry import make_adapter
@@ -320,10 +320,11 @@ def check_failures(ctx: Context) -> dict[str, Any]:
             results["strict"] = f"{type(exc).__name__}: {exc}"
 
     # Scoring a batch, between forward passes, on a model whose forward all-gathers (FSDP2).
+    # An FSDP2 module is called through __call__, so its outputs are full logits.
     failing_logprobs = raise_on_rank(
-        last, 2, ModelOutputError("injected scoring error"), projected_head.token_logprobs
+        last, 2, ModelOutputError("injected scoring error"), FullLogits.target_logprobs
     )
-    with patched(projected_head, "token_logprobs", failing_logprobs):
+    with patched(FullLogits, "target_logprobs", failing_logprobs):
         results["scoring_fsdp"] = ctx.evaluator(tasks).run(fsdp_gpt())
 
     # Inside the forward of a model without collectives.

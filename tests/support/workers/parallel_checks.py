@@ -30,9 +30,10 @@ from torch.distributed.tensor.parallel import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from inloop_eval import ForwardInputs, LayoutEntry, LayoutNeeds, ModelAdapter, VocabSharded, register_layout
 from inloop_eval.engine.adapters import LogitsAdapter
 from inloop_eval.engine.layouts.projected_head import ProjectedHead
-from inloop_eval.engine.layouts.vocab_sharded import VocabSharded
+from inloop_eval.engine.registry import unregister_layout
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -275,10 +276,60 @@ def check_torchtitan_plan(ctx: Context) -> dict[str, Any]:
     return {"metrics": metrics, "samples": samples(ev)}
 
 
+class VocabSlices(nn.Module):
+    """A toy layout the package knows nothing of: the model returns (this rank's contiguous slice of the
+    vocabulary's logits [B, T, L], the slice's first token id), the other slices on the other ranks."""
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids_BT: torch.Tensor) -> tuple[torch.Tensor, int]:
+        world_size, rank = dist.get_world_size(), dist.get_rank()
+        width = -(-GPT_VOCAB // world_size)
+        return self.model(input_ids_BT)[..., rank * width : (rank + 1) * width], rank * width
+
+
+class VocabSlicesAdapter(ModelAdapter):
+    """The adapter of `VocabSlices`: its slices as the package's vocabulary-sharded layout, every rank of the
+    world a peer (they must score the same documents)."""
+
+    def __init__(self, model: VocabSlices) -> None:
+        super().__init__(model)
+        self.max_length, self.vocab_size = MAX_LENGTH, GPT_VOCAB
+
+    @property
+    def needs(self) -> LayoutNeeds:
+        return LayoutNeeds(peer_groups=(("vocab slices", dist.group.WORLD),))
+
+    def forward(self, inputs: ForwardInputs) -> VocabSharded:
+        local_BTL, start = self.model(inputs.input_ids_BT)
+        return VocabSharded(local_BTL[inputs.rows_U, inputs.cols_U], start, GPT_VOCAB, dist.group.WORLD)
+
+
+def check_registered_layout(ctx: Context) -> dict[str, Any]:
+    """A layout registered from outside the package (`VocabSlices`, the whole world holding one model's
+    vocabulary in slices) scored through `inloop_eval.register_layout`; at world size 1 the plain model (the
+    reference)."""
+    if ctx.world_size == 1:
+        ev = ctx.evaluator(TASKS, strict=True)
+        return {"metrics": ev.run(LogitsAdapter(tiny_gpt(), MAX_LENGTH)), "samples": samples(ev)}
+    entry = LayoutEntry("vocab slices", lambda m: isinstance(m, VocabSlices), lambda m, _: VocabSlicesAdapter(m))
+    register_layout(entry)
+    try:
+        ev = ctx.evaluator(TASKS, strict=True)
+        mesh = init_device_mesh("cpu", (1, ctx.world_size), mesh_dim_names=("dp", "tp"))
+        metrics = ev.run(VocabSlices(tiny_gpt()), dp_group=mesh["dp"])
+    finally:
+        unregister_layout(entry.name)
+    return {"metrics": metrics, "samples": samples(ev)}
+
+
 CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "layouts": check_layouts,
     "vocab_tp": check_vocab_tp,
     "torchtitan_plan": check_torchtitan_plan,
+    "registered_layout": check_registered_layout,
 }
 
 
