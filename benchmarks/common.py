@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
-from inloop_eval import InLoopEvaluator
+from inloop_eval import ForwardInputs, InLoopEvaluator, LayoutNeeds, ModelAdapter, ProjectedHead
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests.table import RequestTable, build_requests
 from inloop_eval.tasks import get_task, load_docs
@@ -91,6 +92,24 @@ class TokenCounter:
 
     def close(self) -> None:
         self.handle.remove()
+
+
+class PlanOnly(ModelAdapter):
+    """A model that takes packed rows and computes nothing (equal logits everywhere): a run through it
+    counts, in `tokens_forwarded`, what the planner would send such a model."""
+
+    def __init__(self, vocab_size: int, max_length: int) -> None:
+        super().__init__(None)
+        self.vocab_size, self.max_length = vocab_size, max_length
+        self.head = nn.Linear(1, vocab_size, bias=False)
+        nn.init.zeros_(self.head.weight)
+
+    @property
+    def needs(self) -> LayoutNeeds:
+        return LayoutNeeds(packing=True)
+
+    def forward(self, inputs: ForwardInputs) -> ProjectedHead:
+        return ProjectedHead(torch.zeros((inputs.rows_U.shape[0], 1)), self.head)
 
 
 def rss_bytes() -> int:
@@ -181,6 +200,23 @@ def minimum_tokens(contexts: Iterable[Iterable[int]], continuations: Iterable[It
     plus every continuation but its last token (read at the position before it, never fed)."""
     distinct = {tuple(c) for c in contexts}
     return sum(len(c) for c in distinct) + sum(max(len(list(c)) - 1, 0) for c in continuations)
+
+
+def trie_minimum(sequences: Iterable[Iterable[int]]) -> int:
+    """The least an evaluator sharing every common prefix must forward: the nodes of a prefix trie over the
+    rows the requests would have alone (context + continuation[:-1]), built token by token."""
+    children: dict[tuple[int, int], int] = {}
+    for sequence in sequences:
+        node = 0
+        for token in sequence:
+            node = children.setdefault((node, int(token)), len(children) + 1)
+    return len(children)
+
+
+def table_rows(table: RequestTable, *, with_uncond: bool = False) -> list[np.ndarray]:
+    """Every request's own row (context + continuation[:-1]), and the unconditional requests' with them."""
+    sets = [table.pairs, table.uncond] if with_uncond else [table.pairs]
+    return [np.concatenate([s.context(p), s.continuation(p)[:-1]]) for s in sets for p in range(len(s))]
 
 
 def table_minimum(table: RequestTable, *, with_uncond: bool = False) -> int:

@@ -42,10 +42,11 @@ if __package__ in (None, ""):  # `python benchmarks/olmo_core.py`: import `bench
 
 import datasets
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from benchmarks.common import (
     MAX_LENGTH,
+    PlanOnly,
     Scores,
     agreement,
     measured,
@@ -57,11 +58,7 @@ from benchmarks.common import (
 )
 from inloop_eval import (
     EvaluatorConfig,
-    ForwardInputs,
     InLoopEvaluator,
-    LayoutNeeds,
-    ModelAdapter,
-    ProjectedHead,
 )
 from inloop_eval.data.root import default_data_root, neox_tokenizer_path, oe_eval_dir, split_dir
 from inloop_eval.data.tokenizer import load_tokenizer
@@ -113,24 +110,6 @@ class TimedForward:
 
     def __call__(self, input_ids: Tensor) -> Tensor:
         return self.model(input_ids)
-
-
-class PlanOnly(ModelAdapter):
-    """A model that takes packed rows and computes nothing (equal logits everywhere): a run through it
-    counts, in `tokens_forwarded`, what the planner would send such a model."""
-
-    def __init__(self, vocab_size: int, max_length: int) -> None:
-        super().__init__(None)
-        self.vocab_size, self.max_length = vocab_size, max_length
-        self.head = nn.Linear(1, vocab_size, bias=False)
-        nn.init.zeros_(self.head.weight)
-
-    @property
-    def needs(self) -> LayoutNeeds:
-        return LayoutNeeds(packing=True)
-
-    def forward(self, inputs: ForwardInputs) -> ProjectedHead:
-        return ProjectedHead(torch.zeros((inputs.rows_U.shape[0], 1)), self.head)
 
 
 def olmo_core_train_module(batch_tokens: int) -> Any:

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from inloop_eval.distributed import AgreedSequence, TaskAgreement
 from inloop_eval.engine.layout import LayoutNeeds
+from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TreeRows, share_prefixes
 from inloop_eval.requests.table import PairSet
 
 # A packed row's pieces may span at least this many tokens (or the context's length, if longer) before the
@@ -57,15 +58,26 @@ class BatchShape:
     packing: rows may be packed (the model takes an attention mask and position ids).
     width_multiple: every width is a multiple of this: the layout's own (a sequence split over ranks)
         times what the config's `pad_to_multiple` adds (bucketed shapes for torch.compile), their lcm.
+    share_prefixes: with packing, rows whose contexts begin alike share that prefix (`prefix_sharing`).
+    attention_tokens: the row cost model's constant (`prefix_sharing.row_cost`).
     """
 
     packing: bool = False
     width_multiple: int = 1
+    share_prefixes: bool = True
+    attention_tokens: int = ATTENTION_COST_TOKENS
 
     @classmethod
-    def of(cls, needs: LayoutNeeds, pad_to_multiple: int = 1) -> BatchShape:
+    def of(
+        cls,
+        needs: LayoutNeeds,
+        pad_to_multiple: int = 1,
+        *,
+        share_prefixes: bool = True,
+        attention_tokens: int = ATTENTION_COST_TOKENS,
+    ) -> BatchShape:
         """The shape honouring both the layout's `needs` and the config's `pad_to_multiple`."""
-        return cls(needs.packing, math.lcm(needs.width_multiple, pad_to_multiple))
+        return cls(needs.packing, math.lcm(needs.width_multiple, pad_to_multiple), share_prefixes, attention_tokens)
 
 
 @dataclass
@@ -75,8 +87,10 @@ class Batch:
     input_ids_BT: right-padded token ids (padding is never attended to by a real position).
     rows_N, cols_N: the positions whose logits predict target_N.
     pair_N: index (into the scored pair list) of the pair each target belongs to.
-    position_ids_BT, segment_BT: set for packed batches only (None: plain causal rows, positions 0..T-1).
-        segment_BT is 0 on contexts, a piece's id (> 0) on its tokens, PAD_SEGMENT on padding.
+    position_ids_BT, segment_BT, branch_BT: set for packed batches only (None: plain causal rows, positions
+        0..T-1). segment_BT is 0 on contexts, a piece's id (> 0) on its tokens, PAD_SEGMENT on padding;
+        branch_BT is 0 on a prefix its row's branches share (`prefix_sharing`), a branch's number (> 0) on
+        its own tokens, PAD_SEGMENT on padding.
     """
 
     input_ids_BT: np.ndarray
@@ -86,6 +100,7 @@ class Batch:
     pair_N: np.ndarray
     position_ids_BT: np.ndarray | None = None
     segment_BT: np.ndarray | None = None
+    branch_BT: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -93,15 +108,19 @@ class Batch:
         return int(self.input_ids_BT.size)
 
 
-def attention_mask_B1TT(segment_BT: Tensor) -> Tensor:
-    """Boolean mask (True = may attend) for a packed batch: causal, and a position sees the context
-    (segment 0) and its own segment only. Padding sees itself and earlier padding, so no row of the
-    mask is empty (no NaN from a softmax over nothing); no real position sees padding (it comes last).
-    """
+def attention_mask_B1TT(segment_BT: Tensor, branch_BT: Tensor | None = None) -> Tensor:
+    """Boolean mask (True = may attend) for a packed batch: causal, and a position sees the prefix its row's
+    branches share (branch 0), and within its own branch the context (segment 0) and its own segment only.
+    Padding sees itself and earlier padding, so no row of the mask is empty (no NaN from a softmax over
+    nothing); no real position sees padding (it comes last)."""
     T = segment_BT.shape[1]
     causal_TT = torch.ones(T, T, dtype=torch.bool, device=segment_BT.device).tril_()
     key_B1T = segment_BT[:, None, :]
     same_BTT = (key_B1T == 0) | (key_B1T == segment_BT[:, :, None])
+    if branch_BT is not None:
+        key_branch_B1T = branch_BT[:, None, :]
+        same_BTT &= key_branch_B1T == branch_BT[:, :, None]
+        same_BTT |= key_branch_B1T == 0
     return (same_BTT & causal_TT)[:, None]
 
 
@@ -242,6 +261,8 @@ def plan_batches(
     packing: bool = False,
     max_length: int | None = None,
     pad_to_multiple: int = 1,
+    share_prefixes: bool = True,
+    attention_tokens: int = ATTENTION_COST_TOKENS,
 ) -> list[Batch]:
     """Batches scoring `pairs[pair_ids]`; `Batch.pair_N` indexes into `pair_ids`.
 
@@ -249,14 +270,64 @@ def plan_batches(
     max_length: longest row a packed group may form (the model's context length).
     pad_to_multiple: round every batch's width up to a multiple of this (`BatchShape.width_multiple`), but
         not past `max_length` (`round_widths`).
+    share_prefixes: with packing, rows whose contexts begin with the same tokens share them in tree rows of
+        at most `max_length` and `batch_tokens` tokens (`prefix_sharing`, its cost model's `attention_tokens`).
     """
     pair_ids = np.asarray(pair_ids, dtype=np.int64)
     layout = layout_rows(pairs, pair_ids, packing=packing, max_length=max_length)
-    width_R = round_widths(layout.length_R, pad_to_multiple, max_length)
-    batch_R, slot_R, widths = cut_batches(width_R, batch_tokens)
-    tokens = _row_tokens(pairs, pair_ids, layout, batch_R, len(widths))
-    targets = _targets(pairs, pair_ids, layout, batch_R, len(widths))
-    return _assemble(tokens, targets, layout, batch_R, slot_R, widths, packing, pad_id)
+    tree = _tree_rows(pairs, pair_ids, layout, batch_tokens, max_length, attention_tokens, packing and share_prefixes)
+    width_W = round_widths(tree.length_W, pad_to_multiple, max_length)
+    batch_W, slot_W, widths = cut_batches(width_W, batch_tokens)
+    batch_R = batch_W[tree.tree_R]
+    tokens = _in_tree_rows(_row_tokens(pairs, pair_ids, layout, batch_R, len(widths)), tree, prefix=True)
+    targets = _in_tree_rows(_targets(pairs, pair_ids, layout, batch_R, len(widths)), tree, prefix=False)
+    n_tree = len(tree.length_W)
+    shared_W = np.bincount(tree.tree_R, minlength=n_tree) > 1
+    packed_W = shared_W | (np.bincount(tree.tree_R, weights=layout.n_pieces_R, minlength=n_tree) > 1)
+    return _assemble(tokens, targets, packed_W, batch_W, slot_W, widths, packing, pad_id)
+
+
+def _tree_rows(
+    pairs: PairSet,
+    pair_ids: np.ndarray,
+    layout: RowLayout,
+    batch_tokens: int,
+    max_length: int | None,
+    attention_tokens: int,
+    share: bool,
+) -> TreeRows:
+    """The layout's rows in tree rows sharing their contexts' common prefixes (`share_prefixes`; a group
+    already cut into several rows stays as it is), or each row alone when `share` is off."""
+    n_rows = len(layout.length_R)
+    shareable_R = np.zeros(n_rows, dtype=bool)
+    if share and n_rows > 1:
+        shareable_R = np.bincount(layout.ctx_pair_R, minlength=len(pair_ids))[layout.ctx_pair_R] == 1
+    cap = min(batch_tokens, max_length) if max_length is not None else batch_tokens
+
+    def context(r: int) -> np.ndarray:
+        return pairs.context(int(pair_ids[layout.ctx_pair_R[r]]))
+
+    return share_prefixes(context, layout.length_R, shareable_R, cap=cap, attention_tokens=attention_tokens)
+
+
+def _in_tree_rows(flat: _Flat, tree: TreeRows, *, prefix: bool) -> _Flat:
+    """`flat`'s elements at their places in the tree rows: a branch's tokens from the shared prefix on
+    moved after the branches before it, its prefix tokens kept once (by the branch holding the prefix;
+    `prefix`: these are row tokens, which then carry a `branch` value; targets never lie in a prefix)."""
+    row, col = flat.row, flat.col
+    shared_M = col < tree.prefix_R[row]
+    moved = np.where(shared_M, col, tree.offset_R[row] + col - tree.prefix_R[row])
+    values = dict(flat.values)
+    keep = ~shared_M | tree.holds_prefix_R[row]
+    if prefix:
+        values["branch"] = np.where(shared_M, 0, tree.slot_R[row])
+    kept_before = np.concatenate([[0], np.cumsum(keep)])
+    return _Flat(
+        row=tree.tree_R[row][keep],
+        col=moved[keep],
+        values={k: v[keep] for k, v in values.items()},
+        bounds=kept_before[flat.bounds],
+    )
 
 
 def plan_sequence_batches(
@@ -413,17 +484,18 @@ def _targets(
 def _assemble(
     tokens: _Flat,
     targets: _Flat,
-    layout: RowLayout,
+    packed_R: np.ndarray,
     batch_R: np.ndarray,
     slot_R: np.ndarray,
     widths: list[int],
     packing: bool,
     pad_id: int,
 ) -> list[Batch]:
-    """One Batch per width: scatter each batch's tokens into [B, T] arrays."""
+    """One Batch per width: scatter each batch's tokens into [B, T] arrays; `packed_R`: rows that need the
+    packed mask (several pieces, or branches sharing a prefix)."""
     n_batches = len(widths)
     n_rows_B = np.bincount(batch_R, minlength=n_batches)
-    packed_B = np.bincount(batch_R, weights=layout.n_pieces_R > 1, minlength=n_batches) > 0
+    packed_B = np.bincount(batch_R, weights=packed_R, minlength=n_batches) > 0
     tok_slot, tgt_slot = slot_R[tokens.row], slot_R[targets.row]
     batches: list[Batch] = []
     for b, width in enumerate(widths):
@@ -432,12 +504,14 @@ def _assemble(
         shape = (int(n_rows_B[b]), width)
         input_ids_BT = np.full(shape, pad_id, dtype=np.int64)
         input_ids_BT[slot, col] = tokens.values["input_ids"][mine]
-        position_ids_BT = segment_BT = None
+        position_ids_BT = segment_BT = branch_BT = None
         if packing and packed_B[b]:
             position_ids_BT = np.zeros(shape, dtype=np.int64)
             position_ids_BT[slot, col] = tokens.values["position_ids"][mine]
             segment_BT = np.full(shape, PAD_SEGMENT, dtype=np.int64)
             segment_BT[slot, col] = tokens.values["segment"][mine]
+            branch_BT = np.full(shape, PAD_SEGMENT, dtype=np.int64)
+            branch_BT[slot, col] = tokens.values["branch"][mine]
         picked = slice(targets.bounds[b], targets.bounds[b + 1])
         batches.append(
             Batch(
@@ -448,6 +522,7 @@ def _assemble(
                 targets.values["pair"][picked],
                 position_ids_BT,
                 segment_BT,
+                branch_BT,
             )
         )
     return batches

@@ -51,7 +51,8 @@ def forward_inputs(adapter: ModelAdapter, batch: Batch, min_vocab: int) -> Forwa
                 f"run_batches: a packed batch was planned for {type(adapter).__name__}, which does not take an "
                 "attention mask and position ids; plan with the adapter's needs.packing"
             )
-        inputs.attention_mask_B1TT = attention_mask_B1TT(t(batch.segment_BT).to(device))
+        branch_BT = t(batch.branch_BT).to(device) if batch.branch_BT is not None else None
+        inputs.attention_mask_B1TT = attention_mask_B1TT(t(batch.segment_BT).to(device), branch_BT)
         inputs.position_ids_BT = t(batch.position_ids_BT).to(device)
     return inputs
 

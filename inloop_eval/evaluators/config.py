@@ -21,6 +21,9 @@ from inloop_eval.config_fields import (
 from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
+from inloop_eval.engine.batching import BatchShape
+from inloop_eval.engine.layout import LayoutNeeds
+from inloop_eval.engine.prefix_sharing import attention_tokens_for
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.kinds import KINDS, EntryConfig
@@ -82,6 +85,15 @@ class EvaluatorConfig:
     """Round every batch's width up to a multiple of this many tokens (bucketed shapes, so a model whose
     forward is compiled sees a few widths rather than one per batch); 1 is off. A layout that needs widths
     of a multiple of its own (a sequence split over ranks) gets their least common multiple."""
+    share_prefixes: bool = True
+    """For models that take packed rows: requests whose contexts begin with the same tokens (a task's
+    few-shot examples) share them, forwarded once per row for several documents, each token at the
+    position and with the attention it has in its own row (the numbers do not change). false: each
+    context its own row, as before."""
+    attention_tokens: Annotated[int, AtLeast(1)] | None = None
+    """The row length at which attention over a row costs as much as the rest of the forward, for the
+    planner's row cost model (how long rows sharing a prefix grow); null: the device's default
+    (`prefix_sharing.ATTENTION_COST_TOKENS`: 2,048 on CPU; `benchmarks/row_cost.py` measures it)."""
     compiler_reset: bool = False
     """Call `torch.compiler.reset()` after each evaluation, dropping every graph torch.compile holds
     (training's too: its next step recompiles). Evaluation itself runs the uncompiled module
@@ -135,6 +147,14 @@ class EvaluatorConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def batch_shape(self, needs: LayoutNeeds, device_type: str) -> BatchShape:
+        """What every batch must be for a model of layout `needs` on a device of `device_type`: the layout's
+        needs with this config's `pad_to_multiple`, `share_prefixes` and `attention_tokens`."""
+        attention = attention_tokens_for(device_type, self.attention_tokens)
+        return BatchShape.of(
+            needs, self.pad_to_multiple, share_prefixes=self.share_prefixes, attention_tokens=attention
+        )
 
     def load_tokenizer(self) -> TokenizerLike:
         """The tokenizer `tokenizer:` names, looked up under the data root (`find_and_load_tokenizer`);

@@ -320,6 +320,8 @@ def plan(
             packing=shape.packing,
             max_length=prepared.max_length,
             pad_to_multiple=shape.width_multiple,
+            share_prefixes=shape.share_prefixes,
+            attention_tokens=shape.attention_tokens,
         )
     return prepared.plans[key]
 

@@ -20,7 +20,6 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.distributed import check_data_parallel, resolve_data_parallel
-from inloop_eval.engine.batching import BatchShape
 from inloop_eval.engine.layout import TokenCount
 from inloop_eval.engine.registry import make_adapter
 from inloop_eval.engine.training_state import training_untouched
@@ -84,7 +83,7 @@ class InLoopEvaluator:
         adapter = make_adapter(model, self.config.max_length)
         needs = adapter.needs
         check_data_parallel(adapter.model, group, needs.peer_groups)
-        shape = BatchShape.of(needs, self.config.pad_to_multiple)
+        shape = self.config.batch_shape(needs, adapter.device.type)
         self._tokens = TokenCount()
         context = EvalContext(adapter, group, shape, self._tokens, self.config.strict, progress)
         try:

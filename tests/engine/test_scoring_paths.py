@@ -36,7 +36,8 @@ from inloop_eval.tasks import get_task, load_docs
 
 transformers = importlib.import_module("transformers")
 
-TASKS = ("hellaswag", "arc_easy", "mmlu_mc", "winogrande")  # rc, rc, letter keys, partial scoring
+# rc, rc, letter keys, partial scoring; then 5-shot rc and letter keys, whose shared shots share rows
+TASKS = ("hellaswag", "arc_easy", "mmlu_mc", "winogrande", "olmo:arc_easy_rc_5shot", "olmo:mmlu_stem_test_mc_5shot_fast")
 MAX_LENGTH = 512
 N_DOCS = 6  # documents scored by every model and path
 N_PLANNED = 100  # documents planned (no forward) for the token counts

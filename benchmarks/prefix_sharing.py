@@ -1,0 +1,142 @@
+"""Shared prefixes against today's rows: the same evaluator with `share_prefixes` on and off, in one process.
+
+    python -m benchmarks.prefix_sharing --task-set fast --limit 300 --wall-limit 50 --threads 2
+
+Tokens: for each label (OLMo-core's task set `--task-set`, and any `--labels`), its first `--limit` documents
+planned for a model that takes packed rows (`PlanOnly`: no forward is computed), with and without shared
+prefixes, against the per-document minimum (each distinct context once plus every continuation but its last
+token) and the trie minimum (every distinct prefix of the requests' own rows once; the least any sharing can
+forward). Both minima are counted here from the requests, not by the package.
+Wall: one evaluation of every label's first `--wall-limit` documents with the reference GPT (width 256, 4
+layers, packed rows), as a training run sees it from its second evaluation on, each way: wall seconds, extra
+peak RSS, tokens at the embedding, and every document's prediction compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import (
+    MAX_LENGTH,
+    PlanOnly,
+    agreement,
+    our_scores,
+    reference_gpt,
+    run_twice,
+    table_minimum,
+    table_rows,
+    task_requests,
+    trie_minimum,
+)
+from inloop_eval import EvaluatorConfig, InLoopEvaluator
+from inloop_eval.data.root import default_data_root, neox_tokenizer_path
+from inloop_eval.data.tokenizer import load_tokenizer
+from inloop_eval.integrations.olmo_core import task_set_ids
+
+VOCAB_SIZE = 50304
+BATCH_TOKENS = 8192
+
+
+def evaluator(task_ids: list[str], limit: int, data_root: Path, tokenizer: Any, share: bool) -> InLoopEvaluator:
+    entries = [{"task": t, "limit": limit, "batch_tokens": BATCH_TOKENS} for t in task_ids]
+    config = EvaluatorConfig(
+        evaluators=entries, data_root=str(data_root), strict=True, max_length=MAX_LENGTH, share_prefixes=share
+    )
+    return InLoopEvaluator(config, tokenizer=tokenizer)
+
+
+def token_rows(task_ids: list[str], limit: int, data_root: Path, tokenizer: Any) -> list[dict[str, Any]]:
+    """Per label: tokens planned each way and the two minima of the requests the evaluator scored."""
+    rows = []
+    for task_id in task_ids:
+        planned = {}
+        for share in (False, True):
+            ev = evaluator([task_id], limit, data_root, tokenizer, share)
+            ev.run(PlanOnly(VOCAB_SIZE, MAX_LENGTH))
+            planned[share] = ev.tokens_forwarded
+        with_uncond = len(ev.detail(task_id).uncond_ids) > 0
+        table = task_requests(task_id, tokenizer, data_root, limit, with_uncond=with_uncond)
+        trie = trie_minimum(table_rows(table, with_uncond=with_uncond))
+        rows.append(
+            {
+                "label": task_id.removeprefix("olmo:"),
+                "per_document_minimum": table_minimum(table, with_uncond=with_uncond),
+                "trie_minimum": trie,
+                "today": planned[False],
+                "shared": planned[True],
+            }
+        )
+        r = rows[-1]
+        print(
+            f"{r['label']:42} per-doc min {r['per_document_minimum']:>9,} trie min {trie:>9,} today "
+            f"{r['today']:>9,} shared {r['shared']:>9,}  shared/trie {r['shared'] / trie:.2f}  "
+            f"today/shared {r['today'] / r['shared']:.2f}",
+            flush=True,
+        )
+    return rows
+
+
+def wall_comparison(task_ids: list[str], limit: int, data_root: Path, tokenizer: Any) -> dict[str, Any]:
+    """One evaluation of every label each way on the reference GPT, and their predictions compared."""
+    model = reference_gpt()
+    out: dict[str, Any] = {}
+    scores = {}
+    for name, share in (("today", False), ("shared", True)):
+        ev = evaluator(task_ids, limit, data_root, tokenizer, share)
+        _, m = run_twice(ev, model, model)
+        out[name] = {k: m[k] for k in ("wall_s", "tokens", "peak_rss_mib")}
+        scores[name] = {}
+        for task_id in task_ids:
+            result = ev.detail(task_id)
+            table = task_requests(task_id, tokenizer, data_root, limit, with_uncond=len(result.uncond_ids) > 0)
+            scores[name][task_id] = our_scores(result, table)
+    same = [agreement(scores["shared"][t], scores["today"][t]) for t in task_ids]
+    out["same_predictions"] = sum(a["same_predictions"] for a in same)
+    out["documents"] = sum(a["documents"] for a in same)
+    out["max_abs_score_diff"] = max(a["max_abs_score_diff"] for a in same)
+    out["speedup"] = out["today"]["wall_s"] / out["shared"]["wall_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task-set", default="fast", help="OLMo-core's task set (fast, full, ...); '' for none")
+    parser.add_argument("--labels", default="", help="more task ids, comma-separated (e.g. olmo:piqa_val_rc_5shot)")
+    parser.add_argument("--limit", type=int, default=300, help="documents per label for the token counts")
+    parser.add_argument("--wall-limit", type=int, default=50, help="documents per label for the timed run (0: none)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    data_root = default_data_root()
+    tokenizer = load_tokenizer(neox_tokenizer_path(data_root))
+    task_ids = (task_set_ids(args.task_set) if args.task_set else []) + [t for t in args.labels.split(",") if t]
+    rows = token_rows(task_ids, args.limit, data_root, tokenizer)
+    totals = {k: sum(r[k] for r in rows) for k in ("per_document_minimum", "trie_minimum", "today", "shared")}
+    print(
+        f"all {len(rows)} labels: per-doc min {totals['per_document_minimum']:,} trie min "
+        f"{totals['trie_minimum']:,} today {totals['today']:,} shared {totals['shared']:,}  shared/trie "
+        f"{totals['shared'] / totals['trie_minimum']:.2f}  today/shared {totals['today'] / totals['shared']:.2f}"
+    )
+    report: dict[str, Any] = {"limit": args.limit, "labels": rows, "totals": totals}
+    if args.wall_limit:
+        report["wall"] = wall_comparison(task_ids, args.wall_limit, data_root, tokenizer)
+        w = report["wall"]
+        print(
+            f"wall ({args.wall_limit} documents a label, reference GPT): today {w['today']['wall_s']:.1f} s "
+            f"{w['today']['tokens']:,} tokens {w['today']['peak_rss_mib']:.0f} MiB; shared "
+            f"{w['shared']['wall_s']:.1f} s {w['shared']['tokens']:,} tokens {w['shared']['peak_rss_mib']:.0f} MiB; "
+            f"{w['speedup']:.2f}x; same predictions {w['same_predictions']}/{w['documents']}, largest score "
+            f"difference {w['max_abs_score_diff']:.2e}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Rows whose contexts begin alike share that prefix (engine/prefix_sharing.py): the tree rows the planner
+builds, literally; the trie minimum against a trie built by hand; the tokens a real few-shot task forwards
+against that minimum; the cap and the cost model. That every request keeps the numbers of its own row is
+checked with the other packed paths (tests/engine/test_scoring_paths.py and test_olmo_core_packing.py,
+whose tasks include 5-shot ones).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from inloop_eval.engine import prefix_sharing
+from inloop_eval.engine.batching import attention_mask_B1TT, minimum_tokens, plan_batches
+from inloop_eval.engine.prefix_sharing import trie_minimum_tokens
+from inloop_eval.requests.table import PairSet, build_requests
+from inloop_eval.tasks import get_task, load_docs
+
+FEW_SHOT = "olmo:arc_easy_rc_5shot"
+
+
+def shared_shots() -> PairSet:
+    """Document A: context [1 2 3 4 10], continuations [21 22], [31]; document B: context [1 2 3 4 50 51],
+    continuation [61 62]; document C: context [9 9], continuation [71 72] (shares nothing)."""
+    return PairSet(
+        ctx_tokens=np.array([1, 2, 3, 4, 10, 1, 2, 3, 4, 50, 51, 9, 9]),
+        ctx_offsets=np.array([0, 5, 11, 13]),
+        ctx_id=np.array([0, 0, 1, 2]),
+        ctx_start=np.zeros(4, dtype=np.int64),
+        ctx_end=np.array([5, 5, 6, 2]),
+        cont_tokens=np.array([21, 22, 31, 61, 62, 71, 72]),
+        cont_offsets=np.array([0, 2, 3, 5, 7]),
+    )
+
+
+def test_a_tree_row_literally(monkeypatch):
+    monkeypatch.setattr(prefix_sharing, "MIN_SHARED_PREFIX", 2)
+    batches = plan_batches(shared_shots(), np.arange(4), 4096, packing=True, max_length=64, attention_tokens=1 << 20)
+    (tree,) = [b for b in batches if b.branch_BT is not None and (b.branch_BT == 2).any()]
+    row = int(np.flatnonzero((tree.branch_BT == 2).any(axis=1))[0])
+    # The shared prefix [1 2 3 4] once, then A's rest (its context's last token, the piece [21]), then B's.
+    np.testing.assert_array_equal(tree.input_ids_BT[row, :9], [1, 2, 3, 4, 10, 21, 50, 51, 61])
+    np.testing.assert_array_equal(tree.position_ids_BT[row, :9], [0, 1, 2, 3, 4, 5, 4, 5, 6])
+    np.testing.assert_array_equal(tree.branch_BT[row, :9], [0, 0, 0, 0, 1, 1, 2, 2, 2])
+    mask = attention_mask_B1TT(torch.from_numpy(tree.segment_BT), torch.from_numpy(tree.branch_BT))[row, 0]
+    # B's first own token (column 6) sees the prefix and itself, not A's tokens.
+    assert mask[6].tolist()[:9] == [True, True, True, True, False, False, True, False, False]
+    # A's piece (column 5) sees the prefix, A's context token and itself.
+    assert mask[5].tolist()[:9] == [True] * 6 + [False] * 3
+    # Every pair's targets are read where its own row would read them: A's first continuation token after
+    # its context's last token (column 4), B's after column 7; 31 (one token) at column 4 too.
+    picked = {
+        (int(p), int(c)) for p, r, c in zip(tree.pair_N, tree.rows_N, tree.cols_N, strict=True) if r == row
+    }
+    assert picked == {(0, 4), (0, 5), (1, 4), (2, 7), (2, 8)}
+
+
+def test_the_trie_minimum_counts_every_distinct_prefix_once():
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(0, 4, size=rng.integers(1, 12)) for _ in range(200)]
+    by_hand = {tuple(s[: i + 1]) for s in sequences for i in range(len(s))}
+    assert trie_minimum_tokens(sequences) == len(by_hand)
+    assert trie_minimum_tokens([]) == 0
+
+
+@pytest.fixture(scope="module")
+def few_shot(data_root, neox_tokenizer):
+    task = get_task(FEW_SHOT)
+    table = build_requests(task, load_docs(task, data_root, limit=100), neox_tokenizer, 2048, with_uncond=False)
+    pairs, ids = table.pairs, np.arange(len(table))
+    rows = [np.concatenate([pairs.context(int(p)), pairs.continuation(int(p))[:-1]]) for p in ids]
+    return pairs, ids, trie_minimum_tokens(rows)
+
+
+def test_a_few_shot_task_forwards_near_the_trie_minimum(few_shot):
+    """arc_easy 5-shot: its shots are most of every context; shared, the task forwards within 1.3x of the
+    trie minimum, never below it, and under a third of the rows without sharing."""
+    pairs, ids, trie = few_shot
+    shared = sum(b.n_tokens for b in plan_batches(pairs, ids, 8192, packing=True, max_length=2048))
+    alone = plan_batches(pairs, ids, 8192, packing=True, max_length=2048, share_prefixes=False)
+    assert trie <= shared <= 1.3 * trie
+    assert 3 * shared < sum(b.n_tokens for b in alone) <= 1.02 * minimum_tokens(pairs, ids)
+
+
+@pytest.mark.parametrize(("batch_tokens", "max_length"), [(8192, 1024), (700, 2048)])
+def test_tree_rows_fit_the_context_and_the_batch_budget(few_shot, batch_tokens, max_length):
+    pairs, ids, _ = few_shot
+    batches = plan_batches(pairs, ids, batch_tokens, packing=True, max_length=max_length)
+    assert all(b.input_ids_BT.shape[1] <= min(batch_tokens, max_length) for b in batches)
+    targets = np.concatenate([b.pair_N for b in batches])
+    np.testing.assert_array_equal(np.bincount(targets, minlength=len(ids)), pairs.cont_len[ids])
+
+
+def test_costlier_attention_shortens_the_tree_rows(few_shot):
+    """The row cost model: where attention over a long row costs more (a smaller `attention_tokens`), tree
+    rows hold fewer branches and more tokens are forwarded."""
+    pairs, ids, _ = few_shot
+
+    def plan(attention_tokens: int) -> tuple[int, int]:
+        batches = plan_batches(pairs, ids, 8192, packing=True, max_length=2048, attention_tokens=attention_tokens)
+        return max(b.input_ids_BT.shape[1] for b in batches), sum(b.n_tokens for b in batches)
+
+    (long_width, long_tokens), (short_width, short_tokens) = plan(1 << 20), plan(128)
+    assert short_width < long_width and short_tokens > long_tokens
