@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import os
 import re
 import sys
@@ -33,11 +34,11 @@ from lm_helpers import lm_entry, write_domains  # noqa: E402
 
 megatron_cpu.use_cpu()
 
-from megatron.core import parallel_state  # noqa: E402
+from megatron.core import parallel_state, tensor_parallel  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
 from megatron.core.transformer import TransformerConfig  # noqa: E402
-from workers.dist_checks import Context, params_digest  # noqa: E402
+from workers.dist_checks import Context, draw_random_numbers, params_digest  # noqa: E402
 from workers.launch import checks_main  # noqa: E402
 
 import inloop_eval.integrations.megatron.forward as megatron_forward  # noqa: E402
@@ -228,8 +229,7 @@ def check_reference(ctx: Context) -> dict[str, Any]:
         gpt.eval()
         ev = evaluator(ctx, entries(ctx))
         reference = {"metrics": ev.run(full_logits(gpt)), "samples": samples(ev)}
-        untrained = build_model(sizes, False)[0].eval()
-        reference["train_tasks"] = evaluator(ctx, TRAIN_TASKS).run(full_logits(untrained))
+        reference["train_tasks"] = evaluator(ctx, TRAIN_TASKS).run(full_logits(gpt))
     return reference
 
 
@@ -340,11 +340,14 @@ def check_refusals(ctx: Context) -> dict[str, Any]:
         return {"cp": refusal(lambda: MegatronAdapter(gpt))}
 
 
-def train(ctx: Context, sizes: dict[str, int], *, eval_every: int | None) -> dict[str, Any]:
-    """Seeded training with dropout through Megatron's schedule, evaluating every `eval_every` steps (step 0
-    included: the untrained model's figures kept). The batches come from their own generator; dropout draws
-    from the global RNG, which an evaluation that moved it would change."""
+def train(ctx: Context, sizes: dict[str, int], full: dict[str, Tensor], *, eval_every: int | None) -> dict[str, Any]:
+    """Training on from the saved weights, with dropout, through Megatron's schedule, evaluating every
+    `eval_every` steps (step 0 included: the saved weights' figures kept). The batches come from their own
+    generator; dropout draws from the global RNG, which an evaluation that moved it would change."""
     chunks = build_model(sizes, True, dropout=0.1)
+    load_full_weights(chunks, full)
+    chunks[0].register_forward_pre_hook(draw_random_numbers)
+    chunks[0].register_forward_pre_hook(draw_from_rng_tracker)
     params = [p for c in chunks for p in c.parameters()]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
     adapter = MegatronAdapter(chunks)
@@ -362,18 +365,35 @@ def train(ctx: Context, sizes: dict[str, int], *, eval_every: int | None) -> dic
     return {
         "losses": losses,
         "params": [params_digest(c) for c in chunks],
+        "rng_tracker": tracker_digest(),
         "metrics": figures,
         "training": all(m.training for c in chunks for m in c.modules()),
     }
 
 
+def draw_from_rng_tracker(module: nn.Module, args: Any) -> None:
+    """A forward pre-hook drawing from Megatron's model-parallel RNG stream, as its dropout does on a GPU, so
+    that an evaluation moves the tracker's state and only restoring it keeps training as it was."""
+    with tensor_parallel.get_cuda_rng_tracker().fork():
+        torch.rand(1, generator=megatron_cpu.TRACKED)
+
+
+def tracker_digest() -> str:
+    """A hash of every state the RNG tracker holds."""
+    h = hashlib.sha256()
+    for name, state in sorted(tensor_parallel.get_cuda_rng_tracker().get_states().items()):
+        h.update(name.encode() + state.numpy().tobytes())
+    return h.hexdigest()
+
+
 def check_training(ctx: Context) -> dict[str, Any]:
     """TP=2 x PP=2 with sequence parallelism: training ends bit for bit the same with and without evaluations."""
     sizes = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
+    full = torch.load(os.environ["MEGATRON_WEIGHTS"])
     with megatron_cpu.model_parallel(**sizes):
-        with_eval = train(ctx, sizes, eval_every=2)
+        with_eval = train(ctx, sizes, full, eval_every=2)
     with megatron_cpu.model_parallel(**sizes):
-        without = train(ctx, sizes, eval_every=None)
+        without = train(ctx, sizes, full, eval_every=None)
     return {"with_eval": with_eval, "without": without}
 
 

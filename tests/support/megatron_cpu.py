@@ -93,11 +93,15 @@ def local_spec() -> Any:
     return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, **norms))
 
 
+# The generator whose state the RNG tracker forks on CPU (CUDA's default generator on a GPU).
+TRACKED = torch.Generator()
+
+
 def _tracked_states() -> None:
     """The RNG tracker on CPU generators (2 above)."""
     from megatron.core.tensor_parallel import random as mrandom
 
-    generator = torch.Generator()
+    generator = TRACKED
 
     def get_state(*args: Any, **kwargs: Any) -> torch.Tensor:
         return generator.get_state()
