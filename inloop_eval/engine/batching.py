@@ -13,6 +13,9 @@ row: all choices of a letter-key document are read off the last position of one 
   repeating the context; a piece always fits alone (requests.py truncates contexts so that it does).
 - Plain rows (models that take `input_ids` only): at most one piece per row, i.e. context +
   continuation[:-1] as lm-evaluation-harness builds it; one-token continuations ride on a row of their group.
+- Tree rows (packed models, `share_prefixes`): rows whose contexts begin with the same tokens (a task's
+  few-shot examples) hold that prefix once, each row's rest after it as a branch that sees the prefix and
+  itself only (`prefix_sharing`). Pairs to rows, and rows to tree rows, are laid out in `rows`.
 
 Rows are sorted by length (longest first) and cut into batches of at most `batch_tokens` padded tokens
 where padding plus a fixed cost per forward pass is least; nothing is padded to fixed multiples unless
@@ -35,12 +38,9 @@ from torch import Tensor
 
 from inloop_eval.distributed import AgreedSequence, TaskAgreement
 from inloop_eval.engine.layout import LayoutNeeds
-from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TreeRows, share_prefixes
+from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TreeRows
+from inloop_eval.engine.rows import RowLayout, layout_rows, tree_rows
 from inloop_eval.requests.table import PairSet
-
-# A packed row's pieces may span at least this many tokens (or the context's length, if longer) before the
-# group is cut into another row: attention over one long row costs more than repeating a short context.
-MIN_PACK_SPAN = 256
 
 # What one forward pass costs beyond its tokens, in padded tokens: batches are cut where padding plus this
 # per batch is least, so a few rows of different lengths share a pass rather than each taking its own.
@@ -137,121 +137,6 @@ def minimum_tokens(pairs: PairSet, pair_ids: np.ndarray) -> int:
     return int(ctx_len_P[first_G].sum() + pairs.cont_len[pair_ids].sum())
 
 
-@dataclass
-class RowLayout:
-    """Where every pair is read: rows (a context and its pieces) before they are cut into batches.
-
-    ctx_pair_R: a pair (index into the scored list) whose context row r holds.
-    length_R: tokens of row r.
-    n_pieces_R: pieces in row r (a row with at most one is a plain causal row).
-    row_P: the row of each pair.
-    col_P: the column where a pair's piece starts (-1 for one-token continuations, which have none).
-    """
-
-    ctx_pair_R: np.ndarray
-    length_R: np.ndarray
-    n_pieces_R: np.ndarray
-    row_P: np.ndarray
-    col_P: np.ndarray
-
-
-def layout_rows(pairs: PairSet, pair_ids: np.ndarray, *, packing: bool, max_length: int | None) -> RowLayout:
-    """Assign every pair a row and, if it has a piece, a column (see the module docstring)."""
-    n_pairs = len(pair_ids)
-    ctx_len_P = pairs.ctx_len[pair_ids].astype(np.int64)
-    extra_P = pairs.cont_len[pair_ids].astype(np.int64) - 1  # a piece's length (0: no piece)
-    group_P = pairs.context_groups(pair_ids)
-    order = np.argsort(group_P, kind="stable")  # pairs by group, then by scored order
-    group_Q = group_P[order]
-    n_groups = int(group_Q[-1]) + 1 if n_pairs else 0
-    first_G = np.searchsorted(group_Q, np.arange(n_groups))
-    ctx_len_G = ctx_len_P[order[first_G]] if n_pairs else np.zeros(0, dtype=np.int64)
-    extra_Q = extra_P[order]
-    has_piece_Q = extra_Q > 0
-
-    # Rank of each piece within its group, and the tokens of the pieces before it.
-    piece_rank_Q = _exclusive_cumsum_by_group(has_piece_Q.astype(np.int64), first_G, group_Q)
-    before_Q = _exclusive_cumsum_by_group(extra_Q, first_G, group_Q)
-    n_pieces_G = np.bincount(group_Q, weights=has_piece_Q, minlength=n_groups).astype(np.int64)
-
-    sub_row_Q = np.zeros(n_pairs, dtype=np.int64)
-    col_Q = np.full(n_pairs, -1, dtype=np.int64)
-    if packing:
-        sub_rows_G = np.ones(n_groups, dtype=np.int64)
-        col_Q[has_piece_Q] = ctx_len_G[group_Q[has_piece_Q]] + before_Q[has_piece_Q]
-        span_G = _pack_span(ctx_len_G, extra_Q, group_Q, n_groups, max_length)
-        total_G = np.bincount(group_Q, weights=extra_Q, minlength=n_groups).astype(np.int64)
-        for g in np.flatnonzero(total_G > span_G):
-            sub_rows_G[g] = _cut_group(
-                slice(first_G[g], first_G[g] + _group_size(first_G, g, n_pairs)),
-                extra_Q,
-                int(span_G[g]),
-                int(ctx_len_G[g]),
-                sub_row_Q,
-                col_Q,
-            )
-    else:
-        # One piece per row; pairs without a piece ride on the group's first row.
-        sub_row_Q[has_piece_Q] = piece_rank_Q[has_piece_Q]
-        col_Q[has_piece_Q] = ctx_len_G[group_Q[has_piece_Q]]
-        sub_rows_G = np.maximum(n_pieces_G, 1)
-
-    row_base_G = np.concatenate([[0], np.cumsum(sub_rows_G)[:-1]]).astype(np.int64)
-    row_Q = row_base_G[group_Q] + sub_row_Q
-    n_rows = int(sub_rows_G.sum())
-    group_R = np.repeat(np.arange(n_groups), sub_rows_G)
-    length_R = ctx_len_G[group_R] + np.bincount(row_Q, weights=extra_Q, minlength=n_rows).astype(np.int64)
-    n_pieces_R = np.bincount(row_Q, weights=has_piece_Q, minlength=n_rows).astype(np.int64)
-    row_P = np.empty(n_pairs, dtype=np.int64)
-    col_P = np.empty(n_pairs, dtype=np.int64)
-    row_P[order] = row_Q
-    col_P[order] = col_Q
-    return RowLayout(order[first_G][group_R] if n_pairs else group_R, length_R, n_pieces_R, row_P, col_P)
-
-
-def _exclusive_cumsum_by_group(values_Q: np.ndarray, first_G: np.ndarray, group_Q: np.ndarray) -> np.ndarray:
-    """Exclusive prefix sum of `values_Q` restarting at each group."""
-    if values_Q.size == 0:
-        return values_Q.copy()
-    inclusive = np.cumsum(values_Q)
-    exclusive = inclusive - values_Q
-    return exclusive - exclusive[first_G][group_Q]
-
-
-def _group_size(first_G: np.ndarray, g: int, n_pairs: int) -> int:
-    return int((first_G[g + 1] if g + 1 < len(first_G) else n_pairs) - first_G[g])
-
-
-def _pack_span(
-    ctx_len_G: np.ndarray, extra_Q: np.ndarray, group_Q: np.ndarray, n_groups: int, max_length: int | None
-) -> np.ndarray:
-    """Most piece tokens one packed row of each group may hold: at least MIN_PACK_SPAN (or the context's
-    length), at most what `max_length` leaves after the context, never less than the longest piece."""
-    longest_G = np.zeros(n_groups, dtype=np.int64)
-    np.maximum.at(longest_G, group_Q, extra_Q)
-    span_G = np.maximum(ctx_len_G, MIN_PACK_SPAN)
-    if max_length is not None:
-        span_G = np.minimum(span_G, max_length - ctx_len_G)
-    return np.maximum(span_G, longest_G)
-
-
-def _cut_group(
-    members: slice, extra_Q: np.ndarray, span: int, ctx_len: int, sub_row_Q: np.ndarray, col_Q: np.ndarray
-) -> int:
-    """Greedily cut one group's pieces into rows of at most `span` piece tokens; returns the row count."""
-    row, used = 0, 0
-    for q in range(members.start, members.stop):
-        extra = int(extra_Q[q])
-        if extra == 0:
-            continue  # read off the first row's context
-        if used + extra > span:
-            row, used = row + 1, 0
-        sub_row_Q[q] = row
-        col_Q[q] = ctx_len + used
-        used += extra
-    return row + 1
-
-
 def plan_batches(
     pairs: PairSet,
     pair_ids: np.ndarray,
@@ -275,7 +160,7 @@ def plan_batches(
     """
     pair_ids = np.asarray(pair_ids, dtype=np.int64)
     layout = layout_rows(pairs, pair_ids, packing=packing, max_length=max_length)
-    tree = _tree_rows(pairs, pair_ids, layout, batch_tokens, max_length, attention_tokens, packing and share_prefixes)
+    tree = tree_rows(pairs, pair_ids, layout, batch_tokens, max_length, attention_tokens, packing and share_prefixes)
     width_W = round_widths(tree.length_W, pad_to_multiple, max_length)
     batch_W, slot_W, widths = cut_batches(width_W, batch_tokens)
     batch_R = batch_W[tree.tree_R]
@@ -285,29 +170,6 @@ def plan_batches(
     shared_W = np.bincount(tree.tree_R, minlength=n_tree) > 1
     packed_W = shared_W | (np.bincount(tree.tree_R, weights=layout.n_pieces_R, minlength=n_tree) > 1)
     return _assemble(tokens, targets, packed_W, batch_W, slot_W, widths, packing, pad_id)
-
-
-def _tree_rows(
-    pairs: PairSet,
-    pair_ids: np.ndarray,
-    layout: RowLayout,
-    batch_tokens: int,
-    max_length: int | None,
-    attention_tokens: int,
-    share: bool,
-) -> TreeRows:
-    """The layout's rows in tree rows sharing their contexts' common prefixes (`share_prefixes`; a group
-    already cut into several rows stays as it is), or each row alone when `share` is off."""
-    n_rows = len(layout.length_R)
-    shareable_R = np.zeros(n_rows, dtype=bool)
-    if share and n_rows > 1:
-        shareable_R = np.bincount(layout.ctx_pair_R, minlength=len(pair_ids))[layout.ctx_pair_R] == 1
-    cap = min(batch_tokens, max_length) if max_length is not None else batch_tokens
-
-    def context(r: int) -> np.ndarray:
-        return pairs.context(int(pair_ids[layout.ctx_pair_R[r]]))
-
-    return share_prefixes(context, layout.length_R, shareable_R, cap=cap, attention_tokens=attention_tokens)
 
 
 def _in_tree_rows(flat: _Flat, tree: TreeRows, *, prefix: bool) -> _Flat:

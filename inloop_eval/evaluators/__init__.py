@@ -1,6 +1,7 @@
-"""The evaluators: the interface every kind implements (`base`: `Evaluator`, `EvalOutput`), the table of kinds
-(`kinds`), the whole config (`config`), the orchestrator that runs them and names every key (`orchestrator`),
-and the kinds themselves: multiple-choice tasks (`downstream`) and per-domain perplexity (`perplexity`).
+"""The evaluators: the interface every kind implements (`base`: `Evaluator`, `EvalOutput`, and the
+`EvalContext` each is handed), the table of kinds (`kinds`), the whole config (`config`), the orchestrator
+that runs them (`orchestrator`), the kinds themselves: multiple-choice tasks (`downstream`) and per-domain
+perplexity (`perplexity`), and the suite averages computed after the tasks (`suites`).
 
 A new kind of evaluation is one new module, holding its config dataclass (its `type` field's default is the
 kind's `type:` in YAML) and its `Evaluator` subclass (`prepare`, `evaluate`, bare figure names per label),

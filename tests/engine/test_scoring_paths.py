@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from inloop_eval.engine import batching, logprobs
+from inloop_eval.engine import logprobs
+from inloop_eval.engine import rows as row_layout
 from inloop_eval.engine.adapters import HF_PACKING_TYPES, HFCausalLMAdapter, LogitsAdapter, SoftCappedHead
 from inloop_eval.engine.batching import (
     attention_mask_B1TT,
-    layout_rows,
     minimum_tokens,
     plan_batches,
     row_lengths,
@@ -159,11 +159,11 @@ def test_long_groups_are_cut_into_rows_that_fit(tables, monkeypatch):
     model = GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=MAX_LENGTH)).eval()
     pairs, ids = scored_pairs(tables["hellaswag"], N_DOCS)
     max_length = int(row_lengths(pairs, ids).max()) + 8  # every request fits; no whole group does
-    layout = layout_rows(pairs, ids, packing=True, max_length=max_length)
+    layout = row_layout.layout_rows(pairs, ids, packing=True, max_length=max_length)
     assert layout.length_R.max() <= max_length
     n_groups = len(np.unique(pairs.context_groups(ids)))
     assert len(layout.length_R) > n_groups  # some groups were cut
-    monkeypatch.setattr(batching, "MIN_PACK_SPAN", 8)
+    monkeypatch.setattr(row_layout, "MIN_PACK_SPAN", 8)
     ref_ll, ref_greedy = reference_scores(model, pairs, ids)
     found = score(make_adapter(model), pairs, ids, batch_tokens=2048, packing=True, max_length=max_length)
     np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0)
@@ -175,7 +175,7 @@ def test_letter_keys_take_one_row_per_document(tables):
     rows = np.arange(len(table))
     assert (table.pairs.cont_len == 1).all()
     for packing in (True, False):
-        layout = layout_rows(table.pairs, rows, packing=packing, max_length=MAX_LENGTH)
+        layout = row_layout.layout_rows(table.pairs, rows, packing=packing, max_length=MAX_LENGTH)
         assert len(layout.length_R) == len(np.unique(table.doc_id))
         np.testing.assert_array_equal(layout.length_R, table.pairs.ctx_len[layout.ctx_pair_R])
 

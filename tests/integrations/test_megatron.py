@@ -176,7 +176,7 @@ def test_peers_must_share_a_data_parallel_rank(launched) -> None:
 def test_context_parallelism_is_refused_naming_transformer_engine(launched) -> None:
     for result in launched[2]:
         message = result["refusals"]["cp"]
-        assert "context parallelism (2 ranks) is not scored" in message
+        assert "context parallelism (2 ranks) cannot be evaluated" in message
         assert "Transformer Engine" in message and "never run here" in message
 
 

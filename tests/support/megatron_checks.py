@@ -283,7 +283,7 @@ def evaluate_layout(ctx: Context, name: str, ev: InLoopEvaluator, full: dict[str
         out: dict[str, Any] = {
             "metrics": metrics,
             "samples": samples(ev),
-            "tokens_scored": adapter.tokens_scored,
+            "tokens_scored": ev.tokens_forwarded,
             "memory": memory,
             "ranks": {
                 "tp": parallel_state.get_tensor_model_parallel_rank(),

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
-from inloop_eval.engine.adapters import ModelAdapter
+from inloop_eval.engine.layout import ForwardInputs, LayoutNeeds, ModelAdapter
+from inloop_eval.engine.layouts.pipeline_stage import ScoredTargets
 from inloop_eval.integrations.megatron.forward import (
     LastStageScores,
     forward_only,
@@ -34,9 +35,6 @@ class MegatronAdapter(ModelAdapter):
     pad_id: the token id of padding.
     """
 
-    supports_packing = False  # Megatron packs sequences only in Transformer Engine's THD attention
-    scores_targets = True
-
     def __init__(self, model: Any, *, micro_batch_size: int | None = None, pad_id: int = 0) -> None:
         chunks = list(model) if isinstance(model, Sequence | nn.ModuleList) else [model]
         self.layout = read_layout(chunks)
@@ -46,23 +44,27 @@ class MegatronAdapter(ModelAdapter):
         self.pad_id = pad_id
         self.max_length = self.layout.max_length
         self.vocab_size = self.layout.vocab_size
-        self.sequence_multiple = self.layout.sequence_multiple
-        named = (("tensor", self.layout.tp_group), ("pipeline", self.layout.pp_group))
-        self.model_parallel_groups = tuple((name, g) for name, g in named if g is not None)
 
-    def target_logprobs(
-        self,
-        input_ids_BT: Tensor,
-        rows_U: Tensor,
-        cols_U: Tensor,
-        position_N: Tensor,
-        target_N: Tensor,
-        min_vocab: int = 0,
-    ) -> tuple[Tensor, Tensor, int]:
-        """log p(target) [N] and greedy flags [N] on every rank, and the tokens this rank's schedule ran."""
-        padded_BT, rows = micro_batches(input_ids_BT, self.layout, self.micro_batch_size, self.pad_id)
-        scores = LastStageScores(self.layout, rows_U, cols_U, position_N, target_N, min_vocab, rows)
+    @property
+    def needs(self) -> LayoutNeeds:
+        """Widths a multiple of TP under sequence parallelism; never packed (Megatron packs sequences only in
+        Transformer Engine's THD attention); its tensor and pipeline peers fed the same documents."""
+        named = (("tensor", self.layout.tp_group), ("pipeline", self.layout.pp_group))
+        peers = tuple((name, g) for name, g in named if g is not None)
+        return LayoutNeeds(width_multiple=self.layout.sequence_multiple, peer_groups=peers)
+
+    def tokens_fed(self, inputs: ForwardInputs) -> int:
+        """The tokens of the whole micro-batches the schedule runs."""
+        padded_BT, _ = micro_batches(inputs.input_ids_BT, self.layout, self.micro_batch_size, self.pad_id)
+        return int(padded_BT.numel())
+
+    def forward(self, inputs: ForwardInputs) -> ScoredTargets:
+        """log p(target) [N] and greedy flags [N] on every rank, scored on the last stage."""
+        padded_BT, rows = micro_batches(inputs.input_ids_BT, self.layout, self.micro_batch_size, self.pad_id)
+        scores = LastStageScores(
+            self.layout, inputs.rows_U, inputs.cols_U, inputs.position_N, inputs.target_N, inputs.min_vocab, rows
+        )
         with rng_tracker_untouched():
             failure = forward_only(self.chunks, self.layout, padded_BT, rows, scores)
         logp_N, greedy_N = share_scores(self.layout, scores, failure)
-        return logp_N, greedy_N, padded_BT.numel()
+        return ScoredTargets(logp_N, greedy_N, self.layout.vocab_size)

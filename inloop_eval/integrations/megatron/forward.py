@@ -37,7 +37,7 @@ from megatron.core import tensor_parallel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
-from inloop_eval.engine.vocab_parallel import VocabShard, sharded_logprobs
+from inloop_eval.engine.layouts.vocab_sharded import VocabShard, sharded_logprobs
 from inloop_eval.errors import ModelOutputError
 from inloop_eval.integrations.megatron.layout import MegatronLayout, unwrap_gpt
 

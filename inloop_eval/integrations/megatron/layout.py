@@ -22,6 +22,7 @@ from megatron.core.models.gpt import GPTModel
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from inloop_eval.engine.layout import refuse_layout
 from inloop_eval.errors import ConfigError
 
 
@@ -88,21 +89,23 @@ def read_layout(chunks: Sequence[Any]) -> MegatronLayout:
     groups = first.pg_collection
     cp_size = max(_size_and_rank(getattr(groups, "cp", None))[0], getattr(config, "context_parallel_size", 1))
     if cp_size > 1:
-        raise ConfigError(
-            f"MegatronAdapter: context parallelism ({cp_size} ranks) is not scored: Megatron-core runs it only "
-            "in Transformer Engine's attention (its local DotProductAttention refuses context_parallel_size > 1), "
-            "which needs CUDA, so it was never run here; evaluate a layout without context parallelism"
+        refuse_layout(
+            f"a Megatron-core model under context parallelism ({cp_size} ranks)",
+            "Megatron-core runs it only in Transformer Engine's attention (its local DotProductAttention "
+            "refuses context_parallel_size > 1), which needs CUDA, so it was never run here",
+            "evaluate a layout without context parallelism",
         )
     if getattr(config, "expert_model_parallel_size", 1) > 1:
-        raise ConfigError(
-            f"MegatronAdapter: expert parallelism over {config.expert_model_parallel_size} ranks is not scored "
-            "(its all-to-all spans data-parallel ranks, which are fed different batches); evaluate with "
-            "expert_model_parallel_size=1"
+        refuse_layout(
+            f"a Megatron-core model under expert parallelism over {config.expert_model_parallel_size} ranks",
+            "its all-to-all spans data-parallel ranks, which are fed different batches",
+            "evaluate with expert_model_parallel_size=1",
         )
     if getattr(config, "mtp_num_layers", None):
-        raise ConfigError(
-            "MegatronAdapter: a model with multi-token prediction (mtp_num_layers set) is not scored: its "
-            "forward needs labels; evaluate the model built without MTP layers"
+        refuse_layout(
+            "a Megatron-core model with multi-token prediction (mtp_num_layers set)",
+            "its forward needs labels",
+            "evaluate the model built without MTP layers",
         )
     if any(g.config.sequence_parallel != config.sequence_parallel for g in gpts):
         raise ConfigError("MegatronAdapter: the model chunks disagree on sequence_parallel; pass one model's chunks")
