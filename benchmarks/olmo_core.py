@@ -54,7 +54,9 @@ from benchmarks.common import (
     our_scores,
     run_twice,
     table_minimum,
+    table_rows,
     task_requests,
+    trie_minimum,
 )
 from inloop_eval import (
     EvaluatorConfig,
@@ -80,6 +82,7 @@ class LabelRun:
     tokens: int  # as the evaluator counts them: OLMo-core's callback, our `tokens_forwarded`
     tokens_at_embedding: int
     minimum: int  # each context once plus every continuation but its last token, for the same requests
+    trie_minimum: int  # every distinct prefix of the requests' own rows once: the least sharing can forward
     tokens_if_packed: int | None  # ours: what the planner would forward to a model that takes packed rows
     wall_s: float
     forward_s: float  # of wall_s, inside the model's forward (OLMo-core: `eval_batch`, its loss included)
@@ -204,8 +207,9 @@ def run_olmo_core(train_module: Any, label: str, tokenizer_path: Path, data_root
         metrics = {f"eval/downstream/{k}": float(v) for k, v in evaluator.compute_metrics().items()}
     scores = {(d, c): v for d, c, v in evaluator.metric.loglikelihoods if d is not None}
     minimum = minimum_tokens((s["ctx"] for s in samples), (s["continuation"] for s in samples))
+    trie = trie_minimum(list(s["ctx"]) + list(s["continuation"])[:-1] for s in samples)
     return LabelRun(
-        label, "olmo_core", len({d for d, _ in scores}), batches, tokens, int(m["tokens"]), minimum, None,
+        label, "olmo_core", len({d for d, _ in scores}), batches, tokens, int(m["tokens"]), minimum, trie, None,
         m["wall_s"], forward_s, prep_s, metrics, scores,
     )
 
@@ -243,7 +247,8 @@ def run_ours(
     evaluator.run(PlanOnly(VOCAB_SIZE, MAX_LENGTH))  # the same documents, planned for packed rows
     return LabelRun(
         label, "ours", len(set(table.doc_id.tolist())), forward.calls, tokens, int(m["tokens"]),
-        table_minimum(table, with_uncond=True), evaluator.tokens_forwarded, m["wall_s"], forward.seconds,
+        table_minimum(table, with_uncond=True), trie_minimum(table_rows(table, with_uncond=True)),
+        evaluator.tokens_forwarded, m["wall_s"], forward.seconds,
         None, {k: v for k, v in metrics.items() if " (" in k},  # OLMo's figures, under OLMo-core's keys
         dict(zip(keys, score_R.tolist(), strict=True)), m["first_run_s"],
     )

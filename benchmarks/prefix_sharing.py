@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     data_root = default_data_root()
     tokenizer = load_tokenizer(neox_tokenizer_path(data_root))
-    task_ids = (task_set_ids(args.task_set) if args.task_set else []) + [t for t in args.labels.split(",") if t]
+    named = (task_set_ids(args.task_set) if args.task_set else []) + [t for t in args.labels.split(",") if t]
+    task_ids = list(dict.fromkeys(named))  # each label once
     rows = token_rows(task_ids, args.limit, data_root, tokenizer)
     totals = {k: sum(r[k] for r in rows) for k in ("per_document_minimum", "trie_minimum", "today", "shared")}
     print(
