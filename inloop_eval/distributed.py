@@ -27,6 +27,13 @@ every rank shares, so that every rank drops the same items before planning any w
 an item still joins that all-reduce; with `strict`, every rank then raises and `TaskAgreement.failure_agreed`
 keeps `report_failure` from joining a point the others will not reach.
 
+Agreed settings. Before anything else, every rank's evaluator settings (`agree_settings`: the config's every
+setting that changes what is scored, and the data-parallel group each rank was given) are gathered world-wide
+once per evaluation and compared; any difference, or a group that is not a consistent partition of the
+world, is a ConfigError on every rank naming the setting and the ranks, so that no rank goes on into
+collectives its peers will never make. Each task's tokenized requests are compared too, by fingerprint, at
+its first agreement points (`TaskAgreement.agree_same`).
+
 Data parallelism. Documents are shared out, and metrics reduced, over the *data-parallel group* of the
 evaluation, which is the world unless `InLoopEvaluator.run` was given one; it is passed down in the open
 (`evaluators.base.EvalContext.dp_group`), never read from a global. The ranks of one model-parallel group (tensor, context, pipeline parallel peers) share
@@ -38,6 +45,7 @@ forward calls as the busiest (dummy batches pad the others), so no model-paralle
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -95,6 +103,64 @@ def resolve_data_parallel(dp: ProcessGroup | DeviceMesh | None) -> ProcessGroup 
     if len(names) == 1:
         return dp[names[0]].get_group()
     return dp[names]._flatten("_".join(names) + "_eval").get_group()
+
+
+def agreed_data_parallel(dp: ProcessGroup | DeviceMesh | None, settings: dict[str, Any]) -> ProcessGroup | None:
+    """The data-parallel process group of `dp` (`resolve_data_parallel`), once every rank agrees on it and on
+    `settings` (`agree_settings`); a `dp` this rank cannot read is refused on every rank."""
+    try:
+        group, problem = resolve_data_parallel(dp), ""
+    except ConfigError as exc:
+        group, problem = None, str(exc)
+    agree_settings(settings, group, problem)
+    return group
+
+
+def agree_settings(settings: dict[str, Any], group: ProcessGroup | None, problem: str = "") -> None:
+    """ConfigError on every rank unless every rank of the world passed the same `settings` (a flat mapping
+    of setting name -> JSON-able value) and a data-parallel `group` (None: the world) that is one block of a
+    partition of the world: this rank in it, every member naming the same members. `problem`: this rank's own
+    reason to refuse (a group it could not read), raised on every rank. One `all_gather_object`."""
+    world_size, rank = world()
+    if world_size == 1:
+        if problem:
+            raise ConfigError(problem)
+        return
+    if group is None or group == dist.group.WORLD:
+        members, name = list(range(world_size)), "the world"
+    else:  # ranks passing different groups of the same members would make collectives no peer joins
+        members, name = sorted(dist.get_process_group_ranks(group)), f"group {group.group_name}"
+    mine = {"settings": {k: json.dumps(v, sort_keys=True, default=str) for k, v in settings.items()},
+            "members": members, "group": name, "problem": problem}  # fmt: skip
+    every: list[Any] = [None] * world_size
+    dist.all_gather_object(every, mine)
+    problems = [f"rank {r}: {e['problem']}" for r, e in enumerate(every) if e["problem"]]
+    if problems:
+        raise ConfigError("evaluator: " + "; ".join(problems))
+    differing = []
+    for name in sorted({n for e in every for n in e["settings"]}):
+        values = [e["settings"].get(name, "(unset)") for e in every]
+        if len(set(values)) > 1:
+            shown = ", ".join(f"rank {r} {v}" for r, v in enumerate(values))
+            differing.append(f"{name}: {shown}")
+    if differing:
+        raise ConfigError(
+            "evaluator: the ranks were given different settings, so they would score different requests and "
+            f"their collectives would not match: {'; '.join(differing[:8])}; build the evaluator from the "
+            "same config on every rank"
+        )
+    def agrees(r: int, e: dict[str, Any]) -> bool:
+        same = [(every[m]["members"], every[m]["group"]) == (e["members"], e["group"]) for m in e["members"]]
+        return r in e["members"] and all(same)
+
+    split = [r for r, e in enumerate(every) if not agrees(r, e)]
+    if split:
+        shown = ", ".join(f"rank {r} {every[r]['group']} of ranks {every[r]['members']}" for r in split)
+        raise ConfigError(
+            "evaluator: the data-parallel groups the ranks were given do not agree (each rank's group must "
+            f"hold it, and its members must name the same group): {shown}; pass dp_group= alike on every "
+            "rank (the same kind of group, or None everywhere)"
+        )
 
 
 def model_parallel_dims(module: Any) -> list[tuple[DeviceMesh, int]]:
@@ -248,6 +314,17 @@ class TaskAgreement:
                 f"this rank stopped at agreement point {self.points_passed} with it"
             )
         return value_max
+
+    def agree_same(self, value: int, what: str) -> None:
+        """Join the next two points with `value` (a fingerprint, at most 62 bits) and its negation; raise
+        `ConfigError` on every rank when the ranks' values differ (`what` names what they fingerprint)."""
+        highest = self.agree(value)
+        lowest = -self.agree(-value)
+        if highest != lowest:
+            raise ConfigError(
+                f"{self.title}: {what} differ across ranks (fingerprints {lowest:x} to {highest:x}); every rank "
+                "must be given the same task data and tokenizer"
+            )
 
     def failure_agreed(self) -> None:
         """Record that every rank already knows of this task's failure, from a collective of the caller's own

@@ -68,13 +68,7 @@ class PipelineAdapter(ModelAdapter):
         pad_id: int = 0,
         vocab_size: int | None = None,
     ) -> None:
-        if not stages:
-            raise ConfigError("PipelineAdapter: stages is empty; pass this rank's PipelineStage(s)")
-        if batch_rows < 1 or seq_len < 2:
-            raise ConfigError(
-                f"PipelineAdapter: expected batch_rows >= 1 and seq_len >= 2 (the schedule's step shape), "
-                f"found batch_rows={batch_rows}, seq_len={seq_len}"
-            )
+        agree_step_shape(schedule, stages, batch_rows, seq_len)
         super().__init__(nn.ModuleList(stage.submod for stage in stages))
         self.schedule = schedule
         self.stages = list(stages)
@@ -174,3 +168,44 @@ class PipelineAdapter(ModelAdapter):
             f"pipeline output: expected the last stage to return logits of shape [{expected[0]}, "
             f"{expected[1]}, V] (a tensor or an object with .logits), found {found}"
         )
+
+
+def step_shape_problem(schedule: Any, stages: Sequence[Any], batch_rows: int, seq_len: int) -> str:
+    """Why this rank's pipeline arguments cannot run, or ''."""
+    if not stages:
+        return "stages is empty; pass this rank's PipelineStage(s)"
+    if batch_rows < 1 or seq_len < 2:
+        return (
+            f"expected batch_rows >= 1 and seq_len >= 2 (the schedule's step shape), found batch_rows={batch_rows}, "
+            f"seq_len={seq_len}"
+        )
+    micro = getattr(schedule, "_n_microbatches", None)
+    if isinstance(micro, int) and batch_rows % micro:
+        return (
+            f"batch_rows={batch_rows} is not a multiple of the schedule's {micro} micro-batches; pass a "
+            f"batch_rows that is (e.g. {micro * max(1, batch_rows // micro)})"
+        )
+    return ""
+
+
+def agree_step_shape(schedule: Any, stages: Sequence[Any], batch_rows: int, seq_len: int) -> None:
+    """ConfigError on every rank of the world when any rank's pipeline arguments cannot run, or the ranks
+    were given different step shapes (every stage must run the same steps): gathered world-wide before the
+    first collective of the pipeline group, so no rank waits for a peer that refused alone."""
+    mine = (step_shape_problem(schedule, stages, batch_rows, seq_len), batch_rows, seq_len)
+    if not (dist.is_available() and dist.is_initialized()):
+        every = [mine]
+    else:
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+    problems = [f"rank {r}: {p}" for r, (p, _, _) in enumerate(every) if p]
+    if problems:
+        raise ConfigError("PipelineAdapter: " + "; ".join(problems))
+    shapes = {(rows, length) for _, rows, length in every}
+    if len(shapes) > 1:
+        shown = ", ".join(f"rank {r} batch_rows={rows} seq_len={length}" for r, (_, rows, length) in enumerate(every))
+        raise ConfigError(
+            f"PipelineAdapter: the ranks were given different step shapes ({shown}); pass the same batch_rows "
+            "and seq_len on every rank"
+        )
+

@@ -114,11 +114,14 @@ def unwrap(model: Any) -> Any:
 
 
 def make_adapter(model: Any, max_length: int | None = None) -> ModelAdapter:
-    """The adapter for `model`: an adapter as is; else that of the first layout matching the model. An FSDP2
+    """The adapter for `model`: an adapter as is (refused when `max_length` is longer than its own); else that
+    of the first layout matching the model. An FSDP2
     module of a layout that reaches past `__call__` is called through it (`LogitsAdapter`), keeping what the
     layout's adapter knows (context length, vocabulary): FSDP2's hooks unshard the parameters and lazily
     initialise the root, which reaching past `forward` would skip."""
     if isinstance(model, ModelAdapter):
+        if max_length is not None:  # an adapter knows its model's context; a longer one is refused
+            check_max_length(max_length, model.max_length, type(model).__name__)
         return model
     model = unwrap(model)
     entry = next((e for e in (*_registered, *_BUILT_IN) if e.matches(model)), None)

@@ -95,6 +95,7 @@ class EvalContext:
     """What one evaluation hands every evaluator (made by the orchestrator for each run).
 
     adapter: the model.
+    max_length: the longest input: the config's `max_length`, else the model's own (None: unknown).
     dp_group: the data-parallel group documents are sharded and metrics reduced over; None: the world.
     shape: what every planned batch must be (packing, width multiple), from the layout and the config.
     tokens: the tokens forwarded in this run, added to at each forward.
@@ -103,6 +104,7 @@ class EvalContext:
     """
 
     adapter: ModelAdapter
+    max_length: int | None
     dp_group: ProcessGroup | None
     shape: BatchShape
     tokens: TokenCount
@@ -120,7 +122,7 @@ class EvalContext:
         adapter = self.adapter
         if adapter.vocab_size is not None:
             return adapter.vocab_size
-        width = min(self.shape.width_multiple, adapter.max_length or self.shape.width_multiple)
+        width = min(self.shape.width_multiple, self.max_length or self.shape.width_multiple)
         return adapter.logits_width(width, self.tokens)
 
 

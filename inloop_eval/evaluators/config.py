@@ -60,6 +60,22 @@ class SuiteAverageConfig:
             )
 
 
+def flat_settings(value: Any, path: str = "") -> dict[str, Any]:
+    """`value` (nested mappings and lists of JSON-able leaves) as leaf path -> value, e.g.
+    `{"evaluators[0].limit": 20, "evaluators.count": 1}`."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flat_settings(item, f"{path}.{key}" if path else str(key)))
+        return out
+    if isinstance(value, list):
+        out = {f"{path}.count": len(value)}
+        for i, item in enumerate(value):
+            out.update(flat_settings(item, f"{path}[{i}]"))
+        return out
+    return {path: value}
+
+
 @dataclass(kw_only=True)
 class EvaluatorConfig:
     """Everything `InLoopEvaluator` needs; logged whole with each run."""
@@ -147,6 +163,13 @@ class EvaluatorConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def agreed_settings(self) -> dict[str, Any]:
+        """Every setting that changes what is scored or how it syncs, by its path (`evaluators[0].limit`), for
+        the ranks to agree on (`distributed.agree_settings`); the data root and tokenizer paths may differ
+        per node (the tasks' request fingerprints compare what they hold)."""
+        data = {k: v for k, v in self.to_dict().items() if k not in ("data_root", "tokenizer")}
+        return flat_settings(data)
 
     def batch_shape(self, needs: LayoutNeeds, device_type: str) -> BatchShape:
         """What every batch must be for a model of layout `needs` on a device of `device_type`: the layout's

@@ -8,6 +8,7 @@ compute (which syncs across ranks).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,7 +147,7 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         """Load and tokenize the task once (again only for another context length); later evaluations
         reuse it. Every rank joins the task's first agreement point here, even with the task in memory.
         A task fails whole (`strict` changes nothing here)."""
-        max_length = context.adapter.max_length or DEFAULT_MAX_LENGTH
+        max_length = context.max_length or DEFAULT_MAX_LENGTH
         if self._prepared is not None and self._prepared.max_length == max_length:
             agreement.agree()
             return self._prepared
@@ -157,6 +158,7 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         warn_single_choice(self.title(), docs, metrics)
         with_uncond = needs_uncond(metrics) or task.olmo_metric_type == "pmi_dc"
         table = self.requests(task, docs, max_length, with_uncond, agreement)
+        agreement.agree_same(requests_fingerprint(table), "the task's tokenized requests")
         n_docs = subset_size(table, ev.subset_num_batches, ev.batch_tokens) if ev.subset_num_batches else None
         dataset = ICLMultiChoiceTaskDataset(table, n_docs=n_docs)
         self._prepared = PreparedTask(
@@ -386,6 +388,17 @@ def write_request_cache(table: RequestTable, path: Path | None) -> None:
         save_table(table, path)
     except OSError as exc:
         log.warning("request cache %s not written (%s); every rank tokenizes for itself", path, exc)
+
+
+def requests_fingerprint(table: RequestTable) -> int:
+    """62 bits of a digest of every request's tokens and document, choice and gold flags: equal on every rank
+    that builds the same requests."""
+    digest = hashlib.blake2b(digest_size=8)
+    pairs = table.pairs.concat(table.uncond)
+    for array in (pairs.ctx_tokens, pairs.ctx_offsets, pairs.ctx_id, pairs.ctx_start, pairs.ctx_end,
+                  pairs.cont_tokens, pairs.cont_offsets, table.doc_id, table.cont_id, table.is_gold):  # fmt: skip
+        digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
+    return int.from_bytes(digest.digest(), "little") >> 2
 
 
 def describe_pair(prepared: PreparedTask, p: int) -> str:

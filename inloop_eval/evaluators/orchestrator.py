@@ -19,7 +19,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from inloop_eval.data.tokenizer import TokenizerLike
-from inloop_eval.distributed import check_data_parallel, resolve_data_parallel
+from inloop_eval.distributed import agreed_data_parallel, check_data_parallel
 from inloop_eval.engine.layout import TokenCount
 from inloop_eval.engine.registry import make_adapter
 from inloop_eval.engine.training_state import training_untouched
@@ -79,13 +79,14 @@ class InLoopEvaluator:
             every rank a data-parallel replica (DDP, FSDP); refused (ConfigError) for a model with DTensor
             parameters on a model-parallel mesh dimension. Failures are still agreed world-wide.
         """
-        group = resolve_data_parallel(dp_group)
+        group = agreed_data_parallel(dp_group, self.config.agreed_settings())
         adapter = make_adapter(model, self.config.max_length)
         needs = adapter.needs
         check_data_parallel(adapter.model, group, needs.peer_groups)
         shape = self.config.batch_shape(needs, adapter.device.type)
         self._tokens = TokenCount()
-        context = EvalContext(adapter, group, shape, self._tokens, self.config.strict, progress)
+        max_length = self.config.max_length or adapter.max_length
+        context = EvalContext(adapter, max_length, group, shape, self._tokens, self.config.strict, progress)
         try:
             with training_untouched(adapter.model):
                 self.last_outputs = {name: e.run(context) for name, e in self.evaluators.items()}

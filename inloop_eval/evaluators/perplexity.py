@@ -306,7 +306,7 @@ def domain_figures(
 def usable_domains(context: EvalContext, prepared: PreparedDomains) -> tuple[list[DomainSet], dict[str, str]]:
     """The domains whose token ids the model's vocabulary holds, and the others (label -> reason;
     raised when `strict`). Checked on every rank alike before any forward, as is the context length."""
-    ev, max_length = prepared.config, context.adapter.max_length
+    ev, max_length = prepared.config, context.max_length
     if max_length is not None and ev.seq_len > max_length:
         labels = [d.label for d in ev.domains]
         raise ConfigError(

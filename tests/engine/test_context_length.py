@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import tiny_neox
 
+from inloop_eval.engine.adapters import LogitsAdapter
 from inloop_eval.engine.registry import make_adapter
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.config import EvaluatorConfig
@@ -41,3 +42,16 @@ def test_the_evaluator_refuses_it_before_any_forward(data_root, neox_tokenizer):
     with pytest.raises(ConfigError, match="at most 16"):
         evaluator.run(model)
     assert calls == []
+
+
+def test_an_adapter_passed_in_is_held_to_the_configured_max_length(data_root, neox_tokenizer):
+    """An adapter that knows a shorter context (a pipeline's seq_len 32) than the config's `max_length: 64` is
+    refused, not cut to 32 without a word; a shorter configured length is what the requests are cut to."""
+    adapter = LogitsAdapter(small_gpt(), max_length=16)
+    with pytest.raises(ConfigError, match=r"max_length 64 is longer than the 16 positions the model LogitsAdapter"):
+        make_adapter(adapter, 64)
+    assert make_adapter(adapter, 8) is adapter
+    config = EvaluatorConfig(evaluators=[{"task": "copa", "limit": 2}], data_root=str(data_root), max_length=8)
+    evaluator = InLoopEvaluator(config, tokenizer=neox_tokenizer)
+    evaluator.run(adapter)
+    assert evaluator.detail("copa").prepared.max_length == 8

@@ -91,7 +91,7 @@ def test_a_failed_evaluation_reports_every_label_failed_or_raises_when_strict():
     evaluator = FailingEvaluator()
 
     def context(strict: bool) -> EvalContext:
-        return EvalContext(ModelAdapter(None), None, BatchShape(), TokenCount(), strict)
+        return EvalContext(ModelAdapter(None), None, None, BatchShape(), TokenCount(), strict)
 
     assert evaluator.run(context(False)).figures == {"a": {FAILED: 1.0}, "b": {FAILED: 1.0}}
     with pytest.raises(TaskDataError, match="no data"):
