@@ -42,21 +42,30 @@ VOCAB_SIZE = 50304
 BATCH_TOKENS = 8192
 
 
-def evaluator(task_ids: list[str], limit: int, data_root: Path, tokenizer: Any, share: bool) -> InLoopEvaluator:
+def evaluator(
+    task_ids: list[str], limit: int, data_root: Path, tokenizer: Any, share: bool, attention_tokens: int | None = None
+) -> InLoopEvaluator:
     entries = [{"task": t, "limit": limit, "batch_tokens": BATCH_TOKENS} for t in task_ids]
     config = EvaluatorConfig(
-        evaluators=entries, data_root=str(data_root), strict=True, max_length=MAX_LENGTH, share_prefixes=share
+        evaluators=entries,
+        data_root=str(data_root),
+        strict=True,
+        max_length=MAX_LENGTH,
+        share_prefixes=share,
+        attention_tokens=attention_tokens,
     )
     return InLoopEvaluator(config, tokenizer=tokenizer)
 
 
-def token_rows(task_ids: list[str], limit: int, data_root: Path, tokenizer: Any) -> list[dict[str, Any]]:
+def token_rows(
+    task_ids: list[str], limit: int, data_root: Path, tokenizer: Any, attention_tokens: int | None
+) -> list[dict[str, Any]]:
     """Per label: tokens planned each way and the two minima of the requests the evaluator scored."""
     rows = []
     for task_id in task_ids:
         planned = {}
         for share in (False, True):
-            ev = evaluator([task_id], limit, data_root, tokenizer, share)
+            ev = evaluator([task_id], limit, data_root, tokenizer, share, attention_tokens)
             ev.run(PlanOnly(VOCAB_SIZE, MAX_LENGTH))
             planned[share] = ev.tokens_forwarded
         with_uncond = len(ev.detail(task_id).uncond_ids) > 0
@@ -81,13 +90,15 @@ def token_rows(task_ids: list[str], limit: int, data_root: Path, tokenizer: Any)
     return rows
 
 
-def wall_comparison(task_ids: list[str], limit: int, data_root: Path, tokenizer: Any) -> dict[str, Any]:
+def wall_comparison(
+    task_ids: list[str], limit: int, data_root: Path, tokenizer: Any, attention_tokens: int | None
+) -> dict[str, Any]:
     """One evaluation of every label each way on the reference GPT, and their predictions compared."""
     model = reference_gpt()
     out: dict[str, Any] = {}
     scores = {}
     for name, share in (("today", False), ("shared", True)):
-        ev = evaluator(task_ids, limit, data_root, tokenizer, share)
+        ev = evaluator(task_ids, limit, data_root, tokenizer, share, attention_tokens)
         _, m = run_twice(ev, model, model)
         out[name] = {k: m[k] for k in ("wall_s", "tokens", "peak_rss_mib")}
         scores[name] = {}
@@ -110,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=300, help="documents per label for the token counts")
     parser.add_argument("--wall-limit", type=int, default=50, help="documents per label for the timed run (0: none)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--attention-tokens", type=int, help="the row cost model's constant (default: the device's)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -117,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(neox_tokenizer_path(data_root))
     named = (task_set_ids(args.task_set) if args.task_set else []) + [t for t in args.labels.split(",") if t]
     task_ids = list(dict.fromkeys(named))  # each label once
-    rows = token_rows(task_ids, args.limit, data_root, tokenizer)
+    rows = token_rows(task_ids, args.limit, data_root, tokenizer, args.attention_tokens)
     totals = {k: sum(r[k] for r in rows) for k in ("per_document_minimum", "trie_minimum", "today", "shared")}
     print(
         f"all {len(rows)} labels: per-doc min {totals['per_document_minimum']:,} trie min "
@@ -126,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     report: dict[str, Any] = {"limit": args.limit, "labels": rows, "totals": totals}
     if args.wall_limit:
-        report["wall"] = wall_comparison(task_ids, args.wall_limit, data_root, tokenizer)
+        report["wall"] = wall_comparison(task_ids, args.wall_limit, data_root, tokenizer, args.attention_tokens)
         w = report["wall"]
         print(
             f"wall ({args.wall_limit} documents a label, reference GPT): today {w['today']['wall_s']:.1f} s "

@@ -9,7 +9,7 @@ run of neighbours joins one tree row while the prefix they all share is at least
 the tree row fits the cap (the model's context length, and a batch's token budget), and adding a row costs
 less than forwarding it alone under the row cost model: a row of L tokens costs L x (1 + L / A), its tokens
 plus attention over the row, A (`attention_tokens`) the row length at which attention costs as much as the
-rest of the forward. A is a property of the device and the model: on CPU with small models about 2,048
+rest of the forward. A is a property of the device and the model: on CPU with small models a few hundred
 tokens, on a GPU with large models far more (longer tree rows pay off there).
 
 The trie minimum (`trie_minimum_tokens`): the tokens a prefix trie over every row a request would have alone
@@ -28,11 +28,13 @@ import numpy as np
 MIN_SHARED_PREFIX = 32
 
 # The row length at which attention over the row costs as much as the rest of the forward, by device type:
-# the default of `attention_tokens` (benchmarks/row_cost.py measures it for a model). CPU: small models
-# (d_model 256, 4 layers) measured near 2,048. CUDA: not measured here (no GPU was lent); flash and SDPA
-# kernels make attention relatively cheaper than on CPU, so rows may grow to the model's context.
-ATTENTION_COST_TOKENS = 2048
-ATTENTION_COST_TOKENS_BY_DEVICE = {"cpu": ATTENTION_COST_TOKENS, "cuda": 8 * ATTENTION_COST_TOKENS}
+# the default of `attention_tokens`. CPU: chosen from `benchmarks/prefix_sharing.py --attention-tokens` on
+# the reference GPT (width 256, 4 layers, 2 cores): 512 gave the shortest wall time (1.53x against no
+# sharing, 1.39x at 1,024 and at 2,048) at 1.20x the trie minimum, and no more peak memory than rows without
+# sharing (2,048: 1.4x). CUDA: not measured here (no GPU was lent); attention there costs relatively less,
+# so rows may grow longer.
+ATTENTION_COST_TOKENS = 512
+ATTENTION_COST_TOKENS_BY_DEVICE = {"cpu": ATTENTION_COST_TOKENS, "cuda": 16 * ATTENTION_COST_TOKENS}
 
 
 def attention_tokens_for(device_type: str, configured: int | None = None) -> int:

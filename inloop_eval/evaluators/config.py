@@ -109,7 +109,8 @@ class EvaluatorConfig:
     attention_tokens: Annotated[int, AtLeast(1)] | None = None
     """The row length at which attention over a row costs as much as the rest of the forward, for the
     planner's row cost model (how long rows sharing a prefix grow); null: the device's default
-    (`prefix_sharing.ATTENTION_COST_TOKENS`: 2,048 on CPU; `benchmarks/row_cost.py` measures it)."""
+    (`prefix_sharing.ATTENTION_COST_TOKENS_BY_DEVICE`: 512 on CPU; `benchmarks/prefix_sharing.py
+    --attention-tokens` compares values)."""
     compiler_reset: bool = False
     """Call `torch.compiler.reset()` after each evaluation, dropping every graph torch.compile holds
     (training's too: its next step recompiles). Evaluation itself runs the uncompiled module
