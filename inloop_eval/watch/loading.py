@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 from tokenizers import Tokenizer
@@ -35,6 +36,14 @@ from inloop_eval.watch.completion import CONFIG_FILE, OLMO_CORE_WEIGHTS
 from inloop_eval.watch.discovery import HF, OLMO_CORE, TORCHTITAN, Checkpoint
 
 TOKENIZER_CONFIG_CLASS = "olmo_core.data.tokenizer.TokenizerConfig"
+# What an OLMo-core trainer state needs beyond tensors: NumPy arrays (the reconstructor, whatever module
+# this NumPy keeps it in) and their dtypes.
+NUMPY_GLOBALS = [
+    np.ndarray(0).__reduce__()[0],
+    np.ndarray,
+    np.dtype,
+    *{type(np.dtype(name)) for name in ("uint32", "int64", "float64", "bool")},
+]
 
 
 def resolve_builder(spec: str) -> Callable[[], Any]:
@@ -179,7 +188,9 @@ def evaluated_in_loop(checkpoint: Checkpoint) -> bool:
         return False
     path = checkpoint.path / "train" / "rank0.pt"
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        # The safe loader, allowed NumPy arrays (OLMo-core keeps NumPy's RNG state there), nothing else.
+        with torch.serialization.safe_globals(NUMPY_GLOBALS):
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # absent, or holding objects the safe loader refuses: the checkpoint does not say
         return False
     callbacks = state.get("callbacks") if isinstance(state, dict) else None
