@@ -97,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
                 **resume,
             )
         )
-    steps = Watcher(config, evaluator_config, tokenizer=tokenizer, loggers=loggers).run()
+    try:
+        steps = Watcher(config, evaluator_config, tokenizer=tokenizer, loggers=loggers).run()
+    finally:
+        for logger in loggers:
+            logger.finish()
     if world()[1] == 0:
         print(f"watch: evaluated {len(steps)} checkpoints: steps {steps}", flush=True)
     if world()[0] > 1 and os.environ.get("RANK") is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -144,13 +145,23 @@ def load_hf(path: Path) -> nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype="float32")
 
 
-def recorded_vocab_size(checkpoint: Checkpoint) -> tuple[int, str] | None:
-    """(the vocabulary size of the tokenizer the checkpoint was trained with, where it says so), when it
-    records one: a Hugging Face checkpoint's own `tokenizer.json`, an OLMo-core `config.json`'s tokenizer
-    config; None otherwise."""
+@dataclass(frozen=True)
+class RecordedVocabulary:
+    """The tokenizer a checkpoint says it was trained with: its size, its token -> id map when the
+    checkpoint holds the tokenizer itself, and the file that says so."""
+
+    size: int
+    ids: dict[str, int] | None
+    where: str
+
+
+def recorded_vocabulary(checkpoint: Checkpoint) -> RecordedVocabulary | None:
+    """What the checkpoint records of its tokenizer: a Hugging Face checkpoint's own `tokenizer.json`, an
+    OLMo-core `config.json`'s tokenizer config (size only); None when it records none."""
     if checkpoint.format == HF and (checkpoint.path / "tokenizer.json").is_file():
-        backend = Tokenizer.from_file(str(checkpoint.path / "tokenizer.json"))
-        return int(backend.get_vocab_size(with_added_tokens=True)), str(checkpoint.path / "tokenizer.json")
+        path = checkpoint.path / "tokenizer.json"
+        ids = Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+        return RecordedVocabulary(size=len(ids), ids=ids, where=str(path))
     if checkpoint.format == OLMO_CORE and (checkpoint.path / CONFIG_FILE).is_file():
         try:
             data = json.loads((checkpoint.path / CONFIG_FILE).read_text())
@@ -158,7 +169,27 @@ def recorded_vocab_size(checkpoint: Checkpoint) -> tuple[int, str] | None:
             return None
         found = find_tokenizer_config(data)
         if found is not None and isinstance(found.get("vocab_size"), int):
-            return int(found["vocab_size"]), f"{checkpoint.path / CONFIG_FILE} ({found.get('identifier')})"
+            where = f"{checkpoint.path / CONFIG_FILE} ({found.get('identifier')})"
+            return RecordedVocabulary(size=int(found["vocab_size"]), ids=None, where=where)
+    return None
+
+
+def vocabulary_mismatch(tokenizer: Any, recorded: RecordedVocabulary) -> str | None:
+    """How `tokenizer` differs from the one the checkpoint records; None when they agree."""
+    backend = getattr(tokenizer, "backend", None)
+    if recorded.ids is not None and backend is not None and hasattr(backend, "get_vocab"):
+        ids = backend.get_vocab(with_added_tokens=True)
+        moved = sorted(t for t in set(ids) | set(recorded.ids) if ids.get(t) != recorded.ids.get(t))
+        if moved:
+            token = moved[0]
+            return (
+                f"{len(moved)} tokens have other ids (e.g. {token!r}: {ids.get(token)} in the config's "
+                f"tokenizer, {recorded.ids.get(token)} in {recorded.where})"
+            )
+        return None
+    size = getattr(tokenizer, "vocab_size", None)
+    if isinstance(size, int) and size != recorded.size:
+        return f"it has {size} tokens, the checkpoint's ({recorded.where}) {recorded.size}"
     return None
 
 

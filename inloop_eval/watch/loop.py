@@ -48,7 +48,7 @@ from inloop_eval.watch.completion import Settling, fingerprint
 from inloop_eval.watch.config import WatchConfig
 from inloop_eval.watch.discovery import HF, Checkpoint, WatchError, discover, no_checkpoint_error
 from inloop_eval.watch.ledger import EVALUATED, FAILED, IN_LOOP, SKIPPED, STARTED, VANISHED, History, Ledger
-from inloop_eval.watch.loading import evaluated_in_loop, load_model, recorded_vocab_size
+from inloop_eval.watch.loading import evaluated_in_loop, load_model, recorded_vocabulary, vocabulary_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,8 @@ class Watcher:
 
     evaluator_config: the in-loop evaluator's config (its `eval_interval` is not used: every checkpoint
         counts). tokenizer: passed to `InLoopEvaluator`; None: the config's `tokenizer:`, else a Hugging
-        Face checkpoint's own. loggers: more loggers after the run directory's (e.g. a `WandbLogger`),
-        each called on rank 0 before `metrics.jsonl`.
+        Face checkpoint's own. loggers: more loggers (e.g. a `WandbLogger`), each called before the
+        `metrics.jsonl` line; the caller finishes them.
     """
 
     def __init__(
@@ -112,7 +112,9 @@ class Watcher:
                     )
                 for checkpoint in plan.evaluate:
                     self.evaluate(checkpoint)
-                if plan.finished:
+                # Finished only after a pass with nothing to evaluate: what this pass evaluated (or found
+                # vanished, or rewritten) is in the history the next pass reads.
+                if plan.finished and not plan.evaluate:
                     return self.evaluated
                 if not plan.evaluate:
                     time.sleep(self.config.poll_s if not self.config.once else min(self.config.poll_s, 0.5))
@@ -160,12 +162,14 @@ class Watcher:
             ready = [newest]
         plan.evaluate = ready
         handled = {c.step for c in found if self.history.done(c.step, redo_in_loop=config.redo_in_loop)}
-        handled |= {c.step for c in ready} | {c.step for c, _, _ in plan.skip}
+        handled |= {c.step for c in ready} | {c.step for c, _, _ in plan.skip} | {s for s, _ in self.failed}
         if config.until_step is not None and any(step >= config.until_step for step in handled):
-            plan.finished = True
+            # Done when the last step is handled and nothing before it is left (policy `all` may evaluate
+            # a later checkpoint while an earlier one is still settling).
+            plan.finished = all(c.step in handled for c in found if c.step <= config.until_step)
         if config.once and not waiting:
-            left = [c for c in pending if c not in ready and c.step not in handled]
-            for checkpoint in left:
+            left = [c for c in pending if c.step not in handled]
+            for checkpoint in left if not ready else []:
                 log.warning(
                     "watch --once: step %d at %s is incomplete, not evaluated",
                     checkpoint.step,
@@ -273,17 +277,17 @@ class Watcher:
                 f"{rows}: ids past {rows - 1} cannot be fed to it; set the config's `tokenizer:` to the one "
                 "the model was trained with"
             )
-        recorded = recorded_vocab_size(checkpoint)
-        if isinstance(size, int) and recorded is not None and recorded[0] != size:
+        recorded = recorded_vocabulary(checkpoint)
+        mismatch = vocabulary_mismatch(evaluator.tokenizer, recorded) if recorded is not None else None
+        if mismatch:
             raise WatchError(
-                f"watch: the tokenizer {name} has {size} tokens but the checkpoint was trained with one of "
-                f"{recorded[0]} ({recorded[1]}); set the config's `tokenizer:` to the checkpoint's"
+                f"watch: the tokenizer {name} does not match the one {checkpoint.path} was trained with: "
+                f"{mismatch}; set the config's `tokenizer:` to the checkpoint's"
             )
         self.vocab_checked = True
 
     def close(self) -> None:
-        for logger in self.loggers:
-            logger.finish()
+        """Close the run directory's files; the `loggers` passed in stay open (their creator finishes them)."""
         self.jsonl.finish()
         if self.ledger is not None:
             self.ledger.close()

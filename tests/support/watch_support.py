@@ -26,7 +26,12 @@ OLMO_TOKENIZER = "gpt-neox-olmo-dolma-v1_5.json"
 def olmo_callback(data_root: Path, interval: int):
     """The in-loop callback evaluating after every `interval` steps (not before the first or after the last)."""
     return callback_config(
-        data_root, eval_interval=interval, eval_on_startup=False, eval_on_finish=False, limit=LIMIT, tasks=TASKS
+        data_root,
+        eval_interval=interval,
+        eval_on_startup=False,
+        eval_on_finish=False,
+        limit=LIMIT,
+        tasks=TASKS,
     )
 
 
