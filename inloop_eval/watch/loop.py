@@ -127,8 +127,11 @@ class Watcher:
         formats = (config.format,) if config.format else None
         found = discover(self.folder, formats)
         if not found:
-            if config.once:
-                raise no_checkpoint_error(self.folder)
+            error = no_checkpoint_error(self.folder)
+            # Watching, an empty folder is training that has not saved yet; one whose sub-folder holds the
+            # checkpoints is the wrong folder, which waiting would never mend.
+            if config.once or "watch that folder" in str(error):
+                raise error
             if not self.said_waiting:
                 log.info("watch: no checkpoint in %s yet; looking every %g s", self.folder, config.poll_s)
                 self.said_waiting = True

@@ -140,6 +140,15 @@ def test_a_folder_without_checkpoints_is_a_clear_error(data_root, tmp_path):
     assert "found logs/, model-final/" in done.stderr
 
 
+def test_watching_the_folder_above_the_checkpoints_is_a_clear_error(hf, data_root, tmp_path):
+    """Not `--once`: an empty folder is waited for (training has not saved yet), but one whose sub-folder
+    holds the checkpoints (torchtitan's dump folder, say) is refused at once, naming that sub-folder."""
+    copy_steps(hf[0], tmp_path / "dump" / "checkpoint", [10])
+    config = WatchConfig(checkpoint_dir=str(tmp_path / "dump"), run_dir=str(tmp_path / "run"), settle_s=0)
+    with pytest.raises(WatchError, match=r"dump/checkpoint holds checkpoints: watch that folder"):
+        Watcher(config, EvaluatorConfig.from_dict(eval_config(data_root))).run()
+
+
 def test_a_tokenizer_that_does_not_match_the_checkpoints_vocabulary_is_a_clear_error(hf, data_root, tmp_path):
     folder = copy_steps(hf[0], tmp_path / "ckpt", [10])
     other = str(data_root / TOKENIZER_DIR / "gpt-neox-olmo-dolma-v1_5.json")
