@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("evaluators",),
     ("loggers",),
     ("report", "compare"),
-    ("integrations", "cli", "demo"),
+    ("integrations", "cli", "demo", "watch"),
 ]
 # Public entry points that re-export names from every layer: above them all.
 PUBLIC = ("inloop_eval", "inloop_eval.config")

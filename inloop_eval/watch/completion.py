@@ -1,0 +1,153 @@
+"""When a checkpoint has landed: its format's completion evidence, then a settle time without change.
+
+Evidence per format (`missing_evidence`), each the file its framework writes last or a check that every
+byte is there:
+- Hugging Face: `config.json`, and every safetensors file the index names (or the one `model.safetensors`)
+  present at its full size: a safetensors file is complete when it is 8 + header length + the end of its
+  last tensor's data bytes long, which its own header says;
+- OLMo-core: `.metadata.json`, the marker its checkpointer writes after moving the finished folder into
+  place, and `model_and_optim/.metadata`; `config.json` (which OLMo-core's `ConfigSaverCallback` writes
+  just after) unless the model is built another way;
+- torchtitan: `.metadata`, which torch.distributed.checkpoint writes after every shard.
+
+Evidence alone is not enough for writers that put files in place one by one, or that copy a finished
+checkpoint in (rsync, a sync from object storage): a checkpoint counts only once its evidence is there and
+its `fingerprint` (every file's size and modification time) has stayed the same for `settle_s` seconds
+(`Settling`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inloop_eval.watch.discovery import HF, OLMO_CORE, TORCHTITAN, Checkpoint
+
+HF_INDEX = "model.safetensors.index.json"
+HF_SINGLE = "model.safetensors"
+OLMO_CORE_MARKER = ".metadata.json"
+OLMO_CORE_WEIGHTS = "model_and_optim"
+DCP_METADATA = ".metadata"
+CONFIG_FILE = "config.json"
+
+# relative path -> (size, modification time in ns)
+Fingerprint = dict[str, tuple[int, int]]
+
+
+def fingerprint(path: Path) -> Fingerprint | None:
+    """Every file under `path` with its size and modification time; None when `path` is gone."""
+    out: Fingerprint = {}
+    if not path.is_dir():
+        return None
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = Path(root) / name
+            try:
+                stat = full.stat()
+            except FileNotFoundError:
+                continue  # removed while listed: the next fingerprint differs anyway
+            out[str(full.relative_to(path))] = (stat.st_size, stat.st_mtime_ns)
+    return out
+
+
+def safetensors_shortfall(path: Path) -> str | None:
+    """Why a safetensors file is not complete (missing, shorter than its header says); None when it is."""
+    try:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{path.name} has {size} bytes, not yet a header"
+            (header_len,) = struct.unpack("<Q", head)
+            header = f.read(header_len)
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    if len(header) < header_len:
+        return f"{path.name} has {size} bytes, its header not yet whole"
+    try:
+        tensors = json.loads(header)
+    except ValueError:
+        return f"{path.name}: its header is not JSON yet"
+    end = max((t["data_offsets"][1] for k, t in tensors.items() if k != "__metadata__"), default=0)
+    expected = 8 + header_len + end
+    if size < expected:
+        return f"{path.name} has {size} of its {expected} bytes"
+    return None
+
+
+def hf_missing(path: Path) -> str | None:
+    if not (path / CONFIG_FILE).is_file():
+        return f"no {CONFIG_FILE} yet"
+    index = path / HF_INDEX
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, OSError) as exc:
+            return f"{HF_INDEX} is not readable yet ({exc})"
+    elif (path / HF_SINGLE).is_file():
+        names = [HF_SINGLE]
+    else:
+        return f"no {HF_INDEX} or {HF_SINGLE} yet"
+    for name in names:
+        shortfall = safetensors_shortfall(path / name)
+        if shortfall:
+            return shortfall
+    return None
+
+
+def olmo_core_missing(path: Path, needs_config: bool) -> str | None:
+    if not (path / OLMO_CORE_WEIGHTS / DCP_METADATA).is_file():
+        return f"no {OLMO_CORE_WEIGHTS}/{DCP_METADATA} yet"
+    if not (path / OLMO_CORE_MARKER).is_file():
+        return f"no {OLMO_CORE_MARKER} (OLMo-core's completion marker) yet"
+    if needs_config and not (path / CONFIG_FILE).is_file():
+        return f"no {CONFIG_FILE} (written by OLMo-core's ConfigSaverCallback) yet"
+    return None
+
+
+def missing_evidence(checkpoint: Checkpoint, *, needs_config: bool = True) -> str | None:
+    """What the checkpoint still lacks of its format's completion evidence; None when it is all there.
+
+    needs_config: an OLMo-core checkpoint must hold the `config.json` its model is built from."""
+    if checkpoint.format == HF:
+        return hf_missing(checkpoint.path)
+    if checkpoint.format == OLMO_CORE:
+        return olmo_core_missing(checkpoint.path, needs_config)
+    if checkpoint.format == TORCHTITAN:
+        return None if (checkpoint.path / DCP_METADATA).is_file() else f"no {DCP_METADATA} yet"
+    raise ValueError(f"unknown checkpoint format {checkpoint.format!r}")
+
+
+@dataclass
+class Settling:
+    """Tells when each checkpoint has stayed unchanged for `settle_s` seconds with its evidence there.
+
+    seen: checkpoint path -> (its fingerprint, when it was first seen so)."""
+
+    settle_s: float
+    seen: dict[Path, tuple[Fingerprint, float]] = field(default_factory=dict)
+
+    def ready(self, checkpoint: Checkpoint, now: float, *, needs_config: bool = True) -> tuple[bool, str]:
+        """(whether `checkpoint` may be read now, why not when it may not)."""
+        missing = missing_evidence(checkpoint, needs_config=needs_config)
+        if missing:
+            self.seen.pop(checkpoint.path, None)
+            return False, missing
+        current = fingerprint(checkpoint.path)
+        if current is None:
+            self.seen.pop(checkpoint.path, None)
+            return False, "gone"
+        previous = self.seen.get(checkpoint.path)
+        if previous is None or previous[0] != current:
+            self.seen[checkpoint.path] = (current, now)
+            return self.settle_s <= 0, f"changed; settling for {self.settle_s:g} s"
+        waited = now - previous[1]
+        if waited >= self.settle_s:
+            return True, ""
+        return False, f"unchanged for {waited:.1f} of {self.settle_s:g} s"
+
+    def forget(self, checkpoint: Checkpoint) -> None:
+        self.seen.pop(checkpoint.path, None)

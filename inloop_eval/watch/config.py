@@ -1,0 +1,53 @@
+"""`WatchConfig`: what the watcher watches, where it writes, and how it decides what to evaluate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inloop_eval.config_fields import one_of
+from inloop_eval.errors import ConfigError
+from inloop_eval.watch.discovery import NAME_PATTERNS
+
+POLICIES = ("all", "latest")
+
+
+@dataclass(kw_only=True)
+class WatchConfig:
+    """The watcher's settings; the evaluation itself is the `EvaluatorConfig` used in the loop."""
+
+    checkpoint_dir: str
+    """The folder training saves checkpoints to (`checkpoint-<N>/`, `step<N>/` or `step-<N>/` inside)."""
+    run_dir: str
+    """Where `metrics.jsonl`, `outcomes/`, `config.json`, `wandb/` and the watcher's `watch/ledger.jsonl`
+    go: the in-loop run's directory, to continue its files, or a new one."""
+    policy: str = "all"
+    """`all`: every checkpoint, oldest first, none skipped. `latest`: only the newest complete checkpoint;
+    older ones not yet evaluated are recorded as skipped (for a watcher slower than training)."""
+    settle_s: float = 10.0
+    """Seconds a checkpoint must stay unchanged, its completion evidence there, before it is read."""
+    poll_s: float = 5.0
+    """Seconds between looks at the checkpoint folder."""
+    once: bool = False
+    """Evaluate the checkpoints there now (waiting out their settle time) and exit; one that is incomplete
+    is named and left."""
+    until_step: int | None = None
+    """Exit once the checkpoint of this step (or a later one) is handled: training's last step."""
+    redo_in_loop: bool = False
+    """Evaluate steps the training loop already evaluated (a metrics line in the run directory, or the
+    in-loop callback's state in an OLMo-core checkpoint) again."""
+    format: str | None = None
+    """Only checkpoints of this format (`hf`, `olmo_core`, `torchtitan`); None: whichever the folder holds."""
+    model_builder: str | None = None
+    """`module:function` building the model to load weights into: required for torchtitan, optional for
+    OLMo-core (default: the checkpoint's `config.json`)."""
+    device: str | None = None
+    """torch device to evaluate on (default cuda if available, else cpu; under torchrun `cuda:<LOCAL_RANK>`)."""
+
+    def __post_init__(self) -> None:
+        one_of(self.policy, POLICIES, "watch: policy")
+        if self.format is not None:
+            one_of(self.format, tuple(NAME_PATTERNS), "watch: format")
+        if self.settle_s < 0 or self.poll_s <= 0:
+            raise ConfigError(
+                f"watch: settle_s must be >= 0 and poll_s > 0, found settle_s={self.settle_s}, poll_s={self.poll_s}"
+            )

@@ -1,0 +1,95 @@
+"""Which checkpoints a folder holds: each framework's folder name, the training step it carries, its format.
+
+A checkpoint is a sub-folder of the watched folder named as its framework names them:
+- Hugging Face `Trainer`: `checkpoint-<N>` (a `save_pretrained` directory; sharded safetensors with their
+  index, or one `model.safetensors`);
+- OLMo-core's `Trainer`: `step<N>` (`model_and_optim/`, a torch.distributed.checkpoint, and `config.json`);
+- torchtitan's `CheckpointManager`: `step-<N>` (a torch.distributed.checkpoint).
+
+Temporary folders the frameworks write first (OLMo-core's `step<N>-tmp`) match no pattern, so they are never
+taken for a checkpoint. The step is the number in the name: the training step the weights are from.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from inloop_eval.errors import InLoopEvalError
+
+HF = "hf"
+OLMO_CORE = "olmo_core"
+TORCHTITAN = "torchtitan"
+# Format -> the folder name its framework gives a checkpoint of step N.
+NAME_PATTERNS: dict[str, re.Pattern[str]] = {
+    HF: re.compile(r"checkpoint-(\d+)"),
+    OLMO_CORE: re.compile(r"step(\d+)"),
+    TORCHTITAN: re.compile(r"step-(\d+)"),
+}
+EXPECTED_NAMES = "checkpoint-<N> (Hugging Face), step<N> (OLMo-core) or step-<N> (torchtitan)"
+
+
+class WatchError(InLoopEvalError):
+    """The watcher cannot go on: no checkpoint of a known format, a tokenizer that does not fit the
+    checkpoint, a run directory another watcher holds."""
+
+
+@dataclass(frozen=True, order=True)
+class Checkpoint:
+    """One checkpoint folder: the training step it holds, where it is, its format (a key of NAME_PATTERNS)."""
+
+    step: int
+    path: Path
+    format: str
+
+
+def parse_name(name: str) -> tuple[int, str] | None:
+    """(step, format) of a checkpoint folder name; None for any other name."""
+    for fmt, pattern in NAME_PATTERNS.items():
+        match = pattern.fullmatch(name)
+        if match:
+            return int(match.group(1)), fmt
+    return None
+
+
+def discover(folder: Path, formats: tuple[str, ...] | None = None) -> list[Checkpoint]:
+    """The checkpoint folders in `folder` (complete or not), by step; [] when `folder` does not exist yet.
+
+    formats: only these formats (None: every format). A folder holding checkpoints of two formats is
+    refused: their steps would be mixed on one curve."""
+    try:
+        entries = sorted(p for p in folder.iterdir() if p.is_dir())
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in entries:
+        parsed = parse_name(entry.name)
+        if parsed is not None and (formats is None or parsed[1] in formats):
+            found.append(Checkpoint(step=parsed[0], path=entry, format=parsed[1]))
+    kinds = sorted({c.format for c in found})
+    if len(kinds) > 1:
+        raise WatchError(
+            f"watch: {folder} holds checkpoints of several formats ({', '.join(kinds)}); expected one run's "
+            "checkpoints of one format: watch each run's own checkpoint folder, or pick one with --format"
+        )
+    return sorted(found)
+
+
+def no_checkpoint_error(folder: Path) -> WatchError:
+    """The error for a folder holding no checkpoint of a known format, naming what it holds instead."""
+    try:
+        names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
+    except FileNotFoundError:
+        return WatchError(
+            f"watch: the checkpoint folder {folder} does not exist; pass the folder training saves to"
+        )
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} entries)" if len(names) > 8 else "")
+    hint = ""
+    nested = [n.rstrip("/") for n in names if n.endswith("/") and discover(folder / n.rstrip("/"))]
+    if nested:
+        hint = f"; {folder / nested[0]} holds checkpoints: watch that folder"
+    return WatchError(
+        f"watch: {folder} holds no checkpoint of a known format: expected folders named {EXPECTED_NAMES}, "
+        f"found {shown or 'nothing'}{hint or '; pass the folder your trainer saves its checkpoints to'}"
+    )

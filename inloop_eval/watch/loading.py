@@ -1,0 +1,233 @@
+"""Loading one checkpoint's model, per format, and the vocabulary the checkpoint records.
+
+- Hugging Face: `AutoModelForCausalLM.from_pretrained` (float32; sharded safetensors through their index).
+- OLMo-core: the model built from the checkpoint's `config.json` (OLMo-core's `ConfigSaverCallback` saves the
+  experiment config there: its `model` entry is a `TransformerConfig`), or by `model_builder`; its weights
+  read with torch.distributed.checkpoint from `model_and_optim/` through OLMo-core's
+  `load_model_and_optim_state` with no optimizer, so no optimizer state is read.
+- torchtitan: the model built by `model_builder` (torchtitan saves no model config), its weights read with
+  `torch.distributed.checkpoint.load` into its own state dict: only the model's keys, not the optimizer's,
+  the data loader's or the train state's.
+
+`model_builder` is `module:function`, a callable taking no argument and returning the `nn.Module` to load
+the weights into, or a config that builds it: torchtitan's trainer config (a function of its
+`config_registry`, e.g. `torchtitan.models.llama3.config_registry:llama3_debugmodel`, whose
+`model_spec.model.build()` is called) or any object with `build()`.
+
+Every model is returned in eval mode on `device`, one at a time: the watcher drops it before the next.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from tokenizers import Tokenizer
+from torch import nn
+
+from inloop_eval.errors import ConfigError
+from inloop_eval.watch.completion import CONFIG_FILE, OLMO_CORE_WEIGHTS
+from inloop_eval.watch.discovery import HF, OLMO_CORE, TORCHTITAN, Checkpoint
+
+TOKENIZER_CONFIG_CLASS = "olmo_core.data.tokenizer.TokenizerConfig"
+# What an OLMo-core trainer state needs beyond tensors: NumPy arrays (the reconstructor, whatever module
+# this NumPy keeps it in) and their dtypes.
+NUMPY_GLOBALS = [
+    np.ndarray(0).__reduce__()[0],
+    np.ndarray,
+    np.dtype,
+    *{type(np.dtype(name)) for name in ("uint32", "int64", "float64", "bool")},
+]
+
+
+def resolve_builder(spec: str) -> Callable[[], Any]:
+    """The callable `module:function` names; ConfigError when it cannot be imported."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(
+            f"watch: model_builder {spec!r} is not `module:function`, e.g. "
+            "torchtitan.models.llama3.config_registry:llama3_debugmodel"
+        )
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(
+            f"watch: model_builder {spec!r} cannot be imported ({exc}); check the name"
+        ) from exc
+    if not callable(target):
+        raise ConfigError(f"watch: model_builder {spec!r} is {type(target).__name__}, not a callable")
+    return target
+
+
+def build_from(spec: str) -> nn.Module:
+    """The module `model_builder` gives, built on the CPU with its buffers initialised."""
+    made = resolve_builder(spec)()
+    if not isinstance(made, nn.Module):
+        model_spec = getattr(made, "model_spec", None)
+        if model_spec is not None:  # torchtitan's trainer config
+            made = model_spec.model.build()
+        elif callable(getattr(made, "build", None)):
+            made = made.build()
+    if not isinstance(made, nn.Module):
+        raise ConfigError(
+            f"watch: model_builder {spec!r} returned {type(made).__name__}; expected an nn.Module, "
+            "torchtitan's trainer config or a config with build()"
+        )
+    init = getattr(made, "init_weights", None)
+    if callable(init):  # buffers no checkpoint holds (torchtitan's rotary tables)
+        with torch.no_grad():
+            try:
+                init(buffer_device=None)
+            except TypeError:
+                init()
+    return made
+
+
+def olmo_core_model_config(checkpoint: Checkpoint) -> Any:
+    """OLMo-core's `TransformerConfig` from the checkpoint's `config.json` (its `model` entry, or the whole
+    file when it is a model config itself)."""
+    from olmo_core.nn.transformer import TransformerConfig
+
+    path = checkpoint.path / CONFIG_FILE
+    data = json.loads(path.read_text())
+    entry = data.get("model", data) if isinstance(data, dict) else None
+    if not isinstance(entry, dict) or "d_model" not in entry:
+        raise ConfigError(
+            f"watch: {path} holds no OLMo-core model config (expected a `model` entry with `d_model`, as "
+            "OLMo-core's ConfigSaverCallback saves the experiment config); pass --model-builder module:function"
+        )
+    return TransformerConfig.from_dict(entry)
+
+
+def load_model(checkpoint: Checkpoint, device: torch.device, model_builder: str | None = None) -> nn.Module:
+    """The checkpoint's model with its weights, in eval mode on `device`."""
+    if checkpoint.format == HF:
+        return load_hf(checkpoint.path).to(device).eval()
+    if checkpoint.format == OLMO_CORE:
+        from olmo_core.distributed.checkpoint import load_model_and_optim_state
+
+        if model_builder:
+            model = build_from(model_builder)
+        else:
+            model = olmo_core_model_config(checkpoint).build(init_device="cpu")
+        load_model_and_optim_state(str(checkpoint.path / OLMO_CORE_WEIGHTS), model)
+        return model.to(device).eval()
+    if checkpoint.format == TORCHTITAN:
+        if not model_builder:
+            raise ConfigError(
+                f"watch: {checkpoint.path} is a torchtitan checkpoint, which holds no model config; pass "
+                "--model-builder module:function (e.g. your torchtitan config_registry function)"
+            )
+        model = build_from(model_builder)
+        state = model.state_dict()
+        dcp.load(state, checkpoint_id=str(checkpoint.path))
+        model.load_state_dict(state)
+        return model.to(device).eval()
+    raise ValueError(f"unknown checkpoint format {checkpoint.format!r}")
+
+
+def load_hf(path: Path) -> nn.Module:
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        raise ConfigError(
+            "watch: Hugging Face checkpoints need `transformers`: pip install 'inloop_eval[hf]'"
+        ) from None
+    return AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+
+
+@dataclass(frozen=True)
+class RecordedVocabulary:
+    """The tokenizer a checkpoint says it was trained with: its size, its token -> id map when the
+    checkpoint holds the tokenizer itself, and the file that says so."""
+
+    size: int
+    ids: dict[str, int] | None
+    where: str
+
+
+def recorded_vocabulary(checkpoint: Checkpoint) -> RecordedVocabulary | None:
+    """What the checkpoint records of its tokenizer: a Hugging Face checkpoint's own `tokenizer.json`, an
+    OLMo-core `config.json`'s tokenizer config (size only); None when it records none."""
+    if checkpoint.format == HF and (checkpoint.path / "tokenizer.json").is_file():
+        path = checkpoint.path / "tokenizer.json"
+        ids = Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+        return RecordedVocabulary(size=len(ids), ids=ids, where=str(path))
+    if checkpoint.format == OLMO_CORE and (checkpoint.path / CONFIG_FILE).is_file():
+        try:
+            data = json.loads((checkpoint.path / CONFIG_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        found = find_tokenizer_config(data)
+        if found is not None and isinstance(found.get("vocab_size"), int):
+            where = f"{checkpoint.path / CONFIG_FILE} ({found.get('identifier')})"
+            return RecordedVocabulary(size=int(found["vocab_size"]), ids=None, where=where)
+    return None
+
+
+def vocabulary_mismatch(tokenizer: Any, recorded: RecordedVocabulary) -> str | None:
+    """How `tokenizer` differs from the one the checkpoint records; None when they agree."""
+    backend = getattr(tokenizer, "backend", None)
+    if recorded.ids is not None and backend is not None and hasattr(backend, "get_vocab"):
+        ids = backend.get_vocab(with_added_tokens=True)
+        moved = sorted(t for t in set(ids) | set(recorded.ids) if ids.get(t) != recorded.ids.get(t))
+        if moved:
+            token = moved[0]
+            return (
+                f"{len(moved)} tokens have other ids (e.g. {token!r}: {ids.get(token)} in the config's "
+                f"tokenizer, {recorded.ids.get(token)} in {recorded.where})"
+            )
+        return None
+    size = getattr(tokenizer, "vocab_size", None)
+    if isinstance(size, int) and size != recorded.size:
+        return f"it has {size} tokens, the checkpoint's ({recorded.where}) {recorded.size}"
+    return None
+
+
+def find_tokenizer_config(data: Any) -> dict[str, Any] | None:
+    """The first OLMo-core `TokenizerConfig` entry anywhere in a saved config."""
+    if isinstance(data, dict):
+        if data.get("_CLASS_") == TOKENIZER_CONFIG_CLASS:
+            return data
+        children: Any = data.values()
+    elif isinstance(data, list):
+        children = data
+    else:
+        return None
+    for child in children:
+        found = find_tokenizer_config(child)
+        if found is not None:
+            return found
+    return None
+
+
+def evaluated_in_loop(checkpoint: Checkpoint) -> bool:
+    """Whether the training loop evaluated this checkpoint's step before saving it: an OLMo-core checkpoint
+    whose trainer state holds an evaluator callback's `last_evaluated_step` equal to its step (the in-loop
+    callback of `inloop_eval.integrations.olmo_core` evaluates before the checkpointer saves). False for the
+    other formats, whose checkpoints do not say (their in-loop figures are found in `metrics.jsonl`)."""
+    if checkpoint.format != OLMO_CORE:
+        return False
+    path = checkpoint.path / "train" / "rank0.pt"
+    try:
+        # The safe loader, allowed NumPy arrays (OLMo-core keeps NumPy's RNG state there), nothing else.
+        with torch.serialization.safe_globals(NUMPY_GLOBALS):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # absent, or holding objects the safe loader refuses: the checkpoint does not say
+        return False
+    callbacks = state.get("callbacks") if isinstance(state, dict) else None
+    if not isinstance(callbacks, dict):
+        return False
+    return any(
+        isinstance(entry, dict) and entry.get("last_evaluated_step") == checkpoint.step
+        for entry in callbacks.values()
+    )

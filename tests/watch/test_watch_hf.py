@@ -1,0 +1,248 @@
+"""The watcher on Hugging Face `save_pretrained` checkpoints (sharded safetensors with their index): the
+figures of an in-process evaluation of the same model, `--once`, policies `all` and `latest`, the
+completion evidence of a shard still being written, clear errors, and W&B figures at the checkpoint's step
+read back from an offline run."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from watch_support import eval_lines, hf_checkpoints
+from workers.launch import REPO, worker_env
+
+from inloop_eval.data.root import TOKENIZER_DIR
+from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from inloop_eval.loggers import WandbLogger
+from inloop_eval.loggers.wandb_file import find_run_files, is_finished, read_history, read_records
+from inloop_eval.watch import Checkpoint, WatchConfig, Watcher, WatchError
+from inloop_eval.watch.completion import missing_evidence
+from inloop_eval.watch.ledger import LEDGER_FILE, WATCH_DIR, read_jsonl
+
+STEPS = [10, 20, 30]
+EXACT = (
+    "/acc",
+    "/acc_norm",
+    "/acc_bytes",
+    "/acc_per_token",
+    "/acc_pmi",
+    "/n_docs",
+    "/n_skipped_docs",
+    "/failed",
+)
+
+
+def eval_config(data_root: Path, **fields) -> dict:
+    """No `tokenizer:`: the watcher takes the Hugging Face checkpoint's own."""
+    return {
+        "evaluators": [{"task": "piqa", "limit": 5, "batch_tokens": 1024}, {"task": "copa", "limit": 5}],
+        "data_root": str(data_root),
+        "max_length": 256,
+        **fields,
+    }
+
+
+@pytest.fixture(scope="module")
+def hf(data_root, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hf") / "checkpoints"
+    folder.mkdir()
+    return folder, hf_checkpoints(folder, data_root, STEPS)
+
+
+def copy_steps(source: Path, target: Path, steps: list[int]) -> Path:
+    target.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        shutil.copytree(source / f"checkpoint-{step}", target / f"checkpoint-{step}")
+    return target
+
+
+def watcher(folder: Path, run_dir: Path, data_root: Path, **fields) -> Watcher:
+    config = WatchConfig(checkpoint_dir=str(folder), run_dir=str(run_dir), once=True, settle_s=0, **fields)
+    return Watcher(config, EvaluatorConfig.from_dict(eval_config(data_root)))
+
+
+def test_sharded_checkpoints_give_the_figures_of_the_same_model_evaluated_in_process(hf, data_root, tmp_path):
+    folder, models = hf
+    assert (folder / "checkpoint-10" / "model.safetensors.index.json").is_file()
+    assert len(list((folder / "checkpoint-10").glob("model-*.safetensors"))) > 1
+    assert watcher(folder, tmp_path / "run", data_root).run() == STEPS
+    lines = {line["step"]: line for line in eval_lines(tmp_path / "run")}
+    assert sorted(lines) == STEPS
+    config = EvaluatorConfig.from_dict({**eval_config(data_root), "tokenizer": str(folder / "checkpoint-10")})
+    for step in STEPS:
+        expected = InLoopEvaluator(config).run(models[step])
+        for key, value in expected.items():
+            if key.endswith(EXACT):
+                assert lines[step][key] == value, (step, key)
+            else:
+                assert math.isclose(lines[step][key], value, rel_tol=1e-6, abs_tol=1e-12), (step, key)
+
+
+def test_policy_latest_evaluates_the_newest_and_records_the_others_skipped(hf, data_root, tmp_path):
+    folder, _ = hf
+    assert watcher(folder, tmp_path / "run", data_root, policy="latest").run() == [30]
+    ledger = read_jsonl(tmp_path / "run" / WATCH_DIR / LEDGER_FILE)
+    assert sorted(e["step"] for e in ledger if e["status"] == "skipped") == [10, 20]
+    assert all("policy latest" in e["reason"] for e in ledger if e["status"] == "skipped")
+    # Restarted with policy `all`: the skipped steps stay skipped, none is evaluated twice.
+    assert watcher(folder, tmp_path / "run", data_root).run() == []
+    assert [line["step"] for line in eval_lines(tmp_path / "run")] == [30]
+
+
+def test_a_shard_still_being_written_is_not_evidence_of_a_complete_checkpoint(hf, tmp_path):
+    folder, _ = hf
+    copy = copy_steps(folder, tmp_path / "ckpt", [10]) / "checkpoint-10"
+    checkpoint = Checkpoint(step=10, path=copy, format="hf")
+    assert missing_evidence(checkpoint) is None
+    shard = sorted(copy.glob("model-*.safetensors"))[-1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    assert f"{shard.name} has {len(data) // 2} of its {len(data)} bytes" in missing_evidence(checkpoint)
+    shard.unlink()
+    assert f"{shard.name} is missing" in missing_evidence(checkpoint)
+    (copy / "config.json").unlink()
+    assert missing_evidence(checkpoint) == "no config.json yet"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "inloop_eval.cli", "watch", *args]
+    return subprocess.run(cmd, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=300)
+
+
+def test_once_from_the_command_line_evaluates_what_is_there_and_exits(hf, data_root, tmp_path):
+    folder = copy_steps(hf[0], tmp_path / "ckpt", [10, 20])
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump(eval_config(data_root)))
+    run_dir = tmp_path / "run"
+    done = run_cli(str(folder), "--config", str(config), "--run-dir", str(run_dir), "--once", "--settle", "0")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "watch: evaluated 2 checkpoints: steps [10, 20]" in done.stdout
+    assert [line["step"] for line in eval_lines(run_dir)] == [10, 20]
+    assert (run_dir / "outcomes" / "step_20.npz").is_file()
+
+
+def test_a_folder_without_checkpoints_is_a_clear_error(data_root, tmp_path):
+    (tmp_path / "ckpt" / "logs").mkdir(parents=True)
+    (tmp_path / "ckpt" / "model-final").mkdir()
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump(eval_config(data_root)))
+    done = run_cli(
+        str(tmp_path / "ckpt"), "--config", str(config), "--run-dir", str(tmp_path / "run"), "--once"
+    )
+    assert done.returncode == 2
+    assert "holds no checkpoint of a known format: expected folders named checkpoint-<N>" in done.stderr
+    assert "found logs/, model-final/" in done.stderr
+
+
+def test_watching_the_folder_above_the_checkpoints_is_a_clear_error(hf, data_root, tmp_path):
+    """Not `--once`: an empty folder is waited for (training has not saved yet), but one whose sub-folder
+    holds the checkpoints (torchtitan's dump folder, say) is refused at once, naming that sub-folder."""
+    copy_steps(hf[0], tmp_path / "dump" / "checkpoint", [10])
+    config = WatchConfig(checkpoint_dir=str(tmp_path / "dump"), run_dir=str(tmp_path / "run"), settle_s=0)
+    with pytest.raises(WatchError, match=r"dump/checkpoint holds checkpoints: watch that folder"):
+        Watcher(config, EvaluatorConfig.from_dict(eval_config(data_root))).run()
+
+
+def test_a_tokenizer_that_does_not_match_the_checkpoints_vocabulary_is_a_clear_error(hf, data_root, tmp_path):
+    folder = copy_steps(hf[0], tmp_path / "ckpt", [10])
+    other = str(data_root / TOKENIZER_DIR / "gpt-neox-olmo-dolma-v1_5.json")
+    config = WatchConfig(checkpoint_dir=str(folder), run_dir=str(tmp_path / "run"), once=True, settle_s=0)
+    evaluator_config = EvaluatorConfig.from_dict(eval_config(data_root, tokenizer=other))
+    message = r"does not match the one .* was trained with: 2 tokens have other ids \(e.g. '<\|endoftext\|>'"
+    with pytest.raises(WatchError, match=message):
+        Watcher(config, evaluator_config).run()
+    assert eval_lines(tmp_path / "run") == []
+
+
+def test_a_tokenizer_with_ids_past_the_models_embedding_is_a_clear_error(data_root, tmp_path):
+    """A model embedding fewer ids than the tokenizer has (no tokenizer of its own in the checkpoint)."""
+    import transformers
+
+    config = transformers.GPTNeoXConfig(
+        vocab_size=1000, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    transformers.GPTNeoXForCausalLM(config).save_pretrained(tmp_path / "ckpt" / "checkpoint-5")
+    neox = str(data_root / TOKENIZER_DIR / "gpt-neox-20b.json")
+    watch = WatchConfig(
+        checkpoint_dir=str(tmp_path / "ckpt"), run_dir=str(tmp_path / "run"), once=True, settle_s=0
+    )
+    with pytest.raises(WatchError, match="has 50280 tokens but the model of .*checkpoint-5 embeds 1000"):
+        Watcher(watch, EvaluatorConfig.from_dict(eval_config(data_root, tokenizer=neox))).run()
+
+
+def test_a_second_watcher_on_one_run_directory_is_refused(hf, data_root, tmp_path):
+    first = watcher(hf[0], tmp_path / "run", data_root)
+    try:
+        with pytest.raises(WatchError, match="another watcher holds"):
+            watcher(hf[0], tmp_path / "run", data_root)
+    finally:
+        first.close()
+
+
+def test_wandb_figures_logged_late_land_at_the_checkpoints_step(hf, data_root, tmp_path, monkeypatch):
+    """Step 20 evaluated first, step 10 landing later (a restarted watcher picks it up): in the offline W&B
+    run each row holds its checkpoint's `trainer/step`, `eval/*` is plotted against it, and W&B's own
+    `_step` counts every row (none dropped as "step must increase")."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    folder = copy_steps(hf[0], tmp_path / "ckpt", [20])
+    wandb = WandbLogger(dir=tmp_path / "run", settings={"x_disable_stats": True})
+    try:
+        assert Watcher(
+            WatchConfig(checkpoint_dir=str(folder), run_dir=str(tmp_path / "run"), once=True, settle_s=0),
+            EvaluatorConfig.from_dict(eval_config(data_root)),
+            loggers=[wandb],
+        ).run() == [20]
+        copy_steps(hf[0], folder, [10])
+        assert Watcher(
+            WatchConfig(checkpoint_dir=str(folder), run_dir=str(tmp_path / "run"), once=True, settle_s=0),
+            EvaluatorConfig.from_dict(eval_config(data_root)),
+            loggers=[wandb],
+        ).run() == [10]
+    finally:
+        wandb.finish()
+    (run_file,) = find_run_files(tmp_path / "run")
+    import time
+
+    deadline = time.monotonic() + 30
+    while not is_finished(run_file):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    rows = [r for r in read_history(run_file) if "trainer/step" in r]
+    assert [r["trainer/step"] for r in rows] == [20, 10]
+    assert [r["_step"] for r in rows] == [0, 1]
+    lines = {line["step"]: line for line in eval_lines(tmp_path / "run")}
+    for row in rows:
+        assert row["eval/downstream/piqa/acc"] == lines[row["trainer/step"]]["eval/downstream/piqa/acc"]
+    defined = {
+        r.metric.glob_name or r.metric.name: r.metric.step_metric
+        for r in read_records(run_file)
+        if r.WhichOneof("record_type") == "metric"
+    }
+    assert defined["eval/*"] == "trainer/step"
+
+
+def test_under_torchrun_two_ranks_give_the_one_process_figures(hf, data_root, tmp_path):
+    """`torchrun -m inloop_eval.cli watch` with 2 gloo ranks: rank 0 decides and writes, both load each
+    checkpoint and share its documents; accuracies equal one process's, the rest within float rounding."""
+    from workers.launch import torchrun
+
+    folder = copy_steps(hf[0], tmp_path / "ckpt", [10, 20])
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump(eval_config(data_root)))
+    args = ["-m", "inloop_eval.cli", "watch", str(folder), "--config", str(config), "--once", "--settle", "0"]
+    torchrun(2, [*args, "--run-dir", str(tmp_path / "two")], timeout=300)
+    assert watcher(folder, tmp_path / "one", data_root).run() == [10, 20]
+    two, one = eval_lines(tmp_path / "two"), eval_lines(tmp_path / "one")
+    assert [line["step"] for line in two] == [10, 20]
+    for a, b in zip(two, one, strict=True):
+        for key, value in b.items():
+            if key.endswith(EXACT) or key == "step":
+                assert a[key] == value, key
+            elif not key.endswith(("/seconds", "/tokens_forwarded")):
+                assert math.isclose(a[key], value, rel_tol=1e-5, abs_tol=1e-9), key

@@ -1,0 +1,84 @@
+"""The watcher on torchtitan's own `step-<N>` checkpoints: torchtitan's real `Trainer` on CPU (one gloo
+process, tests/support/workers/torchtitan_checkpoints.py) saves one at every step with the in-loop
+validator running at both; `inloop-eval watch --model-builder` evaluates each once, with the validator's
+figures at the same step."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import yaml
+from watch_support import eval_lines
+from workers.launch import REPO, torchrun, worker_env
+
+from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
+
+EVAL_CONFIG = {
+    "evaluators": [
+        {"task": "copa", "limit": 5, "batch_tokens": 256},
+        {"task": "piqa", "limit": 5, "batch_tokens": 256},
+    ],
+}
+EXACT = (
+    "/acc",
+    "/acc_norm",
+    "/acc_bytes",
+    "/acc_per_token",
+    "/acc_pmi",
+    "/n_docs",
+    "/n_skipped_docs",
+    "/failed",
+)
+SEQ_LEN = 64  # the trainer's, and so the validator's max_length
+
+
+@pytest.fixture(scope="module")
+def watched(data_root, tmp_path_factory):
+    work = tmp_path_factory.mktemp("torchtitan")
+    (work / "eval.yaml").write_text(yaml.safe_dump(EVAL_CONFIG))
+    worker = str(REPO / "tests" / "support" / "workers" / "torchtitan_checkpoints.py")
+    args = [worker, "--data-root", str(data_root), "--work", str(work), "--out", str(work)]
+    torchrun(1, [*args, "--config", str(work / "eval.yaml")], timeout=420)
+    # The watcher's config: the validator's, its context and tokenizer (torchtitan's hf_assets_path).
+    (work / "watch.yaml").write_text(
+        yaml.safe_dump({**EVAL_CONFIG, "max_length": SEQ_LEN, "tokenizer": str(work / "tokenizer")})
+    )
+    run_dir = work / "run"
+    cmd = [sys.executable, "-m", "inloop_eval.cli", "watch", str(work / "dump" / "checkpoint")]
+    cmd += ["--config", str(work / "watch.yaml"), "--run-dir", str(run_dir), "--once", "--settle", "0"]
+    cmd += ["--model-builder", "workers.torchtitan_checkpoints:model_config", "--data-root", str(data_root)]
+    done = subprocess.run(cmd, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((work / "in_loop.json").read_text()), eval_lines(run_dir)
+
+
+def test_each_torchtitan_checkpoint_is_evaluated_once_with_the_validators_figures(watched):
+    in_loop, lines = watched
+    assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        expected = in_loop[str(line["step"])]
+        assert sorted(set(expected) - {SECONDS_KEY, TOKENS_KEY}) == sorted(
+            k for k in line if k not in ("step", SECONDS_KEY, TOKENS_KEY)
+        )
+        for key, value in expected.items():
+            if key in (SECONDS_KEY, TOKENS_KEY):
+                continue
+            if key.endswith(EXACT):
+                assert line[key] == value, (line["step"], key)
+            else:
+                assert math.isclose(line[key], value, rel_tol=1e-6, abs_tol=1e-12), (line["step"], key)
+
+
+def test_a_torchtitan_checkpoint_without_a_model_builder_is_a_clear_error(watched, data_root, tmp_path):
+    import torch
+
+    from inloop_eval.errors import ConfigError
+    from inloop_eval.watch.discovery import Checkpoint
+    from inloop_eval.watch.loading import load_model
+
+    with pytest.raises(ConfigError, match="holds no model config; pass --model-builder"):
+        load_model(Checkpoint(step=1, path=tmp_path / "step-1", format="torchtitan"), torch.device("cpu"))
