@@ -8,7 +8,6 @@ compute (which syncs across ranks).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,13 @@ from inloop_eval.keys import DOWNSTREAM, OlmoCoreNames
 from inloop_eval.metrics.icl import ICLMetric
 from inloop_eval.metrics.olmo import olmo_figures
 from inloop_eval.metrics.registry import ALL_METRICS, comparing_choices, needs_uncond, unknown_metrics
-from inloop_eval.requests.cache import RequestCacheError, cache_path, load_table, save_table
+from inloop_eval.requests.cache import (
+    RequestCacheError,
+    cache_path,
+    load_table,
+    save_table,
+    table_fingerprint,
+)
 from inloop_eval.requests.table import PairSet, RequestTable, build_requests
 from inloop_eval.tasks import Doc, MultipleChoiceTask, get_task, load_docs
 from inloop_eval.tasks.registry import check_task_id
@@ -158,7 +163,7 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         warn_single_choice(self.title(), docs, metrics)
         with_uncond = needs_uncond(metrics) or task.olmo_metric_type == "pmi_dc"
         table = self.requests(task, docs, max_length, with_uncond, agreement)
-        agreement.agree_same(requests_fingerprint(table), "the task's tokenized requests")
+        agreement.agree_same(table_fingerprint(table), "the task's tokenized requests")
         n_docs = subset_size(table, ev.subset_num_batches, ev.batch_tokens) if ev.subset_num_batches else None
         dataset = ICLMultiChoiceTaskDataset(table, n_docs=n_docs)
         self._prepared = PreparedTask(
@@ -388,17 +393,6 @@ def write_request_cache(table: RequestTable, path: Path | None) -> None:
         save_table(table, path)
     except OSError as exc:
         log.warning("request cache %s not written (%s); every rank tokenizes for itself", path, exc)
-
-
-def requests_fingerprint(table: RequestTable) -> int:
-    """62 bits of a digest of every request's tokens and document, choice and gold flags: equal on every rank
-    that builds the same requests."""
-    digest = hashlib.blake2b(digest_size=8)
-    pairs = table.pairs.concat(table.uncond)
-    for array in (pairs.ctx_tokens, pairs.ctx_offsets, pairs.ctx_id, pairs.ctx_start, pairs.ctx_end,
-                  pairs.cont_tokens, pairs.cont_offsets, table.doc_id, table.cont_id, table.is_gold):  # fmt: skip
-        digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
-    return int.from_bytes(digest.digest(), "little") >> 2
 
 
 def describe_pair(prepared: PreparedTask, p: int) -> str:

@@ -219,3 +219,14 @@ def _rebuild(arrays: dict[str, np.ndarray], layout: dict[str, Any]) -> RequestTa
         else:
             raise ValueError(f"field {name!r}: unknown kind {kind!r}")
     return RequestTable(**values)
+
+
+def table_fingerprint(table: RequestTable) -> int:
+    """62 bits of a digest of every request's tokens and document, choice and gold flags: equal on every rank
+    that builds the same requests."""
+    digest = hashlib.blake2b(digest_size=8)
+    pairs = table.pairs.concat(table.uncond)
+    for array in (pairs.ctx_tokens, pairs.ctx_offsets, pairs.ctx_id, pairs.ctx_start, pairs.ctx_end,
+                  pairs.cont_tokens, pairs.cont_offsets, table.doc_id, table.cont_id, table.is_gold):  # fmt: skip
+        digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
+    return int.from_bytes(digest.digest(), "little") >> 2

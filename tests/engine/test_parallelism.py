@@ -96,11 +96,7 @@ def test_torchtitans_tensor_parallel_plan_gives_the_unsharded_numbers(single, la
     for rank, result in enumerate(launched[2]):
         found = result["torchtitan_plan"]
         assert_same_metrics(found["metrics"], reference["metrics"], f"rank {rank}", 1e-5)
-        assert len(found["samples"]) == len(expected)
-        for s in found["samples"]:
-            ref = expected[(s["task"], s["doc_id"], s["cont_id"])]
-            assert s["is_greedy"] == ref["is_greedy"], s
-            assert math.isclose(s["ll"], ref["ll"], rel_tol=1e-5, abs_tol=1e-5), (s, ref)
+        assert_same_samples(found["samples"], expected)
 
 
 @pytest.mark.parametrize("path", ["hidden", "logits"])
@@ -112,6 +108,15 @@ def test_vocabulary_sharded_scoring_allocates_at_most_a_slice(launched, path: st
         assert all(r["largest"] <= r["bound"] for r in record), max(record, key=lambda r: r["largest"] / r["bound"])
 
 
+def assert_same_samples(samples: list[dict[str, Any]], expected: dict[tuple[str, int, int], dict[str, Any]]) -> None:
+    """Every request scored, each with the reference's greedy flag and loglikelihood (1e-5)."""
+    assert len(samples) == len(expected)
+    for s in samples:
+        ref = expected[(s["task"], s["doc_id"], s["cont_id"])]
+        assert s["is_greedy"] == ref["is_greedy"], s
+        assert math.isclose(s["ll"], ref["ll"], rel_tol=1e-5, abs_tol=1e-5), (s, ref)
+
+
 def test_a_layout_registered_from_outside_the_package_gives_the_unsharded_numbers(single, launched) -> None:
     """A toy model returning its vocabulary in slices over two ranks, registered with `register_layout` from
     this test's support code (no edit of the engine), scores as the same model unsharded."""
@@ -120,11 +125,7 @@ def test_a_layout_registered_from_outside_the_package_gives_the_unsharded_number
     for rank, result in enumerate(launched[2]):
         found = result["registered_layout"]
         assert_same_metrics(found["metrics"], reference["metrics"], f"rank {rank}", 1e-5)
-        assert len(found["samples"]) == len(expected)
-        for s in found["samples"]:
-            ref = expected[(s["task"], s["doc_id"], s["cont_id"])]
-            assert s["is_greedy"] == ref["is_greedy"], s
-            assert math.isclose(s["ll"], ref["ll"], rel_tol=1e-5, abs_tol=1e-5), (s, ref)
+        assert_same_samples(found["samples"], expected)
 
 
 def test_sharding_over_no_group_or_the_wrong_group_is_refused(launched) -> None:

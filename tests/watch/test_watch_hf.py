@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import EXACT
 from watch_support import eval_lines, hf_checkpoints
 from workers.launch import REPO, worker_env
 
@@ -26,16 +27,6 @@ from inloop_eval.watch.completion import missing_evidence
 from inloop_eval.watch.ledger import LEDGER_FILE, WATCH_DIR, read_jsonl
 
 STEPS = [10, 20, 30]
-EXACT = (
-    "/acc",
-    "/acc_norm",
-    "/acc_bytes",
-    "/acc_per_token",
-    "/acc_pmi",
-    "/n_docs",
-    "/n_skipped_docs",
-    "/failed",
-)
 
 
 def eval_config(data_root: Path, **fields) -> dict:

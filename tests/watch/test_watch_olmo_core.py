@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import EXACT
 from watch_support import eval_lines, olmo_eval_yaml, train_olmo_core, wait_for
 from workers.launch import REPO, worker_env
 
@@ -28,16 +29,6 @@ from inloop_eval.watch.ledger import LEDGER_FILE, WATCH_DIR, read_jsonl
 STEPS = 4
 SAVE_INTERVAL = 2
 SAVED = [0, 2, 4]  # OLMo-core saves the starting weights too
-EXACT = (
-    "/acc",
-    "/acc_norm",
-    "/acc_bytes",
-    "/acc_per_token",
-    "/acc_pmi",
-    "/n_docs",
-    "/n_skipped_docs",
-    "/failed",
-)
 WATCH_TIMEOUT_S = 300
 
 

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import yaml
+from helpers import EXACT
 from watch_support import eval_lines
 from workers.launch import REPO, torchrun, worker_env
 
@@ -23,16 +24,6 @@ EVAL_CONFIG = {
         {"task": "piqa", "limit": 5, "batch_tokens": 256},
     ],
 }
-EXACT = (
-    "/acc",
-    "/acc_norm",
-    "/acc_bytes",
-    "/acc_per_token",
-    "/acc_pmi",
-    "/n_docs",
-    "/n_skipped_docs",
-    "/failed",
-)
 SEQ_LEN = 64  # the trainer's, and so the validator's max_length
 
 
