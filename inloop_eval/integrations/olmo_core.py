@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+from abc import abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,16 +43,16 @@ from olmo_core.train.callbacks import Callback, CallbackConfig, EvaluatorCallbac
 from olmo_core.train.common import MetricMergeStrategy
 from olmo_core.train.train_module import TransformerPipelineTrainModule
 
-from inloop_eval.config_fields import one_of, read_config_file
+from inloop_eval.config_fields import one_of
 from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import Tokenizer, with_special_ids
 from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
 from inloop_eval.engine.layout import refuse_layout
 from inloop_eval.errors import ConfigError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
-from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import EvalSchedule, run_and_log
+from inloop_eval.integrations.callback_config import TaskCallbackFields
 from inloop_eval.integrations.olmo_core_perplexity import (
     OLMO_CORE_PERPLEXITY_CALLBACK,
     SHARED_FIELDS,
@@ -72,33 +73,61 @@ from inloop_eval.tasks.registry import check_task_id
 OLMO_CORE_DOWNSTREAM_CALLBACK = "downstream_evaluator"
 # Our task ids of OLMo's in-loop labels: `olmo:<label>`.
 OLMO_TASK_PREFIX = "olmo:"
-DEFAULT_BATCH_TOKENS = TaskEvalConfig.__dataclass_fields__["batch_tokens"].default
+
+
+class InLoopCallbackBuild(CallbackConfig):
+    """The `build` of both OLMo-core callback configs of ours (downstream tasks, perplexity): the evaluator
+    of `evaluator_config_of(trainer)` with the tokenizer of `tokenizer_config()`, in an `InLoopEvalCallback`.
+    Its subclasses are dataclasses holding `enabled`, `eval_on_startup`, `eval_on_finish`,
+    `olmo_core_keys_only` and `data_root`."""
+
+    enabled: bool
+    eval_on_startup: bool
+    eval_on_finish: bool
+    olmo_core_keys_only: bool
+    data_root: str | None
+
+    @abstractmethod
+    def evaluator_config_of(self, trainer: Any) -> EvaluatorConfig:
+        """The evaluator config for `trainer` (its train module's sequence length, its world size)."""
+
+    @abstractmethod
+    def tokenizer_config(self) -> TokenizerConfig | None:
+        """OLMo's tokenizer config of the model (None: the evaluator config's `tokenizer:`)."""
+
+    def build(self, trainer: Any) -> Callback | None:
+        if not self.enabled:
+            return None
+        train_module = trainer.train_module
+        check_train_module(train_module)
+        root = Path(self.data_root).expanduser() if self.data_root else default_data_root()
+        tokenizer_config = self.tokenizer_config()
+        tokenizer = olmo_tokenizer(tokenizer_config, root) if tokenizer_config is not None else None
+        evaluator = InLoopEvaluator(self.evaluator_config_of(trainer), tokenizer=tokenizer)
+        return InLoopEvalCallback(
+            evaluator,
+            autocast=getattr(train_module, "autocast_precision", None),
+            eval_on_startup=self.eval_on_startup,
+            eval_on_finish=self.eval_on_finish,
+            olmo_core_keys_only=self.olmo_core_keys_only,
+        )
 
 
 @dataclass
-class InLoopEvalCallbackConfig(CallbackConfig):
+class InLoopEvalCallbackConfig(InLoopCallbackBuild, TaskCallbackFields):
     """The OLMo-core callback config of the in-loop evaluator: what to evaluate and when, in plain fields.
-    Name either `tasks` or a `config` file."""
+    Name either `tasks`, a `task_set` or a `config` file (the fields shared with torchtitan's validator are
+    `TaskCallbackFields`')."""
 
-    tasks: list[str] | None = None
-    """Task ids (`inloop-eval tasks` lists them; `olmo:<label>` for OLMo's labels), each evaluated with
-    `limit` and `batch_tokens`."""
     task_set: str | None = None
     """One of OLMo-core's task sets (`full`, `full__small_compute`, `full__large_compute`, `fast`), instead of
     `tasks`: its labels as `olmo:<label>` tasks (`task_set_ids`)."""
-    config: str | None = None
-    """Path of an evaluator YAML config (`configs/`), instead of `tasks`; its `eval_interval` is replaced by
-    this config's."""
     tokenizer: TokenizerConfig | None = None
     """OLMo's tokenizer config: its `identifier` is a local tokenizer file or directory, a tokenizer
     `inloop-eval data fetch` fetched, or one in the local Hugging Face hub cache; its BOS and EOS ids are used
     as given. None: the config file's `tokenizer:`."""
     eval_interval: int = 1000
-    """Evaluate after every step divisible by this."""
-    limit: int | None = None
-    """Evaluate only the first `limit` documents of each of `tasks`."""
-    batch_tokens: int = DEFAULT_BATCH_TOKENS
-    """Token budget of one forward pass for each of `tasks`."""
+    """Evaluate after every step divisible by this (a `config` file's `eval_interval` is replaced by it)."""
     eval_on_startup: bool = False
     """Evaluate before the first step (at the step a resumed run starts from)."""
     eval_on_finish: bool = False
@@ -110,40 +139,28 @@ class InLoopEvalCallbackConfig(CallbackConfig):
     olmo_core_keys_only: bool = False
     """Record only the keys OLMo-core's own downstream callback records (with `key_style: olmo_core`): the
     OLMo figures of `olmo:` tasks, and the evaluation time; our other figures are computed but not recorded."""
-    strict: bool = False
-    """Raise a task's failure (stopping training) instead of recording `.../failed = 1` and going on."""
-    data_root: str | None = None
-    """Task data and fetched tokenizers; default `$INLOOP_EVAL_DATA` or `~/.cache/inloop_eval/data`."""
+
+    TASK_SOURCES: ClassVar[dict[str, str]] = {
+        "tasks": "e.g. tasks=['piqa']",
+        "task_set": "one of OLMo-core's, e.g. 'fast'",
+        "config": "an evaluator YAML file",
+    }
+    TASK_ONLY_FIELDS: ClassVar[tuple[str, ...]] = ("limit", "batch_tokens", "key_style")
 
     def __post_init__(self) -> None:
-        where = "InLoopEvalCallbackConfig"
-        if [self.tasks, self.task_set, self.config].count(None) != 2:
-            raise ConfigError(
-                f"{where}: name either `tasks` (e.g. tasks=['piqa']), `task_set` (one of OLMo-core's, e.g. "
-                f"'fast') or `config` (an evaluator YAML file), found tasks={self.tasks!r}, "
-                f"task_set={self.task_set!r}, config={self.config!r}"
-            )
+        TaskCallbackFields.__post_init__(self)
         if self.task_set is not None:
             task_set_ids(self.task_set)
-        if self.config is not None and (
-            self.limit is not None or self.batch_tokens != DEFAULT_BATCH_TOKENS or self.key_style != "inloop"
-        ):
-            raise ConfigError(
-                f"{where}: `limit`, `batch_tokens` and `key_style` apply to `tasks`; with config={self.config!r} "
-                "set them in that file"
-            )
-        if self.tasks is not None and not self.tasks:
-            raise ConfigError(f"{where}: `tasks` lists no task; name at least one, e.g. tasks=['piqa']")
         if self.tokenizer is None and self.config is None:
             raise ConfigError(
-                f"{where}: `tokenizer` is required with `tasks`: OLMo's TokenizerConfig of the model, e.g. "
-                "TokenizerConfig.gpt_neox_olmo_dolma_v1_5()"
+                f"{self.where}: `tokenizer` is required with `tasks`: OLMo's TokenizerConfig of the model, "
+                "e.g. TokenizerConfig.gpt_neox_olmo_dolma_v1_5()"
             )
-        one_of(self.key_style, KEY_STYLES, f"{where}: key_style")
+        one_of(self.key_style, KEY_STYLES, f"{self.where}: key_style")
         if self.olmo_core_keys_only and self.key_style != "olmo_core" and self.config is None:
             raise ConfigError(
-                f"{where}: olmo_core_keys_only=True needs key_style='olmo_core' (only then do OLMo's figures "
-                f"take OLMo-core's keys), found key_style={self.key_style!r}"
+                f"{self.where}: olmo_core_keys_only=True needs key_style='olmo_core' (only then do OLMo's "
+                f"figures take OLMo-core's keys), found key_style={self.key_style!r}"
             )
 
     def task_ids(self) -> list[str]:
@@ -152,61 +169,28 @@ class InLoopEvalCallbackConfig(CallbackConfig):
             return task_set_ids(self.task_set)
         return list(self.tasks or [])
 
+    def task_settings(self) -> dict[str, Any]:
+        return {"key_style": self.key_style}
+
     def evaluator_config(self, max_sequence_length: int | None) -> EvaluatorConfig:
         """The `EvaluatorConfig` this callback config describes, its `max_length` the train module's
         sequence length (a config file may only lower it)."""
-        if self.config is not None:
-            data = dict(read_config_file(self.config))
-            data["eval_interval"] = self.eval_interval
-            if self.strict:
-                data["strict"] = True
-            if self.data_root is not None:
-                data["data_root"] = self.data_root
-            config = EvaluatorConfig.from_dict(data, self.config)
-        else:
-            entries = [
-                {"task": t, "limit": self.limit, "batch_tokens": self.batch_tokens} for t in self.task_ids()
-            ]
-            settings: dict[str, Any] = {
-                "eval_interval": self.eval_interval,
-                "data_root": self.data_root,
-                "key_style": self.key_style,
-                "strict": self.strict,
-            }
-            config = EvaluatorConfig.from_dict(
-                {"evaluators": entries, **settings}, "InLoopEvalCallbackConfig"
-            )
-        if max_sequence_length is not None:
-            if config.max_length is not None and config.max_length > max_sequence_length:
-                raise ConfigError(
-                    f"{self.config}: max_length {config.max_length} is longer than the train module's "
-                    f"max_sequence_length {max_sequence_length}, past the positions the model was trained on; "
-                    "lower it or leave it out"
-                )
-            config.max_length = config.max_length or max_sequence_length
-        return config
-
-    def build(self, trainer: Any) -> Callback | None:
-        if not self.enabled:
-            return None
-        train_module = trainer.train_module
-        check_train_module(train_module)
-        spec = getattr(train_module, "eval_batch_spec", None)
-        config = self.evaluator_config(getattr(spec, "max_sequence_length", None))
-        root = Path(self.data_root).expanduser() if self.data_root else default_data_root()
-        tokenizer = olmo_tokenizer(self.tokenizer, root) if self.tokenizer is not None else None
-        evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
-        return InLoopEvalCallback(
-            evaluator,
-            autocast=getattr(train_module, "autocast_precision", None),
-            eval_on_startup=self.eval_on_startup,
-            eval_on_finish=self.eval_on_finish,
-            olmo_core_keys_only=self.olmo_core_keys_only,
+        return self.described_config(
+            eval_interval=self.eval_interval,
+            trained_length=max_sequence_length,
+            trained_length_name="the train module's max_sequence_length",
         )
+
+    def evaluator_config_of(self, trainer: Any) -> EvaluatorConfig:
+        spec = getattr(trainer.train_module, "eval_batch_spec", None)
+        return self.evaluator_config(getattr(spec, "max_sequence_length", None))
+
+    def tokenizer_config(self) -> TokenizerConfig | None:
+        return self.tokenizer
 
 
 @dataclass
-class InLoopPerplexityCallbackConfig(PerplexityCallbackFields):
+class InLoopPerplexityCallbackConfig(InLoopCallbackBuild, PerplexityCallbackFields):
     """OLMo-core's `LMEvaluatorCallbackConfig`, the same fields, evaluated by this project's perplexity
     evaluator with OLMo-core's figures and keys (`inloop_eval.integrations.olmo_core_perplexity`):
 
@@ -216,21 +200,12 @@ class InLoopPerplexityCallbackConfig(PerplexityCallbackFields):
         )
     """
 
-    def build(self, trainer: Any) -> Callback | None:
-        if not self.enabled:
-            return None
-        train_module = trainer.train_module
+    def evaluator_config_of(self, trainer: Any) -> EvaluatorConfig:
         dp_world_size = get_world_size(getattr(trainer, "dp_process_group", None))
-        config = self.evaluator_config(train_module.eval_batch_spec, dp_world_size)
-        root = Path(self.data_root).expanduser() if self.data_root else default_data_root()
-        evaluator = InLoopEvaluator(config, tokenizer=olmo_tokenizer(self.eval_dataset.tokenizer, root))
-        return InLoopEvalCallback(
-            evaluator,
-            autocast=getattr(train_module, "autocast_precision", None),
-            eval_on_startup=self.eval_on_startup,
-            eval_on_finish=self.eval_on_finish,
-            olmo_core_keys_only=self.olmo_core_keys_only,
-        )
+        return self.evaluator_config(trainer.train_module.eval_batch_spec, dp_world_size)
+
+    def tokenizer_config(self) -> TokenizerConfig | None:
+        return self.eval_dataset.tokenizer
 
 
 class InLoopEvalCallback(EvaluatorCallback):

@@ -34,6 +34,7 @@ from inloop_eval.data.perplexity.domain_config import LM_DTYPES
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.perplexity import LMEvalConfig
+from inloop_eval.integrations.callback_config import check_trained_length
 
 # The name OLMo-core's `with_recommended_evals` gives its perplexity callback.
 OLMO_CORE_PERPLEXITY_CALLBACK = "lm_evaluator"
@@ -95,11 +96,14 @@ class PerplexityCallbackFields(LMEvaluatorCallbackConfig):
                 f"{type(dataset).__name__}"
             )
         seq_len = dataset.sequence_length
-        if batch_spec.max_sequence_length is not None and seq_len > batch_spec.max_sequence_length:
-            raise ConfigError(
-                f"{WHERE}: the eval dataset's sequence_length {seq_len} is longer than the train module's "
-                f"maximum eval sequence length {batch_spec.max_sequence_length}"
-            )
+        check_trained_length(
+            WHERE,
+            "the eval dataset's sequence_length",
+            seq_len,
+            batch_spec.max_sequence_length,
+            "the train module's maximum eval sequence length",
+            fix="build the eval dataset with a shorter sequence_length",
+        )
         batch_instances = global_batch_instances(batch_spec, seq_len, dp_world_size)
         entry = {
             "type": "lm",

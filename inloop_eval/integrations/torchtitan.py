@@ -36,19 +36,16 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torchtitan.components.validate import Validator
 from torchtitan.tools.logging import logger
 
-from inloop_eval.config_fields import read_config_file
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer, with_special_ids
 from inloop_eval.engine.adapters import input_embedding_rows
 from inloop_eval.engine.layout import ForwardInputs, LayoutNeeds, ModelAdapter, ModelOutputs, refuse_layout
 from inloop_eval.engine.layouts.vocab_sharded import logits_outputs, selected_logits
 from inloop_eval.errors import ConfigError, ModelOutputError
 from inloop_eval.evaluators.config import EvaluatorConfig
-from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import run_and_log
+from inloop_eval.integrations.callback_config import TaskCallbackFields
 from inloop_eval.keys import seconds_key
-
-DEFAULT_BATCH_TOKENS = TaskEvalConfig.__dataclass_fields__["batch_tokens"].default
 
 
 class InLoopValidator(Validator):
@@ -60,82 +57,35 @@ class InLoopValidator(Validator):
     """
 
     @dataclass(kw_only=True, slots=True)
-    class Config(Validator.Config):
+    class Config(Validator.Config, TaskCallbackFields):
+        """torchtitan's validator config with what to evaluate (`TaskCallbackFields`: `tasks` or `config`,
+        `limit`, `batch_tokens`, `strict`, `data_root`)."""
+
         enable: bool = True
         """Build the validator (torchtitan builds none when False)."""
 
         freq: int = 1000
-        """Validate at step 1 and every `freq` steps (torchtitan's rule)."""
+        """Validate at step 1 and every `freq` steps (torchtitan's rule; a `config` file's `eval_interval`
+        is replaced by it)."""
 
         steps: int = 10
         """Batches of torchtitan's loss validation (with `loss_validation`); torchtitan's default, -1 (the
         whole set), warns that it can hang."""
 
-        tasks: list[str] | None = None
-        """Task ids (`inloop-eval tasks` lists them), each evaluated with `limit` and `batch_tokens`."""
-
-        config: str | None = None
-        """Path of an evaluator YAML config, instead of `tasks`; its `eval_interval` is `freq`'s."""
-
-        limit: int | None = None
-        """Evaluate only the first `limit` documents of each of `tasks`."""
-
-        batch_tokens: int = DEFAULT_BATCH_TOKENS
-        """Token budget of one forward pass for each of `tasks`."""
-
-        data_root: str | None = None
-        """Task data; default `$INLOOP_EVAL_DATA` or `~/.cache/inloop_eval/data`."""
-
-        strict: bool = False
-        """Raise a task's failure (stopping training) instead of logging `.../failed = 1` and going on."""
-
         loss_validation: bool = False
         """Also run torchtitan's loss validation (`Validator.validate`, with `dataloader` and `steps`)."""
 
         def __post_init__(self) -> None:
+            # Named bases: the slotted dataclass is a new class, which zero-argument `super()` misses.
             Validator.Config.__post_init__(self)
-            if (self.tasks is None) == (self.config is None):
-                raise ConfigError(
-                    "InLoopValidator.Config: name either `tasks` (e.g. tasks=['piqa']) or `config` (an "
-                    f"evaluator YAML file), found tasks={self.tasks!r}, config={self.config!r}"
-                )
-            if self.tasks is not None and not self.tasks:
-                raise ConfigError(
-                    "InLoopValidator.Config: `tasks` lists no task; name at least one, e.g. ['piqa']"
-                )
-            if self.config is not None and (
-                self.limit is not None or self.batch_tokens != DEFAULT_BATCH_TOKENS
-            ):
-                raise ConfigError(
-                    f"InLoopValidator.Config: `limit` and `batch_tokens` apply to `tasks`; with "
-                    f"config={self.config!r} set them in that file"
-                )
+            TaskCallbackFields.__post_init__(self)
 
         def evaluator_config(self, seq_len: int) -> EvaluatorConfig:
             """The `EvaluatorConfig` this describes, evaluated every `freq` steps; its `max_length` the
             training sequence length `seq_len` (a config file may only lower it)."""
-            if self.config is not None:
-                data = {**read_config_file(self.config), "eval_interval": self.freq}
-                where = self.config
-            else:
-                entries = [
-                    {"task": t, "limit": self.limit, "batch_tokens": self.batch_tokens}
-                    for t in self.tasks or []
-                ]
-                data = {"evaluators": entries, "eval_interval": self.freq}
-                where = "InLoopValidator.Config"
-            if self.strict:
-                data["strict"] = True
-            if self.data_root is not None:
-                data["data_root"] = self.data_root
-            config = EvaluatorConfig.from_dict(data, where)
-            if config.max_length is not None and config.max_length > seq_len:
-                raise ConfigError(
-                    f"{where}: max_length {config.max_length} is longer than the training seq_len {seq_len}, "
-                    "past the positions the model was trained on; lower it or leave it out"
-                )
-            config.max_length = config.max_length or seq_len
-            return config
+            return self.described_config(
+                eval_interval=self.freq, trained_length=seq_len, trained_length_name="the training seq_len"
+            )
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)

@@ -120,52 +120,117 @@ def icl_evaluate(
     if unknown:
         raise ValueError(f"icl_compute: unknown metrics {unknown}")
     wanted = [METRICS[canonical(m)] for m in metrics]
-    keep = dedup_requests(requests["doc_id"], requests["cont_id"])
-    r = {k: requests[k][keep] for k in REQUEST_FIELDS}
+    r = unique_requests(requests)
     ll_R = r["ll"].to(torch.float64)
     ll_uncond_R = uncond_lookup(r["uncond_id"], uncond_id_U, uncond_ll_U)
-    docs_D, doc_of_R = torch.unique(r["doc_id"], return_inverse=True)
-    n_docs_seen = docs_D.numel()
+    docs = complete_documents(r, ll_R, ll_uncond_R, needs_uncond=any(m.needs_uncond for m in wanted))
+    choices = dense_choices(r, ll_R, ll_uncond_R, docs)
+    figures, values, left_out = document_figures(metrics, wanted, choices)
+    outcomes = DocumentOutcomes(
+        doc_id=docs.doc_id_D[docs.complete_D].numpy().astype(np.int64),
+        n_choices=docs.expected_D[docs.complete_D].numpy().astype(np.int64),
+        values=values,
+        binary=frozenset(n for n, d in zip(metrics, wanted, strict=True) if d.binary and n in values),
+        left_out=left_out,
+    )
+    return docs.counts() | figures, outcomes
 
-    # A document is complete when it has all of its choices and all of them are finite.
-    count_D = torch.zeros(n_docs_seen, dtype=torch.long).index_add_(0, doc_of_R, torch.ones_like(doc_of_R))
-    expected_D = torch.zeros(n_docs_seen, dtype=torch.long).scatter_reduce_(
+
+def unique_requests(requests: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The REQUEST_FIELDS of `requests` with each (doc_id, cont_id) once, sorted by that pair: rows repeated
+    by sampler padding count once."""
+    keep = dedup_requests(requests["doc_id"], requests["cont_id"])
+    return {k: requests[k][keep] for k in REQUEST_FIELDS}
+
+
+@dataclass(frozen=True)
+class DocumentLayout:
+    """The documents seen in a task's unique requests, which of them are complete, and where each request of
+    a complete document goes in the dense [D, K] layout (D complete documents, K the most choices).
+
+    doc_id_D, expected_D, complete_D, nonfinite_D: over every document seen (ids ascending): its id, its
+    number of choices, whether it has all of them and all are finite, whether it has all of them but one is
+    not finite. use_R: the requests of complete documents; row_R, col_R: their [D, K] cells.
+    """
+
+    doc_id_D: Tensor
+    expected_D: Tensor
+    complete_D: Tensor
+    nonfinite_D: Tensor
+    use_R: Tensor
+    row_R: Tensor
+    col_R: Tensor
+
+    @property
+    def n_docs(self) -> int:
+        return int(self.complete_D.sum())
+
+    def counts(self) -> dict[str, float]:
+        """The COUNTS figures: complete, skipped and non-finite documents."""
+        return {
+            "n_docs": float(self.n_docs),
+            "n_skipped_docs": float(self.doc_id_D.numel() - self.n_docs),
+            "n_nonfinite_docs": float(self.nonfinite_D.sum()),
+        }
+
+    def dense(self, values_R: Tensor, fill: float) -> Tensor:
+        """[D, K] float64: each complete document's values by choice, `fill` where it has fewer choices."""
+        k = int(self.col_R.max()) + 1 if self.col_R.numel() else 1
+        out_DK = torch.full((self.n_docs, k), fill, dtype=torch.float64)
+        out_DK[self.row_R, self.col_R] = values_R[self.use_R].to(torch.float64)
+        return out_DK
+
+
+def complete_documents(
+    r: dict[str, Tensor], ll_R: Tensor, ll_uncond_R: Tensor, *, needs_uncond: bool
+) -> DocumentLayout:
+    """The `DocumentLayout` of unique requests `r`. A document is complete when it has all of its choices
+    and all of them are finite (their unconditional scores too, when a figure needs them)."""
+    doc_id_D, doc_of_R = torch.unique(r["doc_id"], return_inverse=True)
+    n_seen = doc_id_D.numel()
+    count_D = torch.zeros(n_seen, dtype=torch.long).index_add_(0, doc_of_R, torch.ones_like(doc_of_R))
+    expected_D = torch.zeros(n_seen, dtype=torch.long).scatter_reduce_(
         0, doc_of_R, r["n_choices"], reduce="amax", include_self=False
     )
     finite_R = torch.isfinite(ll_R)
-    if any(m.needs_uncond for m in wanted):
+    if needs_uncond:
         finite_R &= torch.isfinite(ll_uncond_R)
-    bad_D = torch.zeros(n_docs_seen, dtype=torch.long).index_add_(0, doc_of_R, (~finite_R).long()) > 0
-    complete_D = (count_D == expected_D) & ~bad_D
+    bad_D = torch.zeros(n_seen, dtype=torch.long).index_add_(0, doc_of_R, (~finite_R).long()) > 0
+    all_choices_D = count_D == expected_D
+    complete_D = all_choices_D & ~bad_D
     use_R = complete_D[doc_of_R]
-
-    out: dict[str, float] = {
-        "n_docs": float(complete_D.sum()),
-        "n_skipped_docs": float(n_docs_seen - int(complete_D.sum())),
-        "n_nonfinite_docs": float((bad_D & (count_D == expected_D)).sum()),
-    }
-    # Dense [D, K] layout of the complete documents.
     new_doc_D = torch.cumsum(complete_D.long(), 0) - 1
-    row_R = new_doc_D[doc_of_R[use_R]]
-    col_R = r["cont_id"][use_R]
-    n_docs = int(complete_D.sum())
-    k = int(col_R.max()) + 1 if col_R.numel() else 1
-
-    def dense(values_R: Tensor, fill: float) -> Tensor:
-        out_DK = torch.full((n_docs, k), fill, dtype=torch.float64)
-        out_DK[row_R, col_R] = values_R[use_R].to(torch.float64)
-        return out_DK
-
-    choices = Choices(
-        ll=dense(ll_R, -math.inf),
-        ll_uncond=dense(ll_uncond_R, 0.0),
-        n_tokens=dense(r["n_tokens"], 1.0),
-        n_chars=dense(r["n_chars"], 1.0),
-        n_bytes=dense(r["n_bytes"], 1.0),
-        is_gold=dense(r["is_gold"].to(torch.float64), 0.0) > 0,
-        is_greedy=dense(r["is_greedy"].to(torch.float64), 0.0) > 0,
-        present=dense(torch.ones_like(ll_R), 0.0) > 0,
+    return DocumentLayout(
+        doc_id_D=doc_id_D,
+        expected_D=expected_D,
+        complete_D=complete_D,
+        nonfinite_D=bad_D & all_choices_D,
+        use_R=use_R,
+        row_R=new_doc_D[doc_of_R[use_R]],
+        col_R=r["cont_id"][use_R],
     )
+
+
+def dense_choices(r: dict[str, Tensor], ll_R: Tensor, ll_uncond_R: Tensor, docs: DocumentLayout) -> Choices:
+    """The complete documents' requests as the [D, K] `Choices` the figures are computed from."""
+    return Choices(
+        ll=docs.dense(ll_R, -math.inf),
+        ll_uncond=docs.dense(ll_uncond_R, 0.0),
+        n_tokens=docs.dense(r["n_tokens"], 1.0),
+        n_chars=docs.dense(r["n_chars"], 1.0),
+        n_bytes=docs.dense(r["n_bytes"], 1.0),
+        is_gold=docs.dense(r["is_gold"].to(torch.float64), 0.0) > 0,
+        is_greedy=docs.dense(r["is_greedy"].to(torch.float64), 0.0) > 0,
+        present=docs.dense(torch.ones_like(ll_R), 0.0) > 0,
+    )
+
+
+def document_figures(
+    metrics: Sequence[str], wanted: Sequence[MetricDef], choices: Choices
+) -> tuple[dict[str, float], dict[str, np.ndarray], dict[str, str]]:
+    """(each figure with its `_stderr` where it has one, the per-document values of those that are means,
+    why the others have none) for the figures `metrics` named, defined by `wanted`."""
+    out: dict[str, float] = {}
     values: dict[str, np.ndarray] = {}
     left_out: dict[str, str] = {}
     for name, definition in zip(metrics, wanted, strict=True):
@@ -178,14 +243,7 @@ def icl_evaluate(
         if definition.stderr:
             out[f"{name}_stderr"] = stderr
         values[name] = per_doc_D.numpy()
-    outcomes = DocumentOutcomes(
-        doc_id=docs_D[complete_D].numpy().astype(np.int64),
-        n_choices=expected_D[complete_D].numpy().astype(np.int64),
-        values=values,
-        binary=frozenset(n for n, d in zip(metrics, wanted, strict=True) if d.binary and n in values),
-        left_out=left_out,
-    )
-    return out, outcomes
+    return out, values, left_out
 
 
 def olmo_compute(
@@ -193,8 +251,7 @@ def olmo_compute(
 ) -> dict[str, float]:
     """OLMo's figures for `metric_type` (ai2-olmo-eval's `ICLMetric`, see `inloop_eval.metrics.olmo`) from
     the same requests as `icl_compute`; rows repeated by sampler padding count once."""
-    keep = dedup_requests(requests["doc_id"], requests["cont_id"])
-    r = {k: requests[k][keep] for k in REQUEST_FIELDS}
+    r = unique_requests(requests)
     ll_uncond_R = None
     if metric_type == "pmi_dc":
         ll_uncond_R = uncond_lookup(r["uncond_id"], uncond_id_U, uncond_ll_U)

@@ -65,6 +65,7 @@ Legend: R requests, D documents (ascending doc_id), G documents of one group, M 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -104,6 +105,7 @@ _COMPANION_VALUES: tuple[str, ...] = (
 _GOLD_VALUES: tuple[str, ...] = ("pred", *_COMPANION_VALUES)
 # metric_type ce_loss / bpb -> the name of its per-request value.
 _SHORT: dict[str, str] = {"ce_loss": "ce", "bpb": "bpb"}
+
 
 def olmo_figures(metric_type: str) -> tuple[str, ...]:
     """The keys `ICLMetric(metric_type).compute()` returns, in its order."""
@@ -173,14 +175,9 @@ def olmo_icl_compute(
     for pmi_dc only). Any device; the figures are computed on the CPU.
     """
     _check_metric_type(metric_type)
-    doc_id_R, cont_id_R, is_gold_R, ll_R = doc_id_R.cpu(), cont_id_R.cpu(), is_gold_R.cpu(), ll_R.cpu()
-    n_chars_R, n_bytes_R = n_chars_R.cpu(), n_bytes_R.cpu()
-    if ll_uncond_R is not None:
-        ll_uncond_R = ll_uncond_R.cpu()
     if n_bytes_no_leading_space_R is None:
         n_bytes_no_leading_space_R = n_bytes_R.to(torch.long) - 1
-    n_bytes_no_leading_space_R = n_bytes_no_leading_space_R.cpu()
-    fields = {
+    given = {
         "doc_id_R": doc_id_R,
         "cont_id_R": cont_id_R,
         "is_gold_R": is_gold_R,
@@ -188,43 +185,79 @@ def olmo_icl_compute(
         "n_chars_R": n_chars_R,
         "n_bytes_R": n_bytes_R,
         "n_bytes_no_leading_space_R": n_bytes_no_leading_space_R,
+        "ll_uncond_R": ll_uncond_R,
     }
-    if ll_uncond_R is not None:
-        fields["ll_uncond_R"] = ll_uncond_R
+    fields = {name: value.cpu() for name, value in given.items() if value is not None}
     _check_shapes(metric_type, fields)
     values = olmo_request_values(
-        metric_type, ll_R, n_chars_R, n_bytes_R, n_bytes_no_leading_space_R, ll_uncond_R
+        metric_type,
+        fields["ll_R"],
+        fields["n_chars_R"],
+        fields["n_bytes_R"],
+        fields["n_bytes_no_leading_space_R"],
+        fields.get("ll_uncond_R"),
     )
+    docs = _documents(metric_type, fields["doc_id_R"], fields["cont_id_R"], fields["is_gold_R"], values)
+    return _figures(metric_type, docs)
 
-    # Rows sorted by (doc_id, cont_id): each document's rows are then contiguous and in choice order.
+
+@dataclass(frozen=True)
+class _Documents:
+    """A task's requests sorted by (doc_id, cont_id), so that each document's rows are contiguous and in
+    choice order, and the documents OLMo scores.
+
+    doc_id_D: [D] ascending. start_D, count_D: [D] the first of its rows and how many. scored_D: [D] whether
+    OLMo scores it. label_D: [D] its gold cont_id. values: OLMo's per-request values, [R] in sorted order.
+    """
+
+    doc_id_D: Tensor
+    start_D: Tensor
+    count_D: Tensor
+    scored_D: Tensor
+    label_D: Tensor
+    values: dict[str, Tensor]
+
+
+def _documents(
+    metric_type: str, doc_id_R: Tensor, cont_id_R: Tensor, is_gold_R: Tensor, values: dict[str, Tensor]
+) -> _Documents:
+    """The requests laid out by document (`_Documents`), checked as OLMo's metric needs them."""
     order_R = torch.argsort(cont_id_R, stable=True)
     order_R = order_R[torch.argsort(doc_id_R[order_R], stable=True)]
     doc_R, cont_R = doc_id_R[order_R].to(torch.long), cont_id_R[order_R].to(torch.long)
     gold_R = is_gold_R[order_R].to(torch.bool)
-    values = {name: value_R[order_R] for name, value_R in values.items()}
     _check_requests(metric_type, doc_R, cont_R)
-
-    docs_D, count_D = torch.unique_consecutive(doc_R, return_counts=True)
+    doc_id_D, count_D = torch.unique_consecutive(doc_R, return_counts=True)
     start_D = torch.cumsum(count_D, 0) - count_D
-    doc_of_R = torch.repeat_interleave(torch.arange(docs_D.numel()), count_D)
+    doc_of_R = torch.repeat_interleave(torch.arange(doc_id_D.numel()), count_D)
     # OLMo fills a tensor of m = (number of cont_ids seen) slots by cont_id and skips the document on an
     # IndexError, so it scores exactly the documents whose cont_ids are 0..m-1.
     scored_D = cont_R[start_D + count_D - 1] == count_D - 1
-    label_D = torch.zeros(docs_D.numel(), dtype=torch.long).index_put_((doc_of_R[gold_R],), cont_R[gold_R])
+    label_D = torch.zeros(doc_id_D.numel(), dtype=torch.long).index_put_((doc_of_R[gold_R],), cont_R[gold_R])
     if metric_type in _LABELLED_TYPES:
-        n_gold_D = torch.zeros(docs_D.numel(), dtype=torch.long).index_add_(0, doc_of_R, gold_R.long())
-        _check_one_gold(metric_type, docs_D[scored_D], n_gold_D[scored_D])
+        n_gold_D = torch.zeros(doc_id_D.numel(), dtype=torch.long).index_add_(0, doc_of_R, gold_R.long())
+        _check_one_gold(metric_type, doc_id_D[scored_D], n_gold_D[scored_D])
+    return _Documents(
+        doc_id_D=doc_id_D,
+        start_D=start_D,
+        count_D=count_D,
+        scored_D=scored_D,
+        label_D=label_D,
+        values={name: value_R[order_R] for name, value_R in values.items()},
+    )
 
+
+def _figures(metric_type: str, docs: _Documents) -> dict[str, float]:
+    """OLMo's figures of `metric_type` over the documents it scores, in its order."""
     if metric_type in OLMO_GOLD_ONLY_TYPES:
         # One request per document (checked): choice 0's values, summed in float32 as OLMo sums tensors.
-        first_D = start_D[scored_D]
+        first_D = docs.start_D[docs.scored_D]
         return {
-            f"{metric_type}_v1": _float32_mean(values[f"{_SHORT[metric_type]}_nls"][first_D]),
-            f"{metric_type}_v2": _float32_mean(values[_SHORT[metric_type]][first_D]),
+            f"{metric_type}_v1": _float32_mean(docs.values[f"{_SHORT[metric_type]}_nls"][first_D]),
+            f"{metric_type}_v2": _float32_mean(docs.values[_SHORT[metric_type]][first_D]),
         }
-
-    per_doc = _per_document(metric_type, values, label_D, start_D, count_D, scored_D)
-    label_S = label_D[scored_D]
+    per_doc = _per_document(metric_type, docs.values, docs.label_D, docs.start_D, docs.count_D, docs.scored_D)
+    label_S = docs.label_D[docs.scored_D]
     if metric_type == "f1":
         return {
             "f1_v1": _olmo_f1(label_S, per_doc["pred"]),

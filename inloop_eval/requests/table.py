@@ -211,54 +211,79 @@ def build_requests(
         )
     if with_uncond is None:
         with_uncond = "acc_pmi" in task.metrics
-    main, uncond = _PairBuilder(), _PairBuilder()
-    uncond_index: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
-    uncond_contexts: dict[str, tuple[list[int], str]] = {}
-    cols: dict[str, list[int]] = {k: [] for k in ("doc_id", "cont_id", "n_choices", "n_chars", "n_bytes")}
-    is_gold: list[bool] = []
-    uncond_ids: list[int] = []
-    ctx_texts: list[str] = []
-    cont_texts: list[str] = []
+    main = _PairBuilder()
+    uncond = _UncondRequests(task, tokenizer, max_length)
+    rows = _RequestRows()
     for doc in docs:
         uncond_texts = _doc_uncond_contexts(task, doc)
         for i, (context, choice) in enumerate(zip(doc.contexts, doc.continuations, strict=True)):
             where = f"task {task.name!r} doc {doc.index} choice {i}"
             request = _encode_request(task, tokenizer, context, choice, where)
             main.add(request.ctx_ids, request.n_before, request.cont_ids, max_length, where)
-            if with_uncond:
-                text = uncond_texts[i]
-                if text not in uncond_contexts:
-                    uncond_contexts[text] = _uncond_context(task, tokenizer, text, where)
-                u_ctx, u_prefix = uncond_contexts[text]
-                if task.pair_encoding == "olmo":  # the very continuation tokens, after the domain conditional
-                    u_cont = request.cont_ids
-                else:
-                    u_cont = _uncond_continuation(tokenizer, u_ctx, u_prefix, request.cont_text, where)
-                key = (tuple(u_ctx), tuple(u_cont))
-                if key not in uncond_index:
-                    uncond_index[key] = uncond.add(u_ctx, len(u_ctx), u_cont, max_length, where)
-                uncond_ids.append(uncond_index[key])
-            else:
-                uncond_ids.append(-1)
-            cols["doc_id"].append(doc.index)
-            cols["cont_id"].append(i)
-            cols["n_choices"].append(doc.n_choices)
-            cols["n_chars"].append(len(request.length_text))
-            cols["n_bytes"].append(len(request.length_text.encode("utf-8")))
-            is_gold.append(i in doc.gold)
-            ctx_texts.append(request.ctx_text)
-            cont_texts.append(request.cont_text)
-    arrays = {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}
-    return RequestTable(
-        task=task.name,
-        pairs=main.build(),
-        is_gold=np.asarray(is_gold, dtype=bool),
-        uncond_id=np.asarray(uncond_ids, dtype=np.int64),
-        uncond=uncond.build(),
-        context_text=ctx_texts,
-        continuation_text=cont_texts,
-        **arrays,
-    )
+            uncond_id = uncond.add(uncond_texts[i], request, where) if with_uncond else -1
+            rows.add(doc, i, request, uncond_id)
+    return rows.table(task.name, main.build(), uncond.pairs.build())
+
+
+class _UncondRequests:
+    """The unconditional requests of a task, each distinct (context, continuation) once."""
+
+    def __init__(self, task: MultipleChoiceTask, tokenizer: TokenizerLike, max_length: int) -> None:
+        self.task, self.tokenizer, self.max_length = task, tokenizer, max_length
+        self.pairs = _PairBuilder()
+        self.index: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        self.contexts: dict[str, tuple[list[int], str]] = {}
+
+    def add(self, text: str, request: _Encoded, where: str) -> int:
+        """The unconditional pair id of `request` after the unconditional context `text`."""
+        if text not in self.contexts:
+            self.contexts[text] = _uncond_context(self.task, self.tokenizer, text, where)
+        u_ctx, u_prefix = self.contexts[text]
+        if self.task.pair_encoding == "olmo":  # the very continuation tokens, after the domain conditional
+            u_cont = request.cont_ids
+        else:
+            u_cont = _uncond_continuation(self.tokenizer, u_ctx, u_prefix, request.cont_text, where)
+        key = (tuple(u_ctx), tuple(u_cont))
+        if key not in self.index:
+            self.index[key] = self.pairs.add(u_ctx, len(u_ctx), u_cont, self.max_length, where)
+        return self.index[key]
+
+
+class _RequestRows:
+    """The per-request columns of a `RequestTable`, one row appended per (doc, choice)."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[int]] = {
+            k: [] for k in ("doc_id", "cont_id", "n_choices", "n_chars", "n_bytes")
+        }
+        self.is_gold: list[bool] = []
+        self.uncond_ids: list[int] = []
+        self.ctx_texts: list[str] = []
+        self.cont_texts: list[str] = []
+
+    def add(self, doc: Doc, i: int, request: _Encoded, uncond_id: int) -> None:
+        self.cols["doc_id"].append(doc.index)
+        self.cols["cont_id"].append(i)
+        self.cols["n_choices"].append(doc.n_choices)
+        self.cols["n_chars"].append(len(request.length_text))
+        self.cols["n_bytes"].append(len(request.length_text.encode("utf-8")))
+        self.is_gold.append(i in doc.gold)
+        self.uncond_ids.append(uncond_id)
+        self.ctx_texts.append(request.ctx_text)
+        self.cont_texts.append(request.cont_text)
+
+    def table(self, task: str, pairs: PairSet, uncond: PairSet) -> RequestTable:
+        arrays = {k: np.asarray(v, dtype=np.int64) for k, v in self.cols.items()}
+        return RequestTable(
+            task=task,
+            pairs=pairs,
+            is_gold=np.asarray(self.is_gold, dtype=bool),
+            uncond_id=np.asarray(self.uncond_ids, dtype=np.int64),
+            uncond=uncond,
+            context_text=self.ctx_texts,
+            continuation_text=self.cont_texts,
+            **arrays,
+        )
 
 
 def _doc_uncond_contexts(task: MultipleChoiceTask, doc: Doc) -> tuple[str, ...]:

@@ -95,32 +95,57 @@ def _is_letter_key_task(task: MultipleChoiceTask, docs: Sequence[Doc]) -> bool:
     return bool(docs) and all(_LETTER.match(c) for d in docs for c in d.continuations)
 
 
+# One issue of a document before it is placed: (severity, code, message).
+Finding = tuple[str, str, str]
+
+
 def _doc_issues(task: MultipleChoiceTask, doc: Doc, comparing: Sequence[str]) -> list[LintIssue]:
-    where = f"doc {doc.index}"
-    out: list[LintIssue] = []
+    findings = [
+        *_choice_issues(doc, comparing),
+        *_duplicate_choice_issues(doc),
+        *_leading_whitespace_issues(task, doc),
+        *_prompt_issues(task, doc),
+    ]
+    return [
+        LintIssue(severity, code, doc.index, f"doc {doc.index}: {message}")
+        for severity, code, message in findings
+    ]
 
-    def add(severity: str, code: str, message: str) -> None:
-        out.append(LintIssue(severity, code, doc.index, f"{where}: {message}"))
 
+def _choice_issues(doc: Doc, comparing: Sequence[str]) -> list[Finding]:
+    """Too few choices for the figures `comparing` them, a gold out of range, an empty or padded choice."""
+    out: list[Finding] = []
     if doc.n_choices < 2 and comparing:
-        add(
-            ERROR,
-            "single-choice",
-            f"{doc.n_choices} choice: {list(comparing)} weigh a document's choices against each other, so each "
-            "is perfect on this document whatever the model does; expected at least 2 choices",
+        out.append(
+            (
+                ERROR,
+                "single-choice",
+                f"{doc.n_choices} choice: {list(comparing)} weigh a document's choices against each other, so each "
+                "is perfect on this document whatever the model does; expected at least 2 choices",
+            )
         )
     bad_gold = [g for g in doc.gold if not 0 <= g < doc.n_choices]
     if bad_gold or not doc.gold:
-        add(
-            ERROR,
-            "gold-out-of-range",
-            f"gold {list(doc.gold)}: expected indices from 0 to {doc.n_choices - 1}",
+        out.append(
+            (
+                ERROR,
+                "gold-out-of-range",
+                f"gold {list(doc.gold)}: expected indices from 0 to {doc.n_choices - 1}",
+            )
         )
     for i, choice in enumerate(doc.continuations):
         if not choice.strip():
-            add(ERROR, "empty-choice", f"choice {i}: expected text, found {choice!r}")
+            out.append((ERROR, "empty-choice", f"choice {i}: expected text, found {choice!r}"))
         elif choice != choice.rstrip():
-            add(WARNING, "choice-trailing-whitespace", f"choice {i} ends in whitespace: {choice[-20:]!r}")
+            out.append(
+                (WARNING, "choice-trailing-whitespace", f"choice {i} ends in whitespace: {choice[-20:]!r}")
+            )
+    return out
+
+
+def _duplicate_choice_issues(doc: Doc) -> list[Finding]:
+    """Choices that are the same request: an error when the gold ties with a wrong choice."""
+    out: list[Finding] = []
     pairs = list(zip(doc.contexts, doc.continuations, strict=True))
     for pair, count in Counter(pairs).items():
         if count < 2:
@@ -128,40 +153,51 @@ def _doc_issues(task: MultipleChoiceTask, doc: Doc, comparing: Sequence[str]) ->
         same = [i for i, p in enumerate(pairs) if p == pair]
         golds = [i for i in same if i in doc.gold]
         if 0 < len(golds) < len(same):  # the gold ties with a wrong choice: scored by position alone
-            add(
-                ERROR,
-                "duplicate-choice",
-                f"choices {same} are the same request {pair[1]!r}, gold {golds} among them",
-            )
+            message = f"choices {same} are the same request {pair[1]!r}, gold {golds} among them"
+            out.append((ERROR, "duplicate-choice", message))
         else:
-            add(WARNING, "duplicate-choice", f"choices {same} are the same request {pair[1]!r}")
+            out.append((WARNING, "duplicate-choice", f"choices {same} are the same request {pair[1]!r}"))
+    return out
+
+
+def _leading_whitespace_issues(task: MultipleChoiceTask, doc: Doc) -> list[Finding]:
+    """Choices of which only some start with whitespace, or all do after a delimiter ending in it."""
     leading = [c[:1].isspace() for c in doc.continuations if c]
     if 0 < sum(leading) < len(leading):
         spaced = [i for i, c in enumerate(doc.continuations) if c[:1].isspace()]
-        add(
-            WARNING,
-            "choice-leading-whitespace",
-            f"choices {spaced} start with whitespace and the others do not",
-        )
-    elif leading and all(leading) and task.target_delimiter[-1:].isspace():
-        add(
-            WARNING,
-            "choice-leading-whitespace",
-            f"every choice starts with whitespace after the target delimiter {task.target_delimiter!r}: doubled",
-        )
+        return [
+            (
+                WARNING,
+                "choice-leading-whitespace",
+                f"choices {spaced} start with whitespace and the others do not",
+            )
+        ]
+    if leading and all(leading) and task.target_delimiter[-1:].isspace():
+        message = f"every choice starts with whitespace after the target delimiter {task.target_delimiter!r}: doubled"
+        return [(WARNING, "choice-leading-whitespace", message)]
+    return []
+
+
+def _prompt_issues(task: MultipleChoiceTask, doc: Doc) -> list[Finding]:
+    """Fewer few-shot examples than the task asks for, a context ending in whitespace."""
+    out: list[Finding] = []
     if doc.shots < task.num_fewshot:
-        add(
-            WARNING,
-            "fewer-shots",
-            f"{doc.shots} few-shot examples, expected {task.num_fewshot}: the few-shot split has no other "
-            "documents to replace the ones identical to this one",
+        out.append(
+            (
+                WARNING,
+                "fewer-shots",
+                f"{doc.shots} few-shot examples, expected {task.num_fewshot}: the few-shot split has no other "
+                "documents to replace the ones identical to this one",
+            )
         )
     for context in dict.fromkeys(doc.contexts):
         if context != context.rstrip():
-            add(
-                WARNING,
-                "context-trailing-whitespace",
-                f"context ends in whitespace ({context[-15:]!r}); it is moved to the front of the continuation",
+            out.append(
+                (
+                    WARNING,
+                    "context-trailing-whitespace",
+                    f"context ends in whitespace ({context[-15:]!r}); it is moved to the front of the continuation",
+                )
             )
     return out
 

@@ -3,7 +3,7 @@ path (logits_to_keep, full logits, one row per batch, bfloat16 autocast, compile
 back exactly as it was, and the models it was not verified for go one request per row with one log line.
 
 The reference is independent of the planner: one plain forward per request over context + continuation[:-1]
-and a float64 log-softmax over its full logits. (FSDP2 and tensor parallelism: tests/engine/test_distributed.py,
+and a float64 log-softmax over its full logits. (FSDP2 and tensor parallelism: tests/test_distributed.py,
 checks `olmo_core_fsdp` and `olmo_core_tp`.)
 """
 

@@ -43,11 +43,15 @@ def wait_until_finished(run_file, timeout_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def test_null_logger_accepts_everything():
+def test_null_logger_accepts_everything_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     for logger in (MetricsLogger(), NullLogger(), MultiLogger([NullLogger()])):
-        with logger:
-            logger.log_config({"a": 1})
-            logger.log({"eval/x": 1.0}, step=3)
+        with logger as entered:
+            assert entered is logger
+            assert logger.log_config({"a": 1}) is None
+            assert logger.log({"eval/x": 1.0}, step=3) is None
+            assert logger.log_outcomes({}, step=3) is None
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_jsonl_logger_writes_lines_and_config(tmp_path):

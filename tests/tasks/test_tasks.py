@@ -73,12 +73,14 @@ def all_docs(data_root: Path):
 # ---------------------------------------------------------------- registry
 
 
-def test_registered_ids():
+def test_every_listed_task_id_is_registered_once():
     names = task_names()
     mmlu_ids = 2 * (len(SUBJECTS) + len(CATEGORIES) + 1)
     twin_ids = {f"{family}_{fmt}" for family in TWIN_FAMILIES for fmt in ("rc", "mc")}
     assert set(FAMILY_IDS) | twin_ids | set(KIND_IDS) <= set(names)
-    assert len(names) == len(FAMILY_IDS) + len(twin_ids) + len(KIND_IDS) + mmlu_ids == 159
+    # At least the ids listed here, each once: a lost task fails, a new one does not.
+    assert len(set(names)) == len(names)
+    assert len(names) >= len(FAMILY_IDS) + len(twin_ids) + len(KIND_IDS) + mmlu_ids
     for name in FAMILY_IDS:
         assert name in names
     for fmt in ("rc", "mc"):

@@ -89,8 +89,44 @@ def make_domain_set(
     """
     if not documents:
         raise LMDataError(f"make-lm: label {label!r} has no documents; check --glob / --oe-eval")
+    chosen = choose_documents(documents, tokenizer, max_tokens, seed)
+    vocab = int(getattr(tokenizer, "vocab_size", 0) or max(max(ids) for _, _, ids in chosen) + 1)
+    dtype = np.uint16 if vocab <= 2**16 else np.uint32
+    manifest: dict[str, Any] = {
+        "label": label,
+        "format": fmt,
+        "dtype": np.dtype(dtype).name if fmt == "memmap" else None,
+        "n_documents": len(chosen),
+        "n_tokens": sum(len(ids) for _, _, ids in chosen),
+        "n_bytes": sum(len(text.encode("utf-8")) for _, text, _ in chosen),
+        "tokenizer": str(getattr(tokenizer, "name", "") or type(tokenizer).__name__),
+        "seed": seed,
+        "sources": list(sources),
+    }
+
+    def build(staging: Path) -> None:
+        if fmt == "memmap":
+            write_token_files(
+                chosen, staging, dtype, getattr(tokenizer, "eos_token_id", None), tokens_per_file
+            )
+        else:
+            write_documents_jsonl(chosen, staging)
+        (staging / "documents.txt").write_text("".join(f"{source}\n" for source, _, _ in chosen))
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+    target = out / label
+    if target.exists():
+        shutil.rmtree(target)
+    build_directory_atomically(target, build)
+    return manifest
+
+
+def choose_documents(
+    documents: list[tuple[str, str]], tokenizer: TokenizerLike, max_tokens: int | None, seed: int
+) -> list[tuple[str, str, list[int]]]:
+    """(source, text, token ids) of a seeded shuffle of `documents`, taken whole until `max_tokens` tokens
+    (documents with no tokens left out); tokenized 64 at a time, so no more than needed are."""
     order = np.random.default_rng(seed).permutation(len(documents))
-    eos = getattr(tokenizer, "eos_token_id", None)
     chosen: list[tuple[str, str, list[int]]] = []
     total = 0
     for lo in range(0, len(order), 64):
@@ -101,36 +137,27 @@ def make_domain_set(
                 total += len(ids)
         if max_tokens is not None and total >= max_tokens:
             break
-    vocab = int(getattr(tokenizer, "vocab_size", 0) or max(max(ids) for _, _, ids in chosen) + 1)
-    dtype = np.uint16 if vocab <= 2**16 else np.uint32
-    target = out / label
+    return chosen
 
-    def build(staging: Path) -> None:
-        if fmt == "memmap":
-            stream = np.concatenate(
-                [np.asarray(ids + ([eos] if eos is not None else []), dtype=np.int64) for _, _, ids in chosen]
-            ).astype(dtype)
-            for k, lo in enumerate(range(0, len(stream), tokens_per_file)):
-                stream[lo : lo + tokens_per_file].tofile(staging / f"part-{k:05d}.npy")
-        else:
-            with (staging / "docs.jsonl").open("w", encoding="utf-8") as f:
-                for source, text, _ in chosen:
-                    f.write(json.dumps({"text": text, "source": source}, ensure_ascii=False) + "\n")
-        (staging / "documents.txt").write_text("".join(f"{source}\n" for source, _, _ in chosen))
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
-    manifest: dict[str, Any] = {
-        "label": label,
-        "format": fmt,
-        "dtype": np.dtype(dtype).name if fmt == "memmap" else None,
-        "n_documents": len(chosen),
-        "n_tokens": total,
-        "n_bytes": sum(len(text.encode("utf-8")) for _, text, _ in chosen),
-        "tokenizer": str(getattr(tokenizer, "name", "") or type(tokenizer).__name__),
-        "seed": seed,
-        "sources": list(sources),
-    }
-    if target.exists():
-        shutil.rmtree(target)
-    build_directory_atomically(target, build)
-    return manifest
+def write_token_files(
+    chosen: list[tuple[str, str, list[int]]],
+    staging: Path,
+    dtype: type[np.unsignedinteger],
+    eos: int | None,
+    tokens_per_file: int,
+) -> None:
+    """OLMo-style raw token files `part-00000.npy`, ...: each document followed by EOS (when the tokenizer
+    has one), at most `tokens_per_file` tokens a file."""
+    stream = np.concatenate(
+        [np.asarray(ids + ([eos] if eos is not None else []), dtype=np.int64) for _, _, ids in chosen]
+    ).astype(dtype)
+    for k, lo in enumerate(range(0, len(stream), tokens_per_file)):
+        stream[lo : lo + tokens_per_file].tofile(staging / f"part-{k:05d}.npy")
+
+
+def write_documents_jsonl(chosen: list[tuple[str, str, list[int]]], staging: Path) -> None:
+    """`docs.jsonl`: one line per document with its `text` and `source`."""
+    with (staging / "docs.jsonl").open("w", encoding="utf-8") as f:
+        for source, text, _ in chosen:
+            f.write(json.dumps({"text": text, "source": source}, ensure_ascii=False) + "\n")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jinja2.exceptions import SecurityError
@@ -153,25 +153,62 @@ def check_method(name: str, owner: Any, args: tuple[Any, ...], kwargs: Mapping[s
         refuse_width("to_bytes length", args[0] if args else kwargs.get("length"))
     if not isinstance(owner, (str, bytes)):
         return
-    if name in ("center", "ljust", "rjust", "zfill") and args:
+    check = _TEXT_METHOD_CHECKS.get(name)
+    if check is not None:
+        check(name, owner, args, kwargs)
+
+
+def _check_padding(name: str, owner: str | bytes, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    if args:
         refuse_width(f"{name} width", args[0])
-    elif name == "expandtabs":
-        tabsize = args[0] if args else kwargs.get("tabsize", 8)
-        refuse_width("expandtabs tabsize", tabsize)
-        if _int(tabsize):
-            refuse_size(
-                "expandtabs", len(owner) + owner.count("\t" if isinstance(owner, str) else b"\t") * tabsize
-            )
-    elif name == "replace" and len(args) >= 2:
+
+
+def _check_expandtabs(
+    name: str, owner: str | bytes, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> None:
+    tabsize = args[0] if args else kwargs.get("tabsize", 8)
+    refuse_width("expandtabs tabsize", tabsize)
+    if _int(tabsize):
+        tabs = owner.count("\t" if isinstance(owner, str) else b"\t")
+        refuse_size("expandtabs", len(owner) + tabs * tabsize)
+
+
+def _check_replace(name: str, owner: str | bytes, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    if len(args) >= 2:
         refuse_size("replace", _replaced_size(owner, args[0], args[1], args[2] if len(args) > 2 else -1))
-    elif name == "join" and args:
+
+
+def _check_join(name: str, owner: str | bytes, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    if args:
         refuse_size("join", _joined_size(owner, args[0]))
-    elif name == "translate" and args and isinstance(args[0], Mapping):
+
+
+def _check_translate(name: str, owner: str | bytes, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    if args and isinstance(args[0], Mapping):
         longest = max((len(v) for v in args[0].values() if isinstance(v, (str, bytes))), default=1)
         refuse_size("translate", len(owner) * max(1, longest))
-    elif name in ("format", "format_map") and isinstance(owner, str):
-        mapping = args[0] if name == "format_map" and args and isinstance(args[0], Mapping) else kwargs
-        check_format_call(owner, args if name == "format" else (), mapping)
+
+
+def _check_format(name: str, owner: str | bytes, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    if not isinstance(owner, str):
+        return
+    mapping = args[0] if name == "format_map" and args and isinstance(args[0], Mapping) else kwargs
+    check_format_call(owner, args if name == "format" else (), mapping)
+
+
+# String and bytes methods whose result size follows from their arguments -> the check of those arguments.
+_TEXT_METHOD_CHECKS: dict[str, Callable[[str, str | bytes, tuple[Any, ...], Mapping[str, Any]], None]] = {
+    "center": _check_padding,
+    "ljust": _check_padding,
+    "rjust": _check_padding,
+    "zfill": _check_padding,
+    "expandtabs": _check_expandtabs,
+    "replace": _check_replace,
+    "join": _check_join,
+    "translate": _check_translate,
+    "format": _check_format,
+    "format_map": _check_format,
+}
 
 
 def check_filter(name: str, arguments: Mapping[str, Any]) -> None:

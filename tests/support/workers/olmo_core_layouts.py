@@ -36,7 +36,7 @@ import inloop_eval.engine.layouts.sequence_sharded as sequence_sharded
 from inloop_eval.engine.olmo_core_adapter import OLMoCoreAdapter
 from inloop_eval.engine.sequence_parallel import SequenceLayout
 from inloop_eval.errors import ConfigError
-from inloop_eval.integrations.olmo_core import DEFAULT_BATCH_TOKENS
+from inloop_eval.integrations.callback_config import DEFAULT_BATCH_TOKENS
 from workers.olmo_core_train import callback_config, collected, model_config, train
 from workers.parallel_checks import LargestTensor
 
