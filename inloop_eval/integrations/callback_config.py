@@ -53,6 +53,12 @@ class TaskCallbackFields:
     def __post_init__(self) -> None:
         self.check_one_task_source()
         self.check_task_only_fields()
+        if isinstance(self.tasks, str) or (
+            self.tasks is not None and not all(isinstance(t, str) for t in self.tasks)
+        ):
+            raise ConfigError(
+                f"{self.where}: `tasks` must be a list of task ids, e.g. tasks=['piqa'], found {self.tasks!r}"
+            )
         if self.tasks is not None and not self.tasks:
             raise ConfigError(f"{self.where}: `tasks` lists no task; name at least one, e.g. tasks=['piqa']")
         if self.batch_tokens < 1:
@@ -132,6 +138,11 @@ def check_trained_length(
 ) -> None:
     """ConfigError when `length` (`what`) is longer than the trainer's `trained_length`: positions past it
     were never trained on. Either None: nothing to check."""
+    if trained_length is not None and trained_length < 2:
+        raise ConfigError(
+            f"{where}: {trained_length_name} must be at least 2 tokens (a context and a continuation), found "
+            f"{trained_length}; pass the trainer's training sequence length"
+        )
     if length is None or trained_length is None or length <= trained_length:
         return
     raise ConfigError(

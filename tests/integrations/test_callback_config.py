@@ -79,3 +79,20 @@ def test_a_length_within_the_trained_length_passes():
     check_trained_length("here", "max_length", 64, None, "the seq_len")
     with pytest.raises(ConfigError, match="here: the length 33 is longer than the seq_len 32.*; shorten it"):
         check_trained_length("here", "the length", 33, 32, "the seq_len", fix="shorten it")
+
+
+def test_tasks_is_a_list_of_ids_not_a_string():
+    """`tasks="piqa"` would be read as the tasks 'p', 'i', 'q', 'a'."""
+    with pytest.raises(ConfigError, match=r"`tasks` must be a list of task ids, e.g. tasks=\['piqa'\], found 'piqa'"):
+        TaskCallbackFields(tasks="piqa")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="must be a list of task ids"):
+        TaskCallbackFields(tasks=["piqa", 3])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("trained", [0, -5, 1])
+def test_a_trained_length_under_two_tokens_is_refused(trained):
+    with pytest.raises(ConfigError, match=f"seq_len must be at least 2 tokens .*found {trained}"):
+        check_trained_length("validator", "max_length", None, trained, "seq_len")
+    config = TaskCallbackFields(tasks=["piqa"])
+    with pytest.raises(ConfigError, match="at least 2 tokens"):
+        config.described_config(eval_interval=10, trained_length=trained, trained_length_name="seq_len")
