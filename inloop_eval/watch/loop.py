@@ -123,9 +123,18 @@ class Watcher:
 
     def plan(self) -> Plan:
         """Rank 0: what this pass evaluates and records, from the folder and the run directory."""
+        found = self.discovered()
+        plan = Plan()
+        pending = [c for c in found if not self.history.done(c.step, redo_in_loop=self.config.redo_in_loop)]
+        ready, waiting = self.ready_among(pending, plan)
+        plan.evaluate = self.by_policy(ready, pending, plan)
+        self.finish(plan, found, pending, waiting)
+        return plan
+
+    def discovered(self) -> list[Checkpoint]:
+        """The checkpoints in the folder; an error for a folder that cannot hold any (or none with `once`)."""
         config = self.config
-        formats = (config.format,) if config.format else None
-        found = discover(self.folder, formats)
+        found = discover(self.folder, (config.format,) if config.format else None)
         if not found:
             error = no_checkpoint_error(self.folder)
             # Watching, an empty folder is training that has not saved yet; one whose sub-folder holds the
@@ -135,11 +144,14 @@ class Watcher:
             if not self.said_waiting:
                 log.info("watch: no checkpoint in %s yet; looking every %g s", self.folder, config.poll_s)
                 self.said_waiting = True
-        plan = Plan()
-        now = time.monotonic()
+        return found
+
+    def ready_among(self, pending: list[Checkpoint], plan: Plan) -> tuple[list[Checkpoint], bool]:
+        """The pending checkpoints complete and settled, and whether one is still being written; those the
+        training loop evaluated itself go to `plan.skip`."""
+        config, now = self.config, time.monotonic()
+        ready: list[Checkpoint] = []
         waiting = False
-        pending = [c for c in found if not self.history.done(c.step, redo_in_loop=config.redo_in_loop)]
-        ready = []
         for checkpoint in pending:
             if (checkpoint.step, str(checkpoint.path)) in self.failed:
                 continue
@@ -155,31 +167,38 @@ class Watcher:
             else:
                 waiting |= why.startswith(("changed", "unchanged"))
                 log.debug("watch: step %d not ready: %s", checkpoint.step, why)
-        if config.policy == "latest" and ready:
-            newest = ready[-1]
-            for checkpoint in pending:
-                if checkpoint.step < newest.step and checkpoint not in [s[0] for s in plan.skip]:
-                    reason = f"policy latest: step {newest.step} was ready, evaluated instead"
-                    plan.skip.append((checkpoint, SKIPPED, reason))
-                    self.history.skipped.add(checkpoint.step)
-            ready = [newest]
-        plan.evaluate = ready
+        return ready, waiting
+
+    def by_policy(self, ready: list[Checkpoint], pending: list[Checkpoint], plan: Plan) -> list[Checkpoint]:
+        """What to evaluate of `ready`: all of it (policy `all`), or the newest, the older ones recorded as
+        skipped (policy `latest`)."""
+        if self.config.policy != "latest" or not ready:
+            return ready
+        newest = ready[-1]
+        for checkpoint in pending:
+            if checkpoint.step < newest.step and checkpoint not in [s[0] for s in plan.skip]:
+                reason = f"policy latest: step {newest.step} was ready, evaluated instead"
+                plan.skip.append((checkpoint, SKIPPED, reason))
+                self.history.skipped.add(checkpoint.step)
+        return [newest]
+
+    def finish(self, plan: Plan, found: list[Checkpoint], pending: list[Checkpoint], waiting: bool) -> None:
+        """Whether the watch ends after this pass: `until_step` handled with nothing before it left, or
+        `once` with nothing still being written."""
+        config = self.config
         handled = {c.step for c in found if self.history.done(c.step, redo_in_loop=config.redo_in_loop)}
-        handled |= {c.step for c in ready} | {c.step for c, _, _ in plan.skip} | {s for s, _ in self.failed}
+        handled |= {c.step for c in plan.evaluate} | {c.step for c, _, _ in plan.skip} | {s for s, _ in self.failed}
         if config.until_step is not None and any(step >= config.until_step for step in handled):
             # Done when the last step is handled and nothing before it is left (policy `all` may evaluate
             # a later checkpoint while an earlier one is still settling).
             plan.finished = all(c.step in handled for c in found if c.step <= config.until_step)
         if config.once and not waiting:
             left = [c for c in pending if c.step not in handled]
-            for checkpoint in left if not ready else []:
+            for checkpoint in left if not plan.evaluate else []:
                 log.warning(
-                    "watch --once: step %d at %s is incomplete, not evaluated",
-                    checkpoint.step,
-                    checkpoint.path,
+                    "watch --once: step %d at %s is incomplete, not evaluated", checkpoint.step, checkpoint.path
                 )
             plan.finished = True
-        return plan
 
     def broadcast(self, plan: Plan | None) -> Plan:
         if world()[0] == 1:
