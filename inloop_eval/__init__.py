@@ -4,14 +4,38 @@ The extension points: `InLoopEvaluator` and its configs (`EvaluatorConfig` with 
 `LMEvalConfig` entries), `run_and_log` for a training loop, `ModelAdapter` for a model we do not know how to
 call, `MultipleChoiceTask` + `register` for a task of your own, and `Evaluator` / `EvalOutput` for a new kind
 of evaluation. docs/design.md describes how they fit together.
+
+Each name is imported from its module on first use, so that `import inloop_eval` (and the command line,
+which imports it first) costs nothing until a name is used: `from inloop_eval import InLoopEvaluator`
+imports the training loop's modules and torch, nothing of a command's.
 """
 
-from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
-from inloop_eval.engine.adapters import ModelAdapter
-from inloop_eval.evaluators.base import EvalOutput, Evaluator
-from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.integrations import run_and_log
-from inloop_eval.tasks import MultipleChoiceTask, register
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
+    from inloop_eval.engine.adapters import ModelAdapter
+    from inloop_eval.evaluators.base import EvalOutput, Evaluator
+    from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+    from inloop_eval.integrations import run_and_log
+    from inloop_eval.tasks import MultipleChoiceTask, register
+
+# Each public name -> the module that defines it.
+_EXPORTS = {
+    "EvalOutput": "inloop_eval.evaluators.base",
+    "Evaluator": "inloop_eval.evaluators.base",
+    "EvaluatorConfig": "inloop_eval.config",
+    "InLoopEvaluator": "inloop_eval.evaluators.orchestrator",
+    "LMEvalConfig": "inloop_eval.config",
+    "ModelAdapter": "inloop_eval.engine.adapters",
+    "MultipleChoiceTask": "inloop_eval.tasks",
+    "TaskEvalConfig": "inloop_eval.config",
+    "register": "inloop_eval.tasks",
+    "run_and_log": "inloop_eval.integrations",
+}
 
 __all__ = [
     "EvalOutput",
@@ -25,3 +49,16 @@ __all__ = [
     "register",
     "run_and_log",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module the first time it is asked for."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'inloop_eval' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

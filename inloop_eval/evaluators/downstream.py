@@ -213,6 +213,7 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
         check_vocabulary(adapter, prepared, pair_ids, min_vocab=min_vocab)
         batches = equalize_forward_calls(plan(adapter, prepared, pair_ids), agreement, adapter.pad_to_multiple)
+        self.start_progress(progress, len(pair_ids))
         scores = run_batches(
             adapter,
             batches,

@@ -256,6 +256,7 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
             prepared.config.seq_len,
         )
         batches = equalize_forward_calls(planned, agreement, adapter.pad_to_multiple)
+        self.start_progress(progress, len(shard.seq_S))
         scores = run_batches(
             adapter,
             batches,
