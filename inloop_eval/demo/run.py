@@ -38,7 +38,7 @@ from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import run_and_log
-from inloop_eval.keys import DOWNSTREAM, PERPLEXITY, SECONDS_KEY, TOKENS_KEY, split_key
+from inloop_eval.keys import DOWNSTREAM, PERPLEXITY, SECONDS_KEY, TOKENS_KEY, TRAIN_LOSS_KEY, split_key
 from inloop_eval.loggers import JSONLLogger, MetricsLogger, MultiLogger, WandbLogger, is_rank_zero
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.report import write_report
@@ -269,7 +269,7 @@ def train(config: DemoConfig, data_root: Path) -> list[dict[str, float]]:
             schedule.step()
             if step % tc.log_every == 0:
                 mean_loss = mean_over_ranks(loss.detach())
-                logger.log({"train/loss": mean_loss, "train/lr": schedule.get_last_lr()[0]}, step)
+                logger.log({TRAIN_LOSS_KEY: mean_loss, "train/lr": schedule.get_last_lr()[0]}, step)
                 if is_rank_zero():
                     print(f"step {step:5d}  train loss {mean_loss:.3f}", flush=True)
     finally:
@@ -292,7 +292,7 @@ def start_up_line(config: DemoConfig, root: Path) -> str:
     tasks = [e.label for e in ev.evaluators if getattr(e, "type", "") != "lm"]
     domains = [d.label for e in ev.evaluators if getattr(e, "type", "") == "lm" for d in e.domains]
     return (
-        f"demo: training the reference GPT ({config.model.n_layers} layers, d_model {config.model.d_model}, "
+        f"demo: training the reference GPT (n_layers {config.model.n_layers}, d_model {config.model.d_model}, "
         f"seed {tc.seed}) for {tc.steps} steps on {world()[0]} process(es), evaluating every "
         f"{ev.eval_interval} steps on {', '.join(tasks) or 'no tasks'}"
         + (f" and perplexity on {', '.join(domains)}" if domains else "")
