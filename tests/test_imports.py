@@ -167,3 +167,15 @@ def test_a_missing_hf_extra_is_reported_before_torch_is_imported():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "pip install 'inloop_eval[hf]'" in proc.stderr
+
+
+def test_a_clone_named_like_the_package_says_it_shadows_the_package(tmp_path):
+    """Python run from the folder holding a clone named `inloop_eval` finds the clone first: its top-level
+    `__init__.py` makes that a clear error instead of an empty namespace package."""
+    clone = tmp_path / "inloop_eval"
+    clone.mkdir()
+    (clone / "__init__.py").write_text((PACKAGE.parent / "__init__.py").read_text())
+    code = "from inloop_eval import InLoopEvaluator"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert f"'inloop_eval' resolved to {clone.resolve()}, the clone of the repository" in proc.stderr
