@@ -65,6 +65,12 @@ def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
     entries = [{"task": t} for t in tasks] if tasks else data.get("evaluators")
     if isinstance(entries, list):
         data["evaluators"] = [entry_overrides(entry, args) for entry in entries]
+    data.update(settings_overrides(args, data))
+    return EvaluatorConfig.from_dict(data, args.config or "evaluate --tasks")
+
+
+def settings_overrides(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
+    """The config's settings that the command's flags set (the tokenizer defaults to --model's)."""
     overrides = {
         "tokenizer": args.tokenizer or data.get("tokenizer") or args.model,
         "data_root": args.data_root,
@@ -72,8 +78,7 @@ def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
         "strict": True if args.strict else None,
         "outcomes": True if args.outcomes else None,
     }
-    data.update({name: value for name, value in overrides.items() if value is not None})
-    return EvaluatorConfig.from_dict(data, args.config or "evaluate --tasks")
+    return {name: value for name, value in overrides.items() if value is not None}
 
 
 def entry_overrides(entry: Any, args: argparse.Namespace) -> Any:

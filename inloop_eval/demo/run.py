@@ -16,6 +16,7 @@ import argparse
 import gzip
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -293,7 +294,7 @@ def start_up_line(config: DemoConfig, root: Path) -> str:
     domains = [d.label for e in ev.evaluators if getattr(e, "type", "") == "lm" for d in e.domains]
     return (
         f"demo: training the reference GPT (n_layers {config.model.n_layers}, d_model {config.model.d_model}, "
-        f"seed {tc.seed}) for {tc.steps} steps on {world()[0]} process(es), evaluating every "
+        f"seed {tc.seed}) for {tc.steps} steps on {os.environ.get('WORLD_SIZE', 1)} process(es), evaluating every "
         f"{ev.eval_interval} steps on {', '.join(tasks) or 'no tasks'}"
         + (f" and perplexity on {', '.join(domains)}" if domains else "")
         + f"; task data in {root} (fetched on first use); run directory {Path(tc.out_dir).absolute()}. "
