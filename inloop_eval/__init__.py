@@ -3,20 +3,51 @@
 The extension points: `InLoopEvaluator` and its configs (`EvaluatorConfig` with `TaskEvalConfig` and
 `LMEvalConfig` entries), `run_and_log` for a training loop, `ModelAdapter` (with `LayoutNeeds`,
 `ForwardInputs`, the output layouts `FullLogits`, `ProjectedHead`, `VocabSharded`, and `register_layout`)
-for a model we do not know how to call, `MultipleChoiceTask` + `register` for a task of your own, and `Evaluator` / `EvalOutput` for a new kind
-of evaluation. docs/design.md describes how they fit together.
+for a model we do not know how to call, `MultipleChoiceTask` + `register` for a task of your own, and
+`Evaluator` / `EvalOutput` for a new kind of evaluation. docs/design.md describes how they fit together.
+
+Each name is imported from its module on first use, so that `import inloop_eval` (and the command line,
+which imports it first) costs nothing until a name is used: `from inloop_eval import InLoopEvaluator`
+imports the training loop's modules and torch, nothing of a command's.
 """
 
-from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
-from inloop_eval.engine.layout import ForwardInputs, LayoutNeeds, ModelAdapter
-from inloop_eval.engine.layouts.full_logits import FullLogits
-from inloop_eval.engine.layouts.projected_head import ProjectedHead
-from inloop_eval.engine.layouts.vocab_sharded import VocabSharded
-from inloop_eval.engine.registry import LayoutEntry, register_layout
-from inloop_eval.evaluators.base import EvalOutput, Evaluator
-from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.integrations import run_and_log
-from inloop_eval.tasks import MultipleChoiceTask, register
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
+    from inloop_eval.engine.layout import ForwardInputs, LayoutNeeds, ModelAdapter
+    from inloop_eval.engine.layouts.full_logits import FullLogits
+    from inloop_eval.engine.layouts.projected_head import ProjectedHead
+    from inloop_eval.engine.layouts.vocab_sharded import VocabSharded
+    from inloop_eval.engine.registry import LayoutEntry, register_layout
+    from inloop_eval.evaluators.base import EvalOutput, Evaluator
+    from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+    from inloop_eval.integrations import run_and_log
+    from inloop_eval.tasks import MultipleChoiceTask, register
+
+# Each public name -> the module that defines it.
+_EXPORTS = {
+    "EvalOutput": "inloop_eval.evaluators.base",
+    "Evaluator": "inloop_eval.evaluators.base",
+    "EvaluatorConfig": "inloop_eval.config",
+    "ForwardInputs": "inloop_eval.engine.layout",
+    "FullLogits": "inloop_eval.engine.layouts.full_logits",
+    "InLoopEvaluator": "inloop_eval.evaluators.orchestrator",
+    "LMEvalConfig": "inloop_eval.config",
+    "LayoutEntry": "inloop_eval.engine.registry",
+    "LayoutNeeds": "inloop_eval.engine.layout",
+    "ModelAdapter": "inloop_eval.engine.layout",
+    "MultipleChoiceTask": "inloop_eval.tasks",
+    "ProjectedHead": "inloop_eval.engine.layouts.projected_head",
+    "TaskEvalConfig": "inloop_eval.config",
+    "VocabSharded": "inloop_eval.engine.layouts.vocab_sharded",
+    "register": "inloop_eval.tasks",
+    "register_layout": "inloop_eval.engine.registry",
+    "run_and_log": "inloop_eval.integrations",
+}
 
 __all__ = [
     "EvalOutput",
@@ -37,3 +68,16 @@ __all__ = [
     "register_layout",
     "run_and_log",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module the first time it is asked for."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'inloop_eval' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -43,6 +43,8 @@ def tokens_key(prefix: str = PREFIX) -> str:
 
 SECONDS_KEY = seconds_key()
 TOKENS_KEY = tokens_key()
+# The training loss a run logs beside its evaluations (the demo does), drawn by the report.
+TRAIN_LOSS_KEY = "train/loss"
 # OLMo-core's throughput metric its trainer sums the evaluation time into.
 OLMO_CORE_EVAL_TIME_KEY = "throughput/in-loop eval time (s)"
 

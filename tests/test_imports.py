@@ -1,6 +1,8 @@
 """The package's import graph, read from the source with `ast`: no module imports itself round a circle, and
-imports sit at the top of modules (inside functions only for the optional dependencies, and in the CLI,
-which imports each subcommand's modules when that subcommand runs).
+imports sit at the top of modules (inside functions only for the optional dependencies and `datasets`, and
+in the CLI, which imports each subcommand's modules when that subcommand runs). And what importing costs,
+counted in modules loaded (run in a fresh interpreter), never timed: `import inloop_eval` and
+`inloop-eval --help` load no heavy dependency, the training loop's names load torch but none of the others.
 
 Every `import` statement counts, wherever it stands (inside functions and `if TYPE_CHECKING:` too). An import
 of a package (its `__init__.py`) is not an edge: a package's `__init__` imports its own modules, and each of
@@ -10,12 +12,19 @@ them imports its siblings through the package.
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import inloop_eval
 
 PACKAGE = Path(inloop_eval.__file__).parent
-OPTIONAL = ("wandb", "matplotlib", "transformers", "lightning", "olmo_core")
+# datasets is a dependency, but importing it (with pandas and pyarrow) costs most of a second: the functions
+# that read a split import it.
+OPTIONAL = ("wandb", "matplotlib", "transformers", "lightning", "olmo_core", "datasets")
+# What neither the package nor its command line may load before a command needs it.
+HEAVY = ("transformers", "scipy", "matplotlib", "pandas", "datasets", "pyarrow", "torchmetrics", "wandb", "lightning")
 LAZY_ALLOWED = ("inloop_eval.cli.main",)
 
 
@@ -105,3 +114,68 @@ def test_imports_inside_functions_are_only_optional_dependencies():
                     if names[0].split(".")[0] not in OPTIONAL:
                         misplaced.append(f"{module}:{node.lineno} imports {names[0]}")
     assert misplaced == []
+
+
+def modules_loaded(code: str) -> set[str]:
+    """The top-level names in `sys.modules` after running `code` in a fresh interpreter."""
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return set(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_importing_the_package_loads_no_dependency():
+    loaded = modules_loaded("import inloop_eval")
+    assert not loaded & {*HEAVY, "torch", "numpy", "yaml", "tokenizers"}
+
+
+def test_the_command_lines_help_loads_no_dependency():
+    code = "from inloop_eval.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
+    loaded = modules_loaded(code)
+    assert not loaded & {*HEAVY, "torch", "numpy", "yaml"}
+
+
+def test_the_training_loops_names_load_torch_but_no_heavy_dependency():
+    loaded = modules_loaded("from inloop_eval import InLoopEvaluator, EvaluatorConfig, run_and_log")
+    assert "torch" in loaded and not loaded & set(HEAVY)
+
+
+def test_every_public_name_is_importable_from_the_package():
+    for name in inloop_eval.__all__:
+        assert getattr(inloop_eval, name).__name__ == name
+    assert sorted(dir(inloop_eval)) == sorted(set(dir(inloop_eval)) | set(inloop_eval.__all__))
+
+
+def test_the_report_and_compare_commands_load_no_heavy_dependency():
+    code = (
+        "from inloop_eval.cli.main import build_parser\n"
+        "build_parser('report'); build_parser('compare')"
+    )
+    assert not modules_loaded(code) & {"matplotlib", "transformers", "scipy", "pandas", "datasets"}
+
+
+def test_a_missing_hf_extra_is_reported_before_torch_is_imported():
+    """`evaluate` without transformers (hidden here) says which extra to install, having loaded no torch."""
+    code = (
+        "import importlib.util, sys\n"
+        "real = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda name, *a: None if name == 'transformers' else real(name, *a)\n"
+        "from inloop_eval.cli import main\n"
+        "assert main(['evaluate', '--model', 'm', '--tasks', 'piqa']) == 2\n"
+        "assert 'torch' not in sys.modules"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pip install 'inloop_eval[hf]'" in proc.stderr
+
+
+def test_a_clone_named_like_the_package_says_it_shadows_the_package(tmp_path):
+    """Python run from the folder holding a clone named `inloop_eval` finds the clone first: its top-level
+    `__init__.py` makes that a clear error instead of an empty namespace package."""
+    clone = tmp_path / "inloop_eval"
+    clone.mkdir()
+    (clone / "__init__.py").write_text((PACKAGE.parent / "__init__.py").read_text())
+    code = "from inloop_eval import InLoopEvaluator"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert f"'inloop_eval' resolved to {clone.resolve()}, the clone of the repository" in proc.stderr

@@ -4,35 +4,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
-import math
-import os
 import sys
-import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from inloop_eval.config_fields import read_config_file
-from inloop_eval.data.files import write_text_atomically
-from inloop_eval.data.perplexity.domain_config import check_lm_label
-from inloop_eval.distributed import all_reduce_max
 from inloop_eval.errors import ConfigError, InLoopEvalError
-from inloop_eval.evaluators.config import EvaluatorConfig
-from inloop_eval.evaluators.downstream import TaskEvalConfig
-from inloop_eval.keys import failed_labels
-from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
-
-if TYPE_CHECKING:
-    from tqdm import tqdm
-
-    from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 
 log = logging.getLogger("inloop_eval")
 
+HF_EXTRA_HINT = "evaluate --model needs `transformers`: pip install 'inloop_eval[hf]'"
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), ""))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -42,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command. The arguments of `demo`, `report` and `compare` are declared by their
+    own modules, imported only when `command` is that one (or None: all of them), so that `--help` (command
+    "") and each command load only what they use."""
     parser = argparse.ArgumentParser(prog="inloop-eval", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -87,27 +78,32 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--strict", action="store_true", help="stop at the first failing task")
     ev.set_defaults(func=cmd_evaluate)
 
-    from inloop_eval import compare as compare_run
-    from inloop_eval import report as report_run
-    from inloop_eval.demo import run as demo_run
-
     demo = sub.add_parser(
         "demo", help="train the reference GPT with in-loop evaluation, then write the report (demo.yaml)"
     )
-    demo_run.add_arguments(demo)
-    demo.set_defaults(func=demo_run.run)
+    if command in (None, "demo"):
+        from inloop_eval.demo import run as demo_run
+
+        demo_run.add_arguments(demo)
+        demo.set_defaults(func=demo_run.run)
 
     report = sub.add_parser(
         "report", help="HTML page of a run (acc / acc_norm / acc_pmi per task, perplexity per domain, flags), or of several runs compared"
     )
-    report_run.add_arguments(report)
-    report.set_defaults(func=report_run.run)
+    if command in (None, "report"):
+        from inloop_eval.report import command as report_run
+
+        report_run.add_arguments(report)
+        report.set_defaults(func=report_run.run)
 
     compare = sub.add_parser(
         "compare", help="is the difference real? two runs or steps paired on the documents both evaluated"
     )
-    compare_run.add_arguments(compare)
-    compare.set_defaults(func=compare_run.run)
+    if command in (None, "compare"):
+        from inloop_eval.compare import command as compare_run
+
+        compare_run.add_arguments(compare)
+        compare.set_defaults(func=compare_run.run)
 
     from inloop_eval.watch import command as watch_run
 
@@ -233,6 +229,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_make_lm(args: argparse.Namespace) -> int:
+    from inloop_eval.data.perplexity.domain_config import check_lm_label
     from inloop_eval.data.perplexity.make_lm import glob_documents, make_domain_set, oe_eval_passages
     from inloop_eval.data.root import default_data_root, neox_tokenizer_path
     from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
@@ -269,160 +266,9 @@ def cmd_make_lm(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    import torch
+    """`evaluate` (cli/evaluate.py); a missing `[hf]` extra is reported before torch is imported."""
+    if importlib.util.find_spec("transformers") is None:
+        raise ConfigError(HF_EXTRA_HINT)
+    from inloop_eval.cli.evaluate import evaluate
 
-    from inloop_eval.distributed import init_from_env, world
-    from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-
-    init_from_env()
-    world_size, rank = world()
-    config = evaluate_config(args)
-    outputs = {
-        flag: Path(path) for flag, path in (("--output", args.output), ("--samples", args.samples)) if path
-    }
-    if args.outcomes:
-        config.outcomes = True
-        outputs["--outcomes"] = step_path(Path(args.outcomes) / OUTCOMES_DIR, args.step)
-    check_outputs_writable(outputs, rank)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and world_size > 1:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    model = load_hf_model(args.model, device)
-    evaluator = InLoopEvaluator(config)
-    bar = progress_bar(evaluator, enabled=rank == 0)
-    metrics = evaluator.run(model, progress=bar.update if bar is not None else None)
-    if bar is not None:
-        bar.close()
-    samples = gather_samples(evaluator) if args.samples else None
-    if rank == 0:
-        # The figures first: a file that fails to write late (a full disk) must not lose them.
-        for key, value in metrics.items():
-            print(f"{key}\t{value:.6f}", flush=True)
-        if args.output:
-            write_json(
-                Path(args.output),
-                {
-                    "metrics": metrics,
-                    "model": args.model,
-                    "world_size": world_size,
-                    "config": config.to_dict(),
-                },
-            )
-        if samples is not None:
-            write_samples(Path(args.samples), samples)
-        if args.outcomes and evaluator.outcomes():
-            write_step(Path(args.outcomes) / OUTCOMES_DIR, evaluator.outcomes(), args.step)
-    if isinstance(config, EvaluatorConfig) and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    failed = failed_labels(metrics)
-    if failed:  # a batch job must not count a run whose figures are missing as a success
-        if rank == 0:
-            print(
-                f"evaluate: {len(failed)} of the evaluations failed: {', '.join(failed)} (the log above has "
-                "each reason; --strict stops at the first with its traceback)",
-                file=sys.stderr,
-            )
-        return 1
-    return 0
-
-
-def unwritable_outputs(outputs: dict[str, Path]) -> list[str]:
-    """What stops each output file (`--output`, `--samples`, the step file of `--outcomes`) from being
-    written, found by writing a temporary file beside it (its folder is made as `evaluate` would make it); [] when all can be."""
-    problems = []
-    for flag, path in outputs.items():
-        if path.is_dir():
-            problems.append(f"{flag} {path} is a directory; name a file, e.g. {path / 'results.json'}")
-            continue
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=path.parent):
-                pass
-        except OSError as exc:
-            problems.append(
-                f"{flag} {path}: cannot write there ({exc.strerror or exc}); choose a writable path"
-            )
-    return problems
-
-
-def check_outputs_writable(outputs: dict[str, Path], rank: int) -> None:
-    """Before evaluating, so that a whole evaluation is never lost to a bad path: rank 0 (the one that
-    writes) tries the output paths and every rank stops with it, none left waiting in a collective."""
-    problems = unwritable_outputs(outputs) if rank == 0 else []
-    if all_reduce_max(int(bool(problems))):
-        raise ConfigError(
-            "evaluate: " + "; ".join(problems)
-            if problems
-            else f"evaluate (rank {rank}): rank 0 cannot write the output files (see its error)"
-        )
-
-
-def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
-    tasks = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
-    if not tasks and not args.config:
-        raise ConfigError("evaluate: name tasks with --tasks a,b or a --config with evaluators")
-    data = read_config_file(args.config) if args.config else {}
-    if tasks:
-        data = {**data, "evaluators": [{"task": t} for t in tasks]}
-    config = EvaluatorConfig.from_dict(data, args.config or "evaluate --tasks")
-    for ev in config.evaluators:
-        if args.limit is not None and isinstance(ev, TaskEvalConfig):
-            ev.limit = args.limit
-        if args.batch_tokens is not None:
-            ev.batch_tokens = args.batch_tokens
-        ev.__post_init__()
-    config.tokenizer = args.tokenizer or config.tokenizer or args.model
-    config.data_root = args.data_root or config.data_root
-    config.max_length = args.max_length or config.max_length
-    config.strict = args.strict or config.strict
-    config.__post_init__()
-    return config
-
-
-def load_hf_model(path: str, device: Any) -> Any:
-
-    try:
-        from transformers import AutoModelForCausalLM
-    except ImportError:
-        raise ConfigError("evaluate --model needs `transformers`: pip install 'inloop_eval[hf]'") from None
-    if not Path(path).is_dir():
-        raise ConfigError(f"evaluate: --model {path!r} is not a directory holding a saved Hugging Face model")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
-    return model.to(device).eval()
-
-
-def progress_bar(evaluator: Any, enabled: bool) -> tqdm | None:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(desc="requests", unit="req", file=sys.stderr, dynamic_ncols=True)
-
-
-def gather_samples(evaluator: InLoopEvaluator) -> list[dict[str, Any]] | None:
-    """Every rank's per-request records (`InLoopEvaluator.samples`), gathered on rank 0 (None on the other
-    ranks) and deduplicated by (task, doc_id, cont_id): a document padded onto two ranks counts once."""
-    import torch.distributed as dist
-
-    local = evaluator.samples()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        gathered: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
-        dist.gather_object(local, gathered if dist.get_rank() == 0 else None, dst=0)
-        if dist.get_rank() != 0:
-            return None
-        local = [r for part in gathered for r in part]
-    unique = {(r["task"], r["doc_id"], r["cont_id"]): r for r in reversed(local)}
-    return sorted(unique.values(), key=lambda r: (r["task"], r["doc_id"], r["cont_id"]))
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """`data` as strict JSON: a figure that is not finite (NaN, inf) is `null`, which every parser reads."""
-    metrics = {k: v if math.isfinite(v) else None for k, v in data.get("metrics", {}).items()}
-    text = json.dumps({**data, "metrics": metrics}, indent=2, sort_keys=True, allow_nan=False)
-    write_text_atomically(path, text)
-
-
-def write_samples(path: Path, samples: list[dict[str, Any]]) -> None:
-    write_text_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in samples))
-
-
+    return evaluate(args)

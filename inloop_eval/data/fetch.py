@@ -34,7 +34,6 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
-import datasets
 from huggingface_hub import hf_hub_download
 
 from inloop_eval.data.files import sha256_of, write_text_atomically
@@ -215,6 +214,8 @@ def _hub_host() -> str:
 
 def _fill_from_hub(staging: Path, splits: tuple[Split, ...]) -> list[str]:
     """Save each split and tokenizer from the hub into `staging`; return descriptions of the failures."""
+    import datasets  # deferred: importing datasets (with pandas and pyarrow) costs most of a second
+
     failures: list[str] = []
     for i, (path, name, split) in enumerate(splits):
         target = staging / path / (name or "none") / split

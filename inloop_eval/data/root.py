@@ -18,11 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from stat import S_ISREG
-
-import datasets
+from typing import TYPE_CHECKING
 
 from inloop_eval.data.files import sha256_of, write_text_atomically
 from inloop_eval.errors import TaskDataError
+
+if TYPE_CHECKING:
+    import datasets
 
 OE_EVAL_DIR = "oe_eval_tasks"
 TOKENIZER_DIR = "tokenizers"
@@ -239,6 +241,7 @@ def load_split(
     allow_hub: bool = False,
 ) -> datasets.Dataset:
     """Load one split from the local root; from the hub only when `allow_hub` (never during training)."""
+    import datasets  # deferred: importing datasets (with pandas and pyarrow) costs most of a second
     root = (Path(data_root) if data_root is not None else default_data_root()).expanduser().absolute()
     local = split_dir(root, path, name, split)
     if local.is_dir():
@@ -261,6 +264,7 @@ def load_split(
 
 def _load_from_disk(root: Path, local: Path, task: str) -> datasets.Dataset:
     """`datasets.load_from_disk`, with any failure (damaged Arrow or JSON files) a TaskDataError naming them."""
+    import datasets  # deferred: importing datasets (with pandas and pyarrow) costs most of a second
     try:
         return datasets.load_from_disk(str(local))
     except Exception as exc:  # pyarrow, json and datasets each raise their own types for a damaged file

@@ -16,6 +16,7 @@ import argparse
 import gzip
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from inloop_eval.cli.progress import EvaluationProgress
 from inloop_eval.config_fields import build_dataclass
 from inloop_eval.data.fetch import fetch
 from inloop_eval.data.files import write_text_atomically
@@ -37,7 +39,7 @@ from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import run_and_log
-from inloop_eval.keys import DOWNSTREAM, PERPLEXITY, SECONDS_KEY, TOKENS_KEY, split_key
+from inloop_eval.keys import DOWNSTREAM, PERPLEXITY, SECONDS_KEY, TOKENS_KEY, TRAIN_LOSS_KEY, split_key
 from inloop_eval.loggers import JSONLLogger, MetricsLogger, MultiLogger, WandbLogger, is_rank_zero
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.report import write_report
@@ -250,7 +252,7 @@ def train(config: DemoConfig, data_root: Path) -> list[dict[str, float]]:
     try:
         for step in range(tc.steps + 1):
             if evaluator.should_run(step):
-                metrics = run_and_log(evaluator, trained, step, logger)
+                metrics = evaluate_step(evaluator, trained, step, logger)
                 evaluations.append(metrics)
                 if is_rank_zero():
                     print(summary(step, metrics), flush=True)
@@ -268,12 +270,36 @@ def train(config: DemoConfig, data_root: Path) -> list[dict[str, float]]:
             schedule.step()
             if step % tc.log_every == 0:
                 mean_loss = mean_over_ranks(loss.detach())
-                logger.log({"train/loss": mean_loss, "train/lr": schedule.get_last_lr()[0]}, step)
+                logger.log({TRAIN_LOSS_KEY: mean_loss, "train/lr": schedule.get_last_lr()[0]}, step)
                 if is_rank_zero():
                     print(f"step {step:5d}  train loss {mean_loss:.3f}", flush=True)
     finally:
         logger.finish()
     return evaluations
+
+
+def evaluate_step(evaluator: InLoopEvaluator, model: torch.nn.Module, step: int, logger: MetricsLogger) -> dict[str, float]:
+    """One in-loop evaluation, with a bar per evaluator on rank 0's terminal (the summary line follows)."""
+    progress = EvaluationProgress(len(evaluator.evaluators), enabled=is_rank_zero(), lines=False)
+    try:
+        return run_and_log(evaluator, model, step, logger, progress=progress)
+    finally:
+        progress.close()
+
+
+def start_up_line(config: DemoConfig, root: Path) -> str:
+    """What the demo is about to do, printed before its first slow step (the data, the first evaluation)."""
+    tc, ev = config.train, config.evaluation
+    tasks = [e.label for e in ev.evaluators if getattr(e, "type", "") != "lm"]
+    domains = [d.label for e in ev.evaluators if getattr(e, "type", "") == "lm" for d in e.domains]
+    return (
+        f"demo: training the reference GPT (n_layers {config.model.n_layers}, d_model {config.model.d_model}, "
+        f"seed {tc.seed}) for {tc.steps} steps on {os.environ.get('WORLD_SIZE', 1)} process(es), evaluating every "
+        f"{ev.eval_interval} steps on {', '.join(tasks) or 'no tasks'}"
+        + (f" and perplexity on {', '.join(domains)}" if domains else "")
+        + f"; task data in {root} (fetched on first use); run directory {Path(tc.out_dir).absolute()}. "
+        "The first evaluation also tokenizes the tasks and caches their requests."
+    )
 
 
 def mean_over_ranks(value: torch.Tensor) -> float:
@@ -304,6 +330,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, help="override train.steps")
     parser.add_argument("--out", help="override train.out_dir (the run directory)")
+    parser.add_argument(
+        "--seed", type=int, help="override train.seed (the model's initialisation and the order of training windows)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -317,10 +346,12 @@ def run(args: argparse.Namespace) -> int:
         config.train.__post_init__()
     if args.out:
         config.train.out_dir = args.out
-    root = fetch(
-        Path(config.evaluation.data_root) if config.evaluation.data_root else default_data_root(),
-        standard_splits(),
-    )
+    if args.seed is not None:
+        config.train.seed = args.seed
+    root = Path(config.evaluation.data_root) if config.evaluation.data_root else default_data_root()
+    if is_rank_zero():
+        print(start_up_line(config, root), flush=True)
+    root = fetch(root, standard_splits())
     train(config, root)
     if is_rank_zero():
         out_dir = Path(config.train.out_dir).absolute()

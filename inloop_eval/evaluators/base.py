@@ -176,6 +176,13 @@ class Evaluator(Generic[ConfigT, PreparedT]):
             return EvalOutput({label: {FAILED: 1.0} for label in self.labels})
         return output
 
+    def start_progress(self, progress: Callable[[int], None] | None, total: int) -> None:
+        """Tell a progress display that shows totals (one with a `start(title, total)` method, e.g. the
+        CLI's) that this entry is about to score `total` requests (or sequences) on this rank."""
+        start = getattr(progress, "start", None)
+        if start is not None:
+            start(self.title(), total)
+
     def title(self) -> str:
         """The entry as logs and errors name it, e.g. `task 'piqa'`."""
         return self.name

@@ -216,6 +216,7 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
         check_vocabulary(context, prepared, pair_ids, min_vocab=min_vocab)
         planned = plan(prepared, pair_ids, context.shape, context.data_parallel)
+        self.start_progress(context.progress, len(pair_ids))
         scores = run_batches(
             context.adapter,
             equalize_forward_calls(planned, agreement, context.shape.width_multiple),

@@ -242,6 +242,7 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
         domains, failed = usable_domains(context, prepared)
         shard = rank_share(domains, *context.data_parallel)
         planned = plan_sequences(domains, shard, prepared.config, context.shape)
+        self.start_progress(context.progress, len(shard.seq_S))
         scores = run_batches(
             context.adapter,
             equalize_forward_calls(planned, agreement, context.shape.width_multiple),

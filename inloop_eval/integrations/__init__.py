@@ -13,6 +13,7 @@ its training layout (Megatron-LM's loop makes the two calls itself).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from torch.distributed import ProcessGroup
@@ -52,8 +53,9 @@ def run_and_log(
     *,
     prefix: str = PREFIX,
     dp_group: ProcessGroup | DeviceMesh | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
-    """`evaluator.run(model, step=step, prefix=prefix, dp_group=dp_group)` plus `eval/seconds` (wall time of
+    """`evaluator.run(model, step=step, prefix=prefix, dp_group=dp_group, progress=progress)` plus `eval/seconds` (wall time of
     the call) and `eval/tokens_forwarded`, logged at `step`, with each task's per-document outcomes
     (`logger.log_outcomes`, unless the config's `outcomes` is off). Every rank must call it (the evaluator
     and the token count sync across ranks).
@@ -63,10 +65,11 @@ def run_and_log(
     parallel peers) forward the same batches together, so it is not summed over them: each batch counts
     once, whatever the layout, and the figure is that of one process forwarding the same batches.
     prefix: the first part of every key (`eval`; `eval/merged` for OLMo-core's merged weights).
-    dp_group: the data-parallel group of a model split over ranks (`InLoopEvaluator.run`'s); None: the world."""
+    dp_group: the data-parallel group of a model split over ranks (`InLoopEvaluator.run`'s); None: the world.
+    progress: called with the requests of each batch scored (`InLoopEvaluator.run`'s)."""
     start = time.perf_counter()
     group = resolve_data_parallel(dp_group)
-    metrics = dict(evaluator.run(model, step=step, prefix=prefix, dp_group=group))
+    metrics = dict(evaluator.run(model, step=step, prefix=prefix, dp_group=group, progress=progress))
     metrics[seconds_key(prefix)] = time.perf_counter() - start
     metrics[tokens_key(prefix)] = float(all_reduce_sum(evaluator.tokens_forwarded, group))
     if logger is not None:

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import Tensor
-from torchmetrics import Metric
-from torchmetrics.utilities import dim_zero_cat
 
 from inloop_eval.metrics.olmo import olmo_icl_compute
 from inloop_eval.metrics.registry import METRICS, Choices, MetricDef, canonical, unknown_metrics
+from inloop_eval.metrics.synced import SyncedMetric
 
 REQUEST_FIELDS: tuple[str, ...] = (
     "doc_id",
@@ -279,7 +278,7 @@ def document_values(definition: MetricDef, choices: Choices) -> Tensor | None:
     return values.to(torch.float64)
 
 
-class ICLMetric(Metric):
+class ICLMetric(SyncedMetric):
     """Per-request loglikelihoods of one task, synced across ranks by concatenation.
 
     `update` takes flat [N] tensors named as REQUEST_FIELDS; `update_uncond` the scored unconditional
@@ -287,16 +286,15 @@ class ICLMetric(Metric):
     updates (with empty tensors if it has nothing) so that all ranks gather states of one dtype.
     """
 
-    full_state_update = False
-
     def __init__(self, metrics: Sequence[str], olmo_metric_type: str | None = None, **kwargs) -> None:  # noqa: ANN003
         super().__init__(**kwargs)
         self.metric_names = tuple(metrics)
         self.olmo_metric_type = olmo_metric_type
         for name in REQUEST_FIELDS:
-            self.add_state(name, default=[], dist_reduce_fx="cat")
-        self.add_state("uncond_uid", default=[], dist_reduce_fx="cat")
-        self.add_state("uncond_ll", default=[], dist_reduce_fx="cat")
+            # is_gold and is_greedy travel as int64: not every backend gathers bool tensors.
+            self.add_cat_state(name, torch.float64 if name == "ll" else torch.long)
+        self.add_cat_state("uncond_uid", torch.long)
+        self.add_cat_state("uncond_ll", torch.float64)
         self.outcomes: DocumentOutcomes | None = None
         """The per-document values of the latest `compute`, over all ranks."""
 
@@ -309,7 +307,6 @@ class ICLMetric(Metric):
             value = fields[name].detach().reshape(-1).to(self.device)
             if value.numel() != n:
                 raise ValueError(f"ICLMetric.update: field {name!r} has {value.numel()} values, expected {n}")
-            # is_gold and is_greedy travel as int64: not every backend gathers bool tensors.
             getattr(self, name).append(value.to(torch.float64 if name == "ll" else torch.long))
 
     def update_uncond(self, uncond_id: Tensor, ll: Tensor) -> None:
@@ -317,12 +314,9 @@ class ICLMetric(Metric):
         self.uncond_ll.append(ll.detach().reshape(-1).to(self.device, torch.float64))
 
     def _cat(self, name: str, dtype: torch.dtype) -> Tensor:
-        value = getattr(self, name)
-        if not isinstance(value, Tensor):  # after a sync, states are already one tensor
-            value = dim_zero_cat(value) if value else torch.zeros(0)
-        return value.cpu().to(dtype)
+        return getattr(self, name).cpu().to(dtype)
 
-    def compute(self) -> dict[str, float]:
+    def _compute(self) -> dict[str, float]:
         """`icl_compute`'s figures, and OLMo's (under OLMo's names, e.g. `len_norm_v1`) when the metric was
         made with an `olmo_metric_type`. Their per-document values (over all ranks) are kept in `outcomes`."""
         dtypes = {"ll": torch.float64, "is_gold": torch.bool, "is_greedy": torch.bool}

@@ -13,9 +13,9 @@ import math
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from inloop_eval.keys import OLMO_CORE_LM_FIGURE_NAMES
+from inloop_eval.metrics.synced import SyncedMetric
 
 FIGURES = ("ce", "ppl", "bpb")
 # OLMo-core's figures of a label: its `LMEvaluator`'s `CE loss` and `PPL`.
@@ -59,15 +59,12 @@ def olmo_core_perplexity(sum_nll: float, n_positions: int) -> dict[str, float]:
     return dict(zip(OLMO_CORE_FIGURES, (ce, ppl), strict=True))
 
 
-class PerplexityMetric(Metric):
+class PerplexityMetric(SyncedMetric):
     """One domain's sums (`sum_nll`, `n_tokens`, `n_bytes`), each synced by `sum`.
 
     Under torch.distributed every rank must call `compute` for every domain in the same order (a rank with
     nothing to add keeps its zeros), so that all ranks make the same collectives.
     """
-
-    full_state_update = False
-    higher_is_better = False
 
     sum_nll: Tensor
     n_tokens: Tensor
@@ -75,9 +72,9 @@ class PerplexityMetric(Metric):
 
     def __init__(self, **kwargs) -> None:  # noqa: ANN003
         super().__init__(**kwargs)
-        self.add_state("sum_nll", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("n_tokens", default=torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
-        self.add_state("n_bytes", default=torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
+        self.add_sum_state("sum_nll", torch.tensor(0.0, dtype=torch.float64))
+        self.add_sum_state("n_tokens", torch.tensor(0, dtype=torch.int64))
+        self.add_sum_state("n_bytes", torch.tensor(0, dtype=torch.int64))
 
     def update(self, nll_S: Tensor, n_tokens_S: Tensor, n_bytes_S: Tensor) -> None:  # type: ignore[override]
         """Add sequences: summed NLL [S], predicted tokens [S], bytes [S] (empty tensors add nothing)."""
@@ -91,7 +88,7 @@ class PerplexityMetric(Metric):
         self.n_tokens += n_tokens.to(self.device)
         self.n_bytes += n_bytes.to(self.device)
 
-    def compute(self) -> dict[str, float]:
+    def _compute(self) -> dict[str, float]:
         """The synced sums (`sum_nll`, `n_tokens`, `n_bytes`) and the figures of `perplexity_compute`."""
         sums = {"sum_nll": float(self.sum_nll), "n_tokens": int(self.n_tokens), "n_bytes": int(self.n_bytes)}
         return {**sums, **perplexity_compute(sums["sum_nll"], sums["n_tokens"], sums["n_bytes"])}

@@ -63,20 +63,23 @@ def trend_noise(points: Series, n: int = NOISE_EVALUATIONS) -> float | None:
 
 
 def noise_note(curves: Mapping[str, Series], stderr: Mapping[str, Series]) -> str | None:
-    """'noise around the trend' of each curve with enough evaluations, beside its last standard error."""
-    parts = []
+    """'noise around the trend' of each curve with enough evaluations, beside its last standard error, saying
+    over how many evaluations it was measured (at most NOISE_EVALUATIONS: as many as there are)."""
+    parts, counts = [], []
     for name, points in curves.items():
         noise = trend_noise(points)
         if noise is None:
             continue
+        counts.append(min(NOISE_EVALUATIONS, sum(math.isfinite(v) for _, v in points)))
         last_stderr = stderr.get(name, [])
         beside = f" (binomial stderr {last_stderr[-1][1]:.3f})" if last_stderr else ""
         parts.append(f"{name} {noise:.3f}{beside}")
     if not parts:
         return None
-    return (
-        f"noise: sd of the last {NOISE_EVALUATIONS} evaluations around their trend: " + ", ".join(parts)
-    )
+    if len(set(counts)) > 1:  # curves with different evaluations: each says its own count
+        parts = [f"{part} over {n}" for part, n in zip(parts, counts, strict=True)]
+        return "noise: sd of the last evaluations around their trend: " + ", ".join(parts)
+    return f"noise: sd of the last {counts[0]} evaluations around their trend: " + ", ".join(parts)
 
 
 def divergence(

@@ -1,14 +1,17 @@
 """`inloop-eval report RUN_A RUN_B ...`: one HTML page comparing runs (`write_comparison`).
 
-For every task all runs log: each figure's curves of every run with ±1 standard error bands; per step that
-run A and another run both evaluated (their per-document outcomes, `<run>/outcomes/step_<N>.npz`), the paired
-verdict of each figure (`compare.pairing`, B - A on the documents both evaluated); and, over all runs,
-signal-to-noise per task figure with the tasks whose noise exceeds their signal flagged (`report.signal`).
-Runs without outcomes get curves and signal-to-noise, and the page says why they have no verdicts.
+The runs (each in its own colour on every plot), how their configs differ from run A's, and over all runs
+signal-to-noise per task figure with the tasks whose noise exceeds their signal flagged (`report.signal`)
+and how to read it beside the verdicts. Then the training loss of every run, and for every task each
+figure's curves of every run with ±1 standard error bands and, per step that run A and another run both
+evaluated (their per-document outcomes, `<run>/outcomes/step_<N>.npz`), the paired verdict of each figure
+(`compare.pairing`, B - A on the documents both evaluated); and every perplexity domain's curves. Runs
+without outcomes get curves and signal-to-noise, and the page says why they have no verdicts.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,19 +20,24 @@ from html import escape
 from pathlib import Path
 
 from inloop_eval.compare.pairing import compare_steps
+from inloop_eval.keys import TRAIN_LOSS_KEY
 from inloop_eval.loggers.base import CURVE_METRICS
 from inloop_eval.loggers.outcomes import OutcomesError, list_steps, outcomes_directory, read_step
-from inloop_eval.metrics.paired import A_BETTER, B_BETTER, PairedResult
-from inloop_eval.report.page import STYLE, draw, plot_file
-from inloop_eval.report.plots import plot_runs
-from inloop_eval.report.runs import ReportError, RunHistory, Series, load_run
+from inloop_eval.metrics.paired import A_BETTER, B_BETTER, CANNOT_TELL, PairedResult
+from inloop_eval.report.page import LOSS_PLOT, STYLE, draw, plot_file
+from inloop_eval.report.plots import plot_loss, plot_runs, run_colour
+from inloop_eval.report.runs import LM_FIGURES, ReportError, RunHistory, Series, load_run
 from inloop_eval.report.signal import BPB_TWIN, FigureSignal, bpb_suggestion, signal_to_noise
 
 COMPARISON_DIR = "comparison"
 # The figures whose verdicts the page shows per step (those a task logs), and the most recent steps shown.
 VERDICT_FIGURES: tuple[str, ...] = (*CURVE_METRICS, BPB_TWIN, "centered_acc")
 SHOWN_STEPS = 12
-VERDICT_COLOURS = {B_BETTER: "#0a0", A_BETTER: "#b00"}
+# Each verdict's class (its colour, STYLE) and the mark its cell shows beside the difference.
+VERDICT_CLASSES = {B_BETTER: "b-better", A_BETTER: "a-better", CANNOT_TELL: "cannot-tell"}
+VERDICT_MARKS = {B_BETTER: "B", A_BETTER: "A", CANNOT_TELL: "·"}
+# A config value longer than this is cut in the table of differences.
+MAX_CONFIG_CHARS = 120
 
 log = logging.getLogger(__name__)
 
@@ -102,17 +110,41 @@ def write_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path | None 
         if curves:
             name = plot_file("runs", label)
             failure = draw(
-                f"task {label!r}", out / name, partial(plot_runs, label, curves, stderr, out / name)
+                f"task {label!r}", out / name, partial(plot_runs, label, curves, stderr, out / name, names)
             )
             plots[label], failures[label] = ("", failure) if failure else (name, "")
+    domains = sorted(set.union(*(set(h.domains()) for h in histories.values())))
+    for domain in domains:
+        curves = domain_curves(histories, domain)
+        if curves:
+            name = plot_file("lm_runs", domain)
+            plot = partial(plot_runs, domain, curves, {}, out / name, names)
+            failure = draw(f"perplexity domain {domain!r}", out / name, plot)
+            plots[f"lm:{domain}"], failures[f"lm:{domain}"] = ("", failure) if failure else (name, "")
+    losses = {n: h.series[TRAIN_LOSS_KEY] for n, h in histories.items() if h.series.get(TRAIN_LOSS_KEY)}
+    if losses:
+        failure = draw("the training loss", out / LOSS_PLOT, partial(plot_loss, losses, out / LOSS_PLOT))
+        plots["loss"], failures["loss"] = ("", failure) if failure else (LOSS_PLOT, "")
     verdicts = [
         pair_verdicts(Path(run_dirs[0]), Path(d), name)
         for name, d in zip(names[1:], run_dirs[1:], strict=True)
     ]
     signals = signal_to_noise(list(histories.values()))
     path = out / "index.html"
-    path.write_text(render_comparison(names, histories, labels, plots, failures, verdicts, signals))
+    page = render_comparison(names, histories, labels, plots, failures, verdicts, signals, domains)
+    path.write_text(page)
     return path
+
+
+def domain_curves(histories: Mapping[str, RunHistory], domain: str) -> dict[str, dict[str, Series]]:
+    """figure -> run -> series of `domain`'s ppl and bpb (ce when neither is logged) across the runs."""
+    curves: dict[str, dict[str, Series]] = {}
+    for run, history in histories.items():
+        for figure, points in history.domains().get(domain, {}).items():
+            if figure in LM_FIGURES:
+                curves.setdefault(figure, {})[run] = points
+    shown = [f for f in ("ppl", "bpb") if f in curves] or [f for f in LM_FIGURES if f in curves]
+    return {f: curves[f] for f in shown}
 
 
 def render_comparison(
@@ -123,35 +155,118 @@ def render_comparison(
     failures: Mapping[str, str],
     verdicts: list[PairVerdicts],
     signals: list[FigureSignal],
+    domains: Sequence[str] = (),
 ) -> str:
-    """The page: the runs, signal-to-noise per task figure, then one card per task (plot and verdicts)."""
+    """The page: the runs and their config differences, signal-to-noise per task figure, the training loss,
+    then one card per task (plot and verdicts) and per perplexity domain.
+
+    plots, failures: by task label, `lm:<domain>` and `loss`: the PNG's file name, or why it was not drawn.
+    """
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>in-loop evaluation: runs compared</title>",
         f"{STYLE}</head><body><h1>Runs compared</h1><ul>",
         *(
-            f"<li>{'A' if i == 0 else 'B'}: <b>{escape(n)}</b> <code>{escape(histories[n].source)}</code></li>"
+            f"<li><span class='swatch' style='background:{run_colour(i)}'></span>{'A' if i == 0 else 'B'}: "
+            f"<b>{escape(n)}</b> <code>{escape(histories[n].source)}</code></li>"
             for i, n in enumerate(names)
         ),
-        "</ul><p>Verdicts: B - A of each figure on the documents both runs evaluated at that step (paired: exact "
-        "McNemar for 0/1 figures, paired t otherwise), B or A better at p &lt; 0.05, else cannot tell.</p>",
+        "</ul>",
         *(f"<p class='flag'>Reading: {escape(note)}</p>" for h in histories.values() for note in h.notes),
+        *config_section(names, histories),
         *signal_section(names, signals),
+        "<h2>Curves and verdicts</h2>",
+        "<p>Each run is drawn in its colour above, with ±1 standard error bands where logged. Verdicts: B - A "
+        "of each figure on the documents both runs evaluated at that step (paired: exact McNemar for 0/1 "
+        "figures, paired t otherwise): "
+        + " ".join(
+            f"<span class='{VERDICT_CLASSES[v]}'>{escape(VERDICT_MARKS[v])} {escape(v)}</span>"
+            for v in (B_BETTER, A_BETTER, CANNOT_TELL)
+        )
+        + " (better at p &lt; 0.05; a cell's tooltip has p and the documents paired).</p>",
         "<div class='grid'>",
+        *plot_card("train-loss", "training loss", plots.get("loss", ""), failures.get("loss", "")),
     ]
     suggestions = bpb_suggestion(signals)
     for label in labels:
         parts.append(f"<div class='card' id='task-{escape(label)}'><h3>{escape(label)}</h3>")
         if plots.get(label):
-            parts.append(f"<img src='{escape(plots[label])}' alt='{escape(label)} across runs' width='560'>")
+            parts.append(f"<img src='{escape(plots[label])}' alt='{escape(label)} across runs'>")
         if failures.get(label):
             parts.append(f"<p class='flag'>{escape(failures[label])}</p>")
         if label in suggestions:
-            parts.append(f"<p class='flag'>{escape(suggestions[label])}</p>")
+            parts.append(f"<p class='noisy'>{escape(suggestions[label])}</p>")
         for pair in verdicts:
             parts += verdict_table(label, pair)
         parts.append("</div>")
+    for domain in domains:
+        key = f"lm:{domain}"
+        parts += plot_card(
+            f"lm-{domain}", f"{domain} (perplexity)", plots.get(key, ""), failures.get(key, "")
+        )
     parts.append("</div></body></html>")
     return "\n".join(parts)
+
+
+def plot_card(card_id: str, title: str, plot: str, failure: str) -> list[str]:
+    """A card holding one plot (or why it was not drawn); nothing when there is neither."""
+    if not plot and not failure:
+        return []
+    body = (
+        f"<img src='{escape(plot)}' alt='{escape(title)}'>"
+        if plot
+        else f"<p class='flag'>{escape(failure)}</p>"
+    )
+    return [f"<div class='card' id='{escape(card_id)}'><h3>{escape(title)}</h3>{body}</div>"]
+
+
+def flat_config(config: object, prefix: str = "") -> dict[str, str]:
+    """A config as dotted keys (`train.seed`, `evaluation.evaluators[4].domains[0].paths[0]`) to their values
+    as JSON text, so that two configs differ only where a value does."""
+    if isinstance(config, Mapping):
+        items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in config.items()]
+    elif isinstance(config, list) and config:
+        items = [(f"{prefix}[{i}]", v) for i, v in enumerate(config)]
+    else:
+        return {prefix: json.dumps(config, sort_keys=True, default=str)}
+    out: dict[str, str] = {}
+    for key, value in items:
+        out.update(flat_config(value, key))
+    return out
+
+
+def config_differences(a: Mapping[str, object], b: Mapping[str, object]) -> list[tuple[str, str, str]]:
+    """(key, A's value, B's value) of every config value that differs, "–" for one a config lacks."""
+    flat_a, flat_b = flat_config(a), flat_config(b)
+    keys = sorted(set(flat_a) | set(flat_b))
+    return [(k, flat_a.get(k, "–"), flat_b.get(k, "–")) for k in keys if flat_a.get(k) != flat_b.get(k)]
+
+
+def config_section(names: list[str], histories: Mapping[str, RunHistory]) -> list[str]:
+    """How each run's logged config differs from run A's."""
+    parts = ["<h2>Config differences</h2>"]
+    a = histories[names[0]].config
+    for name in names[1:]:
+        b = histories[name].config
+        if not a or not b:
+            missing = names[0] if not a else name
+            parts.append(f"<p class='note'>{escape(missing)} logged no config: nothing to compare.</p>")
+            continue
+        rows = config_differences(a, b)
+        if not rows:
+            parts.append(f"<p>{escape(name)} has the same config as {escape(names[0])}.</p>")
+            continue
+        parts.append(
+            f"<table><tr><th class='l'>key</th><th class='l'>A: {escape(names[0])}</th>"
+            f"<th class='l'>B: {escape(name)}</th></tr>"
+        )
+        for key, va, vb in rows:
+            cut = [v if len(v) <= MAX_CONFIG_CHARS else v[:MAX_CONFIG_CHARS] + "…" for v in (va, vb)]
+            parts.append(
+                f"<tr><td class='l'>{escape(key)}</td><td class='l'>{escape(cut[0])}</td>"
+                f"<td class='l'>{escape(cut[1])}</td></tr>"
+            )
+        parts.append("</table>")
+    return parts
 
 
 def signal_section(names: list[str], signals: list[FigureSignal]) -> list[str]:
@@ -162,11 +277,17 @@ def signal_section(names: list[str], signals: list[FigureSignal]) -> list[str]:
     parts = [
         "<h2>Signal and noise</h2><p>signal: (max - min) / mean of the runs' final scores; noise: sd of the last "
         "evaluations around their trend over their mean, averaged over the runs; SNR = signal / noise. Below 1, "
-        "the runs' order is within checkpoint noise.</p>",
+        "the runs' order is within checkpoint noise (highlighted).</p>"
+        "<p>SNR and the paired verdicts answer different questions. SNR compares the runs' final scores with "
+        "how much each curve jumps from one checkpoint to the next; a verdict asks whether, at one step, B's "
+        "per-document outcomes differ from A's by more than the documents evaluated can resolve. A high SNR "
+        "with verdicts that cannot tell means the runs keep their order across checkpoints but the gap is "
+        "smaller than one step's documents can detect (the detectable difference that "
+        "<code>inloop-eval compare</code> gives says how much is); evaluate more documents before calling it.</p>",
         f"<table><tr><th>task</th><th>figure</th>{head}<th>signal</th><th>noise</th><th>SNR</th></tr>",
     ]
     for s in signals:
-        flag = " class='flag'" if s.noisy else ""
+        flag = " class='noisy'" if s.noisy else ""
         parts.append(
             f"<tr{flag}><td class='l'>{escape(s.label)}</td><td class='l'>{escape(s.figure)}</td>"
             + "".join(f"<td>{v:.3f}</td>" for v in s.finals)
@@ -177,23 +298,29 @@ def signal_section(names: list[str], signals: list[FigureSignal]) -> list[str]:
 
 
 def verdict_table(label: str, pair: PairVerdicts) -> list[str]:
-    """One task's verdicts against run `pair.b`: a row per figure, a column per step both evaluated."""
+    """One task's verdicts against run `pair.b`: a row per step both evaluated, a column per figure; each
+    cell the difference and its verdict's mark, in its colour, with p and n in its tooltip."""
     rows = {figure: by_step for (task, figure), by_step in pair.results.items() if task == label}
     if not rows:
         return [f"<p class='note'>B = {escape(pair.b)}: no paired verdicts. {escape(pair.note)}</p>"]
     steps = sorted({step for by_step in rows.values() for step in by_step})
     parts = [
-        f"<p>B = {escape(pair.b)}, B - A:</p><table><tr><th>figure</th>"
-        + "".join(f"<th>{step}</th>" for step in steps)
+        f"<p>B = {escape(pair.b)}, B - A:</p><table><tr><th class='l'>step</th>"
+        + "".join(f"<th>{escape(figure)}</th>" for figure in rows)
         + "</tr>"
     ]
-    for figure, by_step in rows.items():
+    for step in steps:
         cells = []
-        for step in steps:
+        for by_step in rows.values():
             r = by_step.get(step)
-            colour = VERDICT_COLOURS.get(r.verdict, "#555") if r else "#555"
-            text = f"{r.diff:+.3f} ({r.verdict}, n {r.n})" if r else "–"
-            cells.append(f"<td style='color:{colour}'>{escape(text)}</td>")
-        parts.append(f"<tr><td class='l'>{escape(figure)}</td>{''.join(cells)}</tr>")
+            if r is None:
+                cells.append("<td>–</td>")
+                continue
+            tip = f"{r.verdict}: p {r.p_value:.3g}, n {r.n} ({r.test})"
+            cells.append(
+                f"<td class='v {VERDICT_CLASSES.get(r.verdict, 'cannot-tell')}' title='{escape(tip)}'>"
+                f"{r.diff:+.3f} {escape(VERDICT_MARKS.get(r.verdict, '·'))}</td>"
+            )
+        parts.append(f"<tr><th class='l'>{step}</th>{''.join(cells)}</tr>")
     parts.append("</table>")
     return parts

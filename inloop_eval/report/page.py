@@ -1,4 +1,6 @@
-"""`write_report`: a run's HTML page (`index.html`) and its PNGs, one per task and one per perplexity domain.
+"""`write_report`: a run's HTML page (`index.html`) and its PNGs: the training loss (when logged), one per task
+and one per perplexity domain. The page fits any window: its cards flow in as many columns of at least one
+figure's width as fit, and a figure is drawn at the width of the narrowest card (`plots.WIDTH`).
 
 Each label has its own PNG (`plot_file`: distinct labels never share a file name, whatever their characters
 and on file systems that ignore case), and a plot that cannot be drawn costs only that plot: the page is
@@ -19,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
+from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY, TRAIN_LOSS_KEY
 from inloop_eval.loggers.base import CURVE_METRICS
 from inloop_eval.report.analysis import DIVERGING, NONFINITE, SUBSET, TaskView, nonfinite_steps, task_views
-from inloop_eval.report.plots import plot_domain, plot_task
+from inloop_eval.report.plots import plot_domain, plot_loss, plot_task
 from inloop_eval.report.runs import LM_FIGURES, ReportError, RunHistory, Series, load_run
 
 REPORT_DIR = "report"
@@ -79,6 +81,7 @@ def write_report(
     out = Path(out_dir) if out_dir is not None else Path(run_dir) / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     views = task_views(history, window, min_change)
+    loss = draw_loss(history, out)
     for view in views:
         if view.curves:
             name = plot_file("task", view.label)
@@ -99,23 +102,64 @@ def write_report(
             else:
                 domain_plots[domain] = name
     path = out / "index.html"
-    html = render_html(history, views, history.domains(), domain_plots, window, min_change, domain_failures)
+    html = render_html(
+        history, views, history.domains(), domain_plots, window, min_change, domain_failures, loss
+    )
     path.write_text(html)
     return path
 
 
+LOSS_PLOT = "train_loss.png"
+
+
+def draw_loss(history: RunHistory, out: Path) -> tuple[str, str]:
+    """(the loss PNG's file name, why it was not drawn) for a run that logs `train/loss`; ("", "") else."""
+    points = history.series.get(TRAIN_LOSS_KEY)
+    if not points:
+        return "", ""
+    name = Path(history.source).name or "run"
+    failure = draw("the training loss", out / LOSS_PLOT, partial(plot_loss, {name: points}, out / LOSS_PLOT))
+    return ("", failure) if failure else (LOSS_PLOT, "")
+
+
+def loss_section(loss: tuple[str, str]) -> list[str]:
+    """The training loss card (its plot, or why it is missing); nothing when the run logs no loss."""
+    plot, failure = loss
+    if not plot and not failure:
+        return []
+    body = f"<img src='{plot}' alt='training loss'>" if plot else f"<p class='flag'>{escape(failure)}</p>"
+    return [f"<h2>Training loss</h2><div class='grid'><div class='card' id='train-loss'>{body}</div></div>"]
+
+
+# Cards are at least a figure wide (560 px + padding + border) and share the row's width; an image never
+# grows past its drawn size nor overflows its card; text wraps inside cards.
 STYLE = (
-    "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}"
-    "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-    "th{background:#f3f3f3}td.l{text-align:left}.flag{color:#b00}.note{color:#555}"
-    ".grid{display:flex;flex-wrap:wrap;gap:16px}.card{border:1px solid #ddd;padding:8px;width:570px}"
+    "<style>body{font-family:sans-serif;max-width:1240px;margin:1.5em auto;padding:0 12px;color:#222;"
+    "line-height:1.35}table{border-collapse:collapse;margin:.4em 0}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
+    "td.l,th.l{text-align:left}.flag{color:#b00}.note{color:#555}.noisy{background:#fff3cd}"
+    ".grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,578px),1fr));gap:16px}"
+    ".card{border:1px solid #ddd;padding:8px;min-width:0;overflow-wrap:anywhere}"
+    ".card img{display:block;max-width:100%;height:auto}pre{white-space:pre-wrap;overflow-wrap:anywhere}"
+    "td.v{white-space:nowrap}.b-better{color:#1a7f37;font-weight:bold}.a-better{color:#cf222e;font-weight:bold}"
+    ".cannot-tell{color:#57606a}.swatch{display:inline-block;width:.9em;height:.9em;vertical-align:middle;"
+    "margin:0 .3em 0 .8em;border-radius:2px}"
     "</style>"
 )
 
 
-def last(points: Series | None) -> str:
+def value_text(value: float, figure: str = "") -> str:
+    """A figure for a table cell: a perplexity to 4 significant digits (1,869; 45.23), others to 3 decimals."""
+    if not math.isfinite(value):
+        return str(value)
+    if figure == "ppl":
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return f"{value:.3f}"
+
+
+def last(points: Series | None, figure: str = "") -> str:
     """The last value of a series, for a table cell; a dash when there is none."""
-    return f"{points[-1][1]:.3f}" if points else "–"
+    return value_text(points[-1][1], figure) if points else "–"
 
 
 def render_html(
@@ -126,18 +170,22 @@ def render_html(
     window: int,
     min_change: float,
     domain_failures: Mapping[str, str] | None = None,
+    loss: tuple[str, str] = ("", ""),
 ) -> str:
-    """The page: a summary, the tasks' table and cards, the perplexity domains' table and plots, the config.
+    """The page: a summary, the training loss, the tasks' table and cards, the perplexity domains' table
+    and plots, the config.
 
     views: from `task_views`, with `plot` set to each PNG's file name ("" for none).
     domains: domain -> figure -> series (`RunHistory.domains`); domain_plots: domain -> PNG file name.
     window, min_change: the divergence flag's settings, stated on the page.
     domain_failures: domain -> why its plot was not drawn.
+    loss: the training loss PNG's file name and why it was not drawn (`draw_loss`).
     """
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>in-loop evaluation report</title>",
         f"{STYLE}</head><body>",
         *summary_section(history, views, domains, window, min_change),
+        *loss_section(loss),
     ]
     if views:
         parts += task_section(views)
@@ -187,14 +235,14 @@ def summary_section(
 
 
 def task_section(views: list[TaskView]) -> list[str]:
-    """A table of each task's last acc, acc_norm and acc_pmi with its flags, then one card per task."""
+    """A table of each task's last acc, acc_norm and acc_pmi with its flags, then one card per task (its
+    plot, flags and notes: each note is shown there only)."""
     parts = [
         "<h2>Tasks</h2><table><tr><th>task</th><th>acc</th><th>acc_norm</th><th>acc_pmi</th>"
-        "<th class='l'>flags and notes</th></tr>"
+        "<th class='l'>flags</th></tr>"
     ]
     for v in views:
         remarks = [f"<span class='flag'>{escape(f)}</span>" for f in v.flags]
-        remarks += [f"<span class='note'>{escape(n)}</span>" for n in v.notes]
         parts.append(
             f"<tr><td class='l'><a href='#task-{escape(v.label)}'>{escape(v.label)}</a></td>"
             + "".join(f"<td>{last(v.curves.get(m))}</td>" for m in CURVE_METRICS)
@@ -204,9 +252,7 @@ def task_section(views: list[TaskView]) -> list[str]:
     for v in views:
         parts.append(f"<div class='card' id='task-{escape(v.label)}'><h3>{escape(v.label)}</h3>")
         if v.plot:
-            parts.append(
-                f"<img src='{escape(v.plot)}' alt='{escape(v.label)}: {escape(', '.join(v.curves))}' width='560'>"
-            )
+            parts.append(f"<img src='{escape(v.plot)}' alt='{escape(v.label)}: {escape(', '.join(v.curves))}'>")
         parts += [f"<p class='flag'>{escape(f)}</p>" for f in v.flags]
         parts += [f"<p class='note'>{escape(n)}</p>" for n in v.notes]
         parts.append("</div>")
@@ -224,16 +270,20 @@ def perplexity_section(
     for domain, figures in domains.items():
         parts.append(
             f"<tr><td class='l'>{escape(domain)}</td>"
-            + "".join(f"<td>{last(figures.get(f))}</td>" for f in LM_FIGURES)
+            + "".join(f"<td>{last(figures.get(f), f)}</td>" for f in LM_FIGURES)
             + "</tr>"
         )
     parts.append("</table><div class='grid'>")
     for domain in domains:
         if domain in domain_plots:
             image = escape(domain_plots[domain])
-            parts.append(f"<div class='card'><img src='{image}' alt='{escape(domain)} perplexity'></div>")
+            parts.append(
+                f"<div class='card' id='lm-{escape(domain)}'><img src='{image}' alt='{escape(domain)} perplexity'></div>"
+            )
         elif domain in domain_failures:
-            parts.append(f"<div class='card'><p class='flag'>{escape(domain_failures[domain])}</p></div>")
+            parts.append(
+                f"<div class='card' id='lm-{escape(domain)}'><p class='flag'>{escape(domain_failures[domain])}</p></div>"
+            )
     parts.append("</div>")
     return parts
 

@@ -8,7 +8,7 @@ cannot make drawing fail.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,38 +48,103 @@ def integer_steps(ax: Any) -> None:
     ax.grid(alpha=0.3)
 
 
+# Every figure drawn at this width (in inches, at DPI): 560 px, inside the page's narrowest card (560 px of
+# content), so a plot is never shown smaller than drawn and its 9-10 pt text stays readable.
+WIDTH = 5.6
+DPI = 100
+# One colour per meaning, the same on every plot: a figure of one run, or a run among runs (in order).
+FIGURE_COLOURS = {"acc": "#1f77b4", "acc_norm": "#d62728", "acc_pmi": "#2ca02c", "loss": "#444444"}
+RUN_COLOURS = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+# The y-axis label of each figure.
+AXIS_LABELS = {
+    "acc": "accuracy",
+    "acc_norm": "accuracy",
+    "acc_pmi": "accuracy",
+    "ppl": "perplexity",
+    "bpb": "bits per byte",
+    "ce": "cross-entropy (nats)",
+    "loss": "training loss",
+}
+
+
+def run_colour(index: int) -> str:
+    """The colour of the `index`-th run of a comparison (A first)."""
+    return RUN_COLOURS[index % len(RUN_COLOURS)]
+
+
+def readable_values(ax: Any, points: Series, name: str) -> None:
+    """The y axis of one figure: labelled, a log scale for a perplexity spanning over 10x, and plain tick
+    labels with the decimals their spacing needs (no 1868.637, no 5.1e+04, no offset)."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    values = [v for _, v in points if np.isfinite(v) and v > 0]
+    if name == "ppl" and values and max(values) / min(values) > 10:
+        ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    formatter = ScalarFormatter(useOffset=False)
+    formatter.set_scientific(False)
+    ax.yaxis.set_major_formatter(formatter)
+    ax.set_ylabel(AXIS_LABELS.get(name, name))
+
+
+def band(ax: Any, steps: np.ndarray, values: np.ndarray, stderr: Mapping[int, float], colour: str) -> None:
+    """The ±1 standard error band around a curve, where logged."""
+    if stderr:
+        e = np.array([stderr.get(int(s), 0.0) for s in steps])
+        ax.fill_between(steps, values - e, values + e, alpha=0.15, color=colour, linewidth=0)
+
+
+def curve(
+    ax: Any, points: Series, colour: str, label: str, stderr: Mapping[int, float] | None = None
+) -> None:
+    steps = np.array([s for s, _ in points])
+    values = np.array([v for _, v in points])
+    ax.plot(steps, values, marker="o", markersize=3, color=colour, label=label)
+    band(ax, steps, values, stderr or {}, colour)
+
+
 def plot_task(view: TaskView, path: Path) -> None:
     """One task's curves on one chart (±1 standard error bands where logged), saved as the PNG `path`."""
-    fig = new_figure(figsize=(5.6, 3.4))
+    fig = new_figure(figsize=(WIDTH, 3.4))
     ax = fig.subplots()
     for metric, points in view.curves.items():
-        steps = np.array([s for s, _ in points])
-        values = np.array([v for _, v in points])
-        (line,) = ax.plot(steps, values, marker="o", markersize=3, label=metric)
-        if metric in view.stderr:
-            err = dict(view.stderr[metric])
-            e = np.array([err.get(int(s), 0.0) for s in steps])
-            ax.fill_between(steps, values - e, values + e, alpha=0.15, color=line.get_color())
+        colour = FIGURE_COLOURS.get(metric, "#7f7f7f")
+        curve(ax, points, colour, metric, dict(view.stderr.get(metric, [])))
     ax.set_title(view.label if view.label == view.task_id else f"{view.label} ({view.task_id})", **VERBATIM)
     ax.set_ylabel("accuracy")
     integer_steps(ax)
     verbatim_legend(ax, loc="best", fontsize="small")
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=DPI)
 
 
 def plot_domain(domain: str, figures: Mapping[str, Series], path: Path) -> None:
-    """One perplexity domain's ppl and bpb side by side (ce when neither is logged), saved as the PNG `path`."""
+    """One perplexity domain's ppl and bpb, one panel above the other (ce when neither is logged), saved as
+    the PNG `path`."""
     shown = [f for f in ("ppl", "bpb") if f in figures] or [f for f in LM_FIGURES if f in figures]
-    fig = new_figure(figsize=(3.2 * max(1, len(shown)), 3.2))
-    axes = np.atleast_1d(fig.subplots(1, max(1, len(shown))))
+    fig = new_figure(figsize=(WIDTH, 2.3 * max(1, len(shown)) + 0.4))
+    axes = np.atleast_1d(fig.subplots(max(1, len(shown)), 1, sharex=True))
     for ax, name in zip(axes, shown, strict=False):
-        points = figures[name]
-        ax.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=3)
-        if name == "ppl":
-            ax.set_yscale("log")
+        curve(ax, figures[name], "#1f77b4", name)
         ax.set_title(f"{domain}: {name}", **VERBATIM)
+        readable_values(ax, figures[name], name)
         integer_steps(ax)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=DPI)
+
+
+def plot_loss(runs: Mapping[str, Series], path: Path) -> None:
+    """The training loss (`train/loss`) of one run, or of each run of a comparison in its run colour, saved
+    as the PNG `path`."""
+    fig = new_figure(figsize=(WIDTH, 3.0))
+    ax = fig.subplots()
+    for i, (run, points) in enumerate(runs.items()):
+        colour = FIGURE_COLOURS["loss"] if len(runs) == 1 else run_colour(i)
+        curve(ax, points, colour, run)
+    ax.set_title("training loss (train/loss)")
+    readable_values(ax, next(iter(runs.values()), []), "loss")
+    integer_steps(ax)
+    if len(runs) > 1:
+        verbatim_legend(ax, loc="best", fontsize="small")
+    fig.savefig(path, dpi=DPI)
 
 
 def plot_runs(
@@ -87,24 +152,23 @@ def plot_runs(
     curves: Mapping[str, Mapping[str, Series]],
     stderr: Mapping[str, Mapping[str, Series]],
     path: Path,
+    runs: Sequence[str] = (),
 ) -> None:
-    """One task's figures across runs, one panel per figure, each run a line with its ±1 standard error band
-    where logged, saved as the PNG `path`.
+    """One task's (or domain's) figures across runs, one panel per figure above the next, each run a line
+    in its run colour with its ±1 standard error band where logged, saved as the PNG `path`.
 
     curves: figure -> run name -> series; stderr: figure -> run name -> its standard error series.
+    runs: every run's name in order (A first), which fixes its colour; default: the order of `curves`.
     """
-    fig = new_figure(figsize=(3.6 * max(1, len(curves)), 3.4))
-    axes = np.atleast_1d(fig.subplots(1, max(1, len(curves))))
-    for ax, (figure, runs) in zip(axes, curves.items(), strict=False):
-        for run, points in runs.items():
-            steps = np.array([s for s, _ in points])
-            values = np.array([v for _, v in points])
-            (line,) = ax.plot(steps, values, marker="o", markersize=3, label=run)
-            err = dict(stderr.get(figure, {}).get(run, []))
-            if err:
-                e = np.array([err.get(int(s), 0.0) for s in steps])
-                ax.fill_between(steps, values - e, values + e, alpha=0.15, color=line.get_color())
+    order = list(runs) or list(dict.fromkeys(r for by_run in curves.values() for r in by_run))
+    fig = new_figure(figsize=(WIDTH, 2.3 * max(1, len(curves)) + 0.4))
+    axes = np.atleast_1d(fig.subplots(max(1, len(curves)), 1, sharex=True))
+    for ax, (figure, by_run) in zip(axes, curves.items(), strict=False):
+        for run, points in by_run.items():
+            colour = run_colour(order.index(run) if run in order else len(order))
+            curve(ax, points, colour, run, dict(stderr.get(figure, {}).get(run, [])))
         ax.set_title(f"{label}: {figure}", **VERBATIM)
+        readable_values(ax, [p for points in by_run.values() for p in points], figure)
         integer_steps(ax)
         verbatim_legend(ax, loc="best", fontsize="small")
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=DPI)

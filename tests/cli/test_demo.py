@@ -73,6 +73,7 @@ def test_report_references_every_task_and_domain_plot(demo_run):
     assert f"report: {page_path}" in stdout
     page = page_path.read_text()
     images = re.findall(r"<img src='([^']+)'", page)
-    assert images == ["task_mmlu_mc.png", "task_piqa.png", "lm_coqa.png"]
+    assert images == ["train_loss.png", "task_mmlu_mc.png", "task_piqa.png", "lm_coqa.png"]
+    assert stdout.startswith("demo: training the reference GPT (n_layers 1, d_model 32, seed 0) for 4 steps on 2 ")
     assert all((out / "report" / name).is_file() for name in images)
     assert "not reported" in page  # mmlu_mc's letter keys

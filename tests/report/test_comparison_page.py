@@ -57,7 +57,7 @@ def test_the_page_shows_both_runs_and_the_verdicts_of_the_steps_both_evaluated(r
     assert images == ["runs_hellaswag.png", "runs_piqa.png"]
     assert all((tmp_path / "out" / name).stat().st_size > 1000 for name in images)
     card = re.search(r"id='task-piqa'>(.*?)</div>", page, re.S).group(1)
-    header = re.findall(r"<th>(\d+)</th>", card)
+    header = re.findall(r"<th class='l'>(\d+)</th>", card)
     assert header == ["200", "600"]  # step 100 has outcomes in A only
     for step in (200, 600):
         expected = (
@@ -67,7 +67,9 @@ def test_the_page_shows_both_runs_and_the_verdicts_of_the_steps_both_evaluated(r
             .tasks["piqa"]
             .figures["acc"]
         )
-        assert html.escape(f"{expected.diff:+.3f} ({expected.verdict}, n 400)") in card
+        mark = {"B better": "B", "A better": "A"}.get(expected.verdict, "·")
+        assert f"{expected.diff:+.3f} {mark}</td>" in card
+        assert html.escape(f"{expected.verdict}: p {expected.p_value:.3g}, n 400") in card
     assert "B better" in card
     hellaswag = re.search(r"id='task-hellaswag'>(.*?)</div>", page, re.S).group(1)
     assert "no paired verdicts" in hellaswag
@@ -76,8 +78,8 @@ def test_the_page_shows_both_runs_and_the_verdicts_of_the_steps_both_evaluated(r
 def test_signal_and_noise_flags_the_task_within_its_noise(runs, tmp_path):
     page = write_comparison(list(runs), tmp_path / "out").read_text()
     assert "<h2>Signal and noise</h2>" in page
-    assert re.search(r"<tr class='flag'><td class='l'>hellaswag</td><td class='l'>acc</td>", page)
-    assert not re.search(r"<tr class='flag'><td class='l'>piqa</td>", page)
+    assert re.search(r"<tr class='noisy'><td class='l'>hellaswag</td><td class='l'>acc</td>", page)
+    assert not re.search(r"<tr class='noisy'><td class='l'>piqa</td>", page)
     assert "noise exceeds signal on acc; log its bits-per-byte twin" in page
 
 
@@ -95,3 +97,25 @@ def test_the_command_writes_one_page_per_run_or_one_comparing_them(runs, capsys)
     assert main([str(a), str(b)]) == 0
     assert (a / "comparison" / "index.html").is_file()
     assert "comparison/index.html" in capsys.readouterr().out
+
+
+def test_the_page_lists_how_the_configs_differ_and_how_to_read_snr_beside_the_verdicts(runs, tmp_path):
+    a, b = runs
+    (a / "config.json").write_text(json.dumps({"train": {"seed": 0, "steps": 10}, "evaluators": [{"limit": 5}]}))
+    (b / "config.json").write_text(json.dumps({"train": {"seed": 1, "steps": 10}, "evaluators": [{"limit": 6}]}))
+    page = write_comparison([a, b], tmp_path / "out").read_text()
+    section = page[page.index("<h2>Config differences</h2>") : page.index("<h2>Signal and noise</h2>")]
+    assert re.findall(r"<tr><td class='l'>([^<]+)</td>", section) == ["evaluators[0].limit", "train.seed"]
+    assert "SNR and the paired verdicts answer different questions" in page
+
+
+def test_the_page_draws_the_loss_and_every_perplexity_domain_of_the_runs(runs, tmp_path):
+    importlib.import_module("matplotlib")
+    for i, run in enumerate(runs):
+        rows = [{"step": s, "train/loss": 4.0 - s / 1000 - i / 10, "eval/lm/c4/ppl": 90.0 - s / 100} for s in STEPS]
+        with (run / "metrics.jsonl").open("a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_comparison(list(runs), tmp_path / "out").read_text()
+    images = re.findall(r"<img src='([^']+)'", page)
+    assert images[0] == "train_loss.png" and images[-1] == "lm_runs_c4.png"
+    assert "id='lm-c4'" in page

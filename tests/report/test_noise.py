@@ -31,3 +31,11 @@ def test_the_note_puts_the_noise_beside_the_binomial_stderr():
     note = noise_note({"acc": acc}, {"acc": [(700, 0.016)]})
     assert note.startswith("noise: sd of the last 6 evaluations around their trend: acc 0.0")
     assert "(binomial stderr 0.016)" in note
+
+
+def test_the_note_counts_the_evaluations_it_measured():
+    acc = [(s, 0.3 + (0.01 if s % 200 else -0.01)) for s in range(0, 400, 100)]
+    assert noise_note({"acc": acc}, {}).startswith("noise: sd of the last 4 evaluations around their trend: acc")
+    longer = [(s, 0.3 + (0.01 if s % 200 else -0.01)) for s in range(0, 800, 100)]
+    note = noise_note({"acc": acc, "acc_norm": longer}, {})
+    assert " over 4" in note and " over 6" in note

@@ -337,3 +337,27 @@ def test_figures_that_are_not_finite_and_tasks_over_a_subset_are_flagged(tmp_pat
     assert html.escape(nonfinite) in cards(page)["piqa"] and html.escape(subset) in cards(page)["piqa"]
     assert "cover only the documents whose scores were finite: piqa, c4 (perplexity)." in page
     assert re.findall(r"<img src='([^']+)'", page) == ["task_hellaswag.png", "task_piqa.png", "lm_c4.png"]
+
+
+def test_the_page_draws_the_training_loss_and_shows_each_note_once(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, {"piqa": [0.3, 0.35, 0.31, 0.36]}, train__loss=[4.0, 3.5, 3.2, 3.0], eval__lm__c4__ppl=[1868.637])
+    page = write_report(run).read_text()
+    assert re.findall(r"<img src='([^']+)'", page)[0] == "train_loss.png"
+    assert (run / "report" / "train_loss.png").stat().st_size > 1000
+    assert page.count("noise: sd of the last 4 evaluations") == 1
+    assert "<td>1,869</td>" in page  # a perplexity to 4 significant digits, not 1868.637
+
+
+def test_the_perplexity_axes_are_labelled_with_plain_numbers(tmp_path, monkeypatch):
+    figure = importlib.import_module("matplotlib.figure")
+    drawn = []
+    savefig = figure.Figure.savefig
+    monkeypatch.setattr(figure.Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), savefig(fig, *a, **k)))
+    run = tmp_path / "run"
+    write_run(run, {}, eval__lm__c4__ppl=[1900.0, 1868.637, 1850.0], eval__lm__c4__bpb=[1.2, 1.1, 1.05])
+    write_report(run)
+    axes = drawn[0].axes
+    assert [ax.get_ylabel() for ax in axes] == ["perplexity", "bits per byte"]
+    labels = [t.get_text() for t in axes[0].get_yticklabels() if t.get_text()]
+    assert labels and all(re.fullmatch(r"\d+(\.\d)?", text) for text in labels), labels

@@ -13,9 +13,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import datasets
-from datasets.table import InMemoryTable
-
 from inloop_eval.errors import TaskDataError
 
 # `dataset_path`s that name a datasets builder reading `data_files`, not a dataset of the data root.
@@ -97,6 +94,9 @@ def _lone_surrogate(task: str, path: Path, line_no: int, escape: re.Match[str]) 
 def in_memory(dataset: Any) -> Any:
     """The same rows without backing files, so that `process_docs`'s `map` writes no cache files beside the
     data root's splits (or anywhere else)."""
+    import datasets  # deferred: importing datasets (with pandas and pyarrow) costs most of a second
+    from datasets.table import InMemoryTable
+
     if not isinstance(dataset, datasets.Dataset) or not dataset.cache_files:
         return dataset
     if getattr(dataset, "_indices", None) is not None:  # a selection of rows: materialise it in memory

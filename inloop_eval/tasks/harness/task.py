@@ -25,8 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import datasets
-
 from inloop_eval.data.root import load_split
 from inloop_eval.errors import ConfigError, TaskDataError
 from inloop_eval.tasks.base import MultipleChoiceTask, shown
@@ -239,6 +237,8 @@ class HarnessYamlTask(MultipleChoiceTask):
                     "task %r: dataset_kwargs.cache_dir ignored: the datasets library's own cache is used",
                     self.name,
                 )
+            import datasets  # deferred: importing datasets (with pandas and pyarrow) costs most of a second
+
             try:
                 loaded = datasets.load_dataset(
                     self.dataset_path, self.dataset_name, data_files=files, split=split, **kwargs

@@ -1,0 +1,223 @@
+"""`inloop-eval evaluate`: a saved Hugging Face model evaluated on tasks, alone or under torchrun.
+
+In phases, each a function: the config (built once, with the command's overrides), the output files checked
+writable before anything is evaluated, the model loaded, the evaluation with its progress per task
+(rank 0), then on rank 0 the summary table, the files written and where they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from inloop_eval.cli.progress import EvaluationProgress
+from inloop_eval.cli.summary import summary_table
+from inloop_eval.config_fields import read_config_file
+from inloop_eval.data.files import write_text_atomically
+from inloop_eval.distributed import all_reduce_max, init_from_env, world
+from inloop_eval.errors import ConfigError
+from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.downstream import TaskEvalConfig
+from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from inloop_eval.keys import failed_labels
+from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """The command: 0 when every evaluation gave its figures, 1 when any failed (each named)."""
+    init_from_env()
+    world_size, rank = world()
+    config = evaluate_config(args)
+    outputs = output_paths(args)
+    check_outputs_writable(outputs, rank)
+    model = load_hf_model(args.model, pick_device(args.device, world_size))
+    evaluator = InLoopEvaluator(config)
+    progress = EvaluationProgress(len(evaluator.evaluators), enabled=rank == 0)
+    try:
+        metrics = evaluator.run(model, progress=progress)
+    finally:
+        progress.close()
+    samples = gather_samples(evaluator) if args.samples else None
+    if rank == 0:
+        # The figures first: a file that fails to write late (a full disk) must not lose them.
+        print(summary_table(metrics), flush=True)
+        write_outputs(args, outputs, metrics, config, samples, evaluator, world_size)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return failure_status(metrics, rank)
+
+
+def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
+    """The config of `--config` (or none) with the command's overrides, built and checked once."""
+    tasks = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
+    if not tasks and not args.config:
+        raise ConfigError("evaluate: name tasks with --tasks a,b or a --config with evaluators")
+    data = dict(read_config_file(args.config)) if args.config else {}
+    entries = [{"task": t} for t in tasks] if tasks else data.get("evaluators")
+    if isinstance(entries, list):
+        data["evaluators"] = [entry_overrides(entry, args) for entry in entries]
+    data.update(settings_overrides(args, data))
+    return EvaluatorConfig.from_dict(data, args.config or "evaluate --tasks")
+
+
+def settings_overrides(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
+    """The config's settings that the command's flags set (the tokenizer defaults to --model's)."""
+    overrides = {
+        "tokenizer": args.tokenizer or data.get("tokenizer") or args.model,
+        "data_root": args.data_root,
+        "max_length": args.max_length,
+        "strict": True if args.strict else None,
+        "outcomes": True if args.outcomes else None,
+    }
+    return {name: value for name, value in overrides.items() if value is not None}
+
+
+def entry_overrides(entry: Any, args: argparse.Namespace) -> Any:
+    """One `evaluators:` entry with --limit (tasks only) and --batch-tokens applied; an entry that is not a
+    mapping is left for the config's own check to report."""
+    if not isinstance(entry, dict):
+        return entry
+    entry = dict(entry)
+    if args.limit is not None and entry.get("type", TaskEvalConfig.type) == TaskEvalConfig.type:
+        entry["limit"] = args.limit
+    if args.batch_tokens is not None:
+        entry["batch_tokens"] = args.batch_tokens
+    return entry
+
+
+def output_paths(args: argparse.Namespace) -> dict[str, Path]:
+    """Each file the command will write, by the flag that names it (`--outcomes`: its step file)."""
+    outputs = {flag: Path(p) for flag, p in (("--output", args.output), ("--samples", args.samples)) if p}
+    if args.outcomes:
+        outputs["--outcomes"] = step_path(Path(args.outcomes) / OUTCOMES_DIR, args.step)
+    return outputs
+
+
+def unwritable_outputs(outputs: dict[str, Path]) -> list[str]:
+    """What stops each output file from being written, found by writing a temporary file beside it (its
+    folder is made as `evaluate` would make it); [] when all can be."""
+    problems = []
+    for flag, path in outputs.items():
+        if path.is_dir():
+            problems.append(f"{flag} {path} is a directory; name a file, e.g. {path / 'results.json'}")
+            continue
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=path.parent):
+                pass
+        except OSError as exc:
+            problems.append(
+                f"{flag} {path}: cannot write there ({exc.strerror or exc}); choose a writable path"
+            )
+    return problems
+
+
+def check_outputs_writable(outputs: dict[str, Path], rank: int) -> None:
+    """Before evaluating, so that a whole evaluation is never lost to a bad path: rank 0 (the one that
+    writes) tries the output paths and every rank stops with it, none left waiting in a collective."""
+    problems = unwritable_outputs(outputs) if rank == 0 else []
+    if all_reduce_max(int(bool(problems))):
+        raise ConfigError(
+            "evaluate: " + "; ".join(problems)
+            if problems
+            else f"evaluate (rank {rank}): rank 0 cannot write the output files (see its error)"
+        )
+
+
+def pick_device(name: str | None, world_size: int) -> torch.device:
+    """`--device`, else cuda when there is one (this rank's `LOCAL_RANK` GPU under torchrun), else cpu."""
+    device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and world_size > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return device
+
+
+def load_hf_model(path: str, device: torch.device) -> Any:
+    """The saved model at `path` (AutoModelForCausalLM, float32) on `device`, in eval mode."""
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:  # installed (`cmd_evaluate` checked) but broken
+        raise ConfigError(f"evaluate --model: transformers does not import ({exc}); reinstall it") from None
+    if not Path(path).is_dir():
+        raise ConfigError(f"evaluate: --model {path!r} is not a directory holding a saved Hugging Face model")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    return model.to(device).eval()
+
+
+def gather_samples(evaluator: InLoopEvaluator) -> list[dict[str, Any]] | None:
+    """Every rank's per-request records (`InLoopEvaluator.samples`), gathered on rank 0 (None on the other
+    ranks) and deduplicated by (task, doc_id, cont_id): a document padded onto two ranks counts once."""
+    local = evaluator.samples()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+        dist.gather_object(local, gathered if dist.get_rank() == 0 else None, dst=0)
+        if dist.get_rank() != 0:
+            return None
+        local = [r for part in gathered for r in part]
+    unique = {(r["task"], r["doc_id"], r["cont_id"]): r for r in reversed(local)}
+    return sorted(unique.values(), key=lambda r: (r["task"], r["doc_id"], r["cont_id"]))
+
+
+def write_outputs(
+    args: argparse.Namespace,
+    outputs: dict[str, Path],
+    metrics: dict[str, float],
+    config: EvaluatorConfig,
+    samples: list[dict[str, Any]] | None,
+    evaluator: InLoopEvaluator,
+    world_size: int,
+) -> None:
+    """Rank 0: the files asked for (`--output`, `--samples`, `--outcomes`), each named once written."""
+    written = []
+    if args.output:
+        record = {
+            "metrics": metrics,
+            "model": args.model,
+            "world_size": world_size,
+            "config": config.to_dict(),
+        }
+        write_json(outputs["--output"], record)
+        written.append("--output")
+    if samples is not None:
+        write_samples(outputs["--samples"], samples)
+        written.append("--samples")
+    if args.outcomes and evaluator.outcomes():
+        write_step(Path(args.outcomes) / OUTCOMES_DIR, evaluator.outcomes(), args.step)
+        written.append("--outcomes")
+    for flag in written:
+        print(f"wrote {flag}: {outputs[flag]}", flush=True)
+
+
+def failure_status(metrics: dict[str, float], rank: int) -> int:
+    """1 (and, on rank 0, which failed) when an evaluation failed: a batch job must not count a run whose
+    figures are missing as a success; else 0."""
+    failed = failed_labels(metrics)
+    if not failed:
+        return 0
+    if rank == 0:
+        print(
+            f"evaluate: {len(failed)} of the evaluations failed: {', '.join(failed)} (the log above has "
+            "each reason; --strict stops at the first with its traceback)",
+            file=sys.stderr,
+        )
+    return 1
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """`data` as strict JSON: a figure that is not finite (NaN, inf) is `null`, which every parser reads."""
+    metrics = {k: v if math.isfinite(v) else None for k, v in data.get("metrics", {}).items()}
+    text = json.dumps({**data, "metrics": metrics}, indent=2, sort_keys=True, allow_nan=False)
+    write_text_atomically(path, text)
+
+
+def write_samples(path: Path, samples: list[dict[str, Any]]) -> None:
+    write_text_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in samples))

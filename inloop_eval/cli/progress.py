@@ -1,0 +1,96 @@
+"""What `evaluate` and the demo show while an evaluation runs, built on the `progress=` callable that
+`InLoopEvaluator.run` takes.
+
+Each evaluator, before it scores, says how many requests (or sequences) this rank will score
+(`Evaluator.start_progress` calls `start(title, total)`); every batch scored then calls the display with
+its count. On a terminal that is one tqdm bar per evaluator with its total, percentage, rate and ETA; in a log
+(stderr not a terminal) one plain line per evaluator when it ends, never a bar; on ranks other than 0 nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import TextIO
+
+from tqdm import tqdm
+
+log = logging.getLogger("inloop_eval")
+
+
+class EvaluationProgress:
+    """Progress of one evaluation (every evaluator of a config, in order), passed as `progress=`.
+
+    n_evaluators: how many evaluators the run has (shown as `[2/5]`).
+    enabled: False on ranks other than 0: the display shows nothing.
+    bar: a tqdm bar (True) or log lines (False); None: a bar when `stream` is a terminal.
+    lines: a line as each evaluator ends (False: the caller prints its own line per evaluation).
+    """
+
+    def __init__(
+        self,
+        n_evaluators: int,
+        *,
+        enabled: bool = True,
+        bar: bool | None = None,
+        lines: bool = True,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.n_evaluators = n_evaluators
+        self.lines = lines
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.use_bar = bar if bar is not None else bool(getattr(self.stream, "isatty", lambda: False)())
+        self.index = 0
+        self.title = ""
+        self.total = 0
+        self.done = 0
+        self.started = 0.0
+        self._bar: tqdm | None = None
+
+    def start(self, title: str, total: int) -> None:
+        """The next evaluator, `title`, is about to score `total` requests on this rank."""
+        self._finish()
+        self.index += 1
+        self.title, self.total, self.done = title, total, 0
+        self.started = time.perf_counter()
+        if self.enabled and self.use_bar:
+            self._bar = tqdm(
+                total=total,
+                desc=f"[{self.index}/{self.n_evaluators}] {title}",
+                unit="req",
+                file=self.stream,
+                dynamic_ncols=True,
+                leave=False,
+            )
+
+    def __call__(self, n: int) -> None:
+        """`n` more requests scored."""
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def close(self) -> None:
+        """The evaluation is over: end the last evaluator's bar or line."""
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self.enabled and self.lines and self.title:
+            line = finished_line(
+                self.index, self.n_evaluators, self.title, self.done, time.perf_counter() - self.started
+            )
+            if self.use_bar:
+                print(line, file=self.stream, flush=True)
+            else:
+                log.info("%s", line)
+        self.title = ""
+
+
+def finished_line(index: int, n_evaluators: int, title: str, done: int, seconds: float) -> str:
+    """One evaluator's line, e.g. `[2/5] task 'piqa': 160 requests in 3.2 s (50 req/s)`."""
+    rate = f" ({done / seconds:.0f} req/s)" if seconds > 0 and done else ""
+    return f"[{index}/{n_evaluators}] {title}: {done} requests in {seconds:.1f} s{rate}"

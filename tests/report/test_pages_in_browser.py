@@ -1,0 +1,81 @@
+"""The demo's report page and the page comparing two demo runs (seeds 0 and 1), opened in headless Chromium
+at 1,400 and 800 px: every image loaded, nothing overflows its card, no image shrunk past readability, no
+console errors. A screenshot of each page at each width is kept under the run directory
+(`<run>/report/screenshot-<width>.png`, `<run>/comparison/screenshot-<width>.png`), and copied to
+`$INLOOP_EVAL_ARTIFACTS` when that is set (CI keeps them)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from browser import chromium, chromium_missing, page_problems
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "tests" / "support" / "configs" / "demo_tiny.yaml"
+WIDTHS = (1400, 800)
+
+# Skipped where Chromium is missing, except under CI (.ci/run sets INLOOP_EVAL_ARTIFACTS and installs it).
+pytestmark = pytest.mark.skipif(
+    chromium_missing() is not None and not os.environ.get("INLOOP_EVAL_ARTIFACTS"), reason=str(chromium_missing())
+)
+
+
+def run_demo(config: Path, out: Path, seed: int, data_root: Path) -> None:
+    env = {**os.environ, "INLOOP_EVAL_DATA": str(data_root), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "inloop_eval.cli", "demo", "--config", str(config), "--out", str(out)]
+    cmd += ["--seed", str(seed)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory, data_root) -> tuple[Path, Path]:
+    """Two tiny demo runs (tests/support/configs/demo_tiny.yaml without W&B), seeds 0 and 1."""
+    base = tmp_path_factory.mktemp("browser")
+    config = yaml.safe_load(TINY.read_text())
+    config["logging"]["wandb"] = False
+    (base / "tiny.yaml").write_text(yaml.safe_dump(config))
+    runs = base / "seed0", base / "seed1"
+    for seed, run in enumerate(runs):
+        run_demo(base / "tiny.yaml", run, seed, data_root)
+    return runs
+
+
+def keep(screenshot: Path, name: str) -> None:
+    artifacts = os.environ.get("INLOOP_EVAL_ARTIFACTS")
+    if artifacts:
+        Path(artifacts).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(screenshot, Path(artifacts) / name)
+
+
+def check(page: Path, kind: str) -> None:
+    problems = []
+    with chromium() as driver:
+        for width in WIDTHS:
+            shot = page.parent / f"screenshot-{width}.png"
+            problems += [f"{width} px: {p}" for p in page_problems(driver, page, width, shot)]
+            assert shot.stat().st_size > 0
+            keep(shot, f"{kind}-{width}.png")
+    assert not problems, f"{page}:\n" + "\n".join(problems)
+
+
+def test_the_report_page_fits_its_window_and_loads_every_image(demo_runs):
+    check(demo_runs[0] / "report" / "index.html", "report")
+
+
+def test_the_comparison_page_fits_its_window_and_loads_every_image(demo_runs):
+    proc = subprocess.run(
+        [sys.executable, "-m", "inloop_eval.cli", "report", str(demo_runs[0]), str(demo_runs[1])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check(demo_runs[0] / "comparison" / "index.html", "comparison")
