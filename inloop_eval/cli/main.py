@@ -105,11 +105,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         compare_run.add_arguments(compare)
         compare.set_defaults(func=compare_run.run)
 
-    from inloop_eval.watch import command as watch_run
-
     watch = sub.add_parser("watch", help="evaluate each checkpoint of a training run once it has landed (a sidecar)")
-    watch_run.add_arguments(watch)
-    watch.set_defaults(func=watch_run.run)
+    if command in (None, "watch"):
+        from inloop_eval.watch import command as watch_run
+
+        watch_run.add_arguments(watch)
+        watch.set_defaults(func=watch_run.run)
 
     data = sub.add_parser("data", help="task data")
     data_sub = data.add_subparsers(dest="data_command", required=True)

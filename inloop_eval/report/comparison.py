@@ -256,7 +256,7 @@ def config_section(names: list[str], histories: Mapping[str, RunHistory]) -> lis
             parts.append(f"<p>{escape(name)} has the same config as {escape(names[0])}.</p>")
             continue
         parts.append(
-            f"<table><tr><th class='l'>key</th><th class='l'>A: {escape(names[0])}</th>"
+            f"<table class='config'><tr><th class='l'>key</th><th class='l'>A: {escape(names[0])}</th>"
             f"<th class='l'>B: {escape(name)}</th></tr>"
         )
         for key, va, vb in rows:

@@ -141,6 +141,7 @@ STYLE = (
     ".grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,578px),1fr));gap:16px}"
     ".card{border:1px solid #ddd;padding:8px;min-width:0;overflow-wrap:anywhere}"
     ".card img{display:block;max-width:100%;height:auto}pre{white-space:pre-wrap;overflow-wrap:anywhere}"
+    "table.config{table-layout:fixed;width:100%}table.config td{overflow-wrap:anywhere}"
     "td.v{white-space:nowrap}.b-better{color:#1a7f37;font-weight:bold}.a-better{color:#cf222e;font-weight:bold}"
     ".cannot-tell{color:#57606a}.swatch{display:inline-block;width:.9em;height:.9em;vertical-align:middle;"
     "margin:0 .3em 0 .8em;border-radius:2px}"
