@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="write per-document outcomes to DIR/outcomes/step_<STEP>.npz (rank 0), for `inloop-eval compare`",
     )
-    ev.add_argument("--step", type=int, default=0, help="with --outcomes: the step to file them under (0)")
+    ev.add_argument("--step", type=step_number, help="with --outcomes: the step to file them under (0)")
     ev.add_argument("--strict", action="store_true", help="stop at the first failing task")
     ev.set_defaults(func=cmd_evaluate)
 
@@ -274,9 +275,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     outputs = {
         flag: Path(path) for flag, path in (("--output", args.output), ("--samples", args.samples)) if path
     }
+    if args.step is not None and not args.outcomes:
+        raise ConfigError(f"evaluate: --step {args.step} files outcomes under a step; add --outcomes DIR")
+    step = args.step or 0
     if args.outcomes:
         config.outcomes = True
-        outputs["--outcomes"] = step_path(Path(args.outcomes) / OUTCOMES_DIR, args.step)
+        outputs["--outcomes"] = step_path(Path(args.outcomes) / OUTCOMES_DIR, step)
     check_outputs_writable(outputs, rank)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and world_size > 1:
@@ -288,26 +292,25 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if bar is not None:
         bar.close()
     samples = gather_samples(evaluator) if args.samples else None
+    not_written = []
     if rank == 0:
         # The figures first: a file that fails to write late (a full disk) must not lose them.
         for key, value in metrics.items():
             print(f"{key}\t{value:.6f}", flush=True)
+        writes: list[tuple[str, Callable[[], object]]] = []
         if args.output:
-            write_json(
-                Path(args.output),
-                {
-                    "metrics": metrics,
-                    "model": args.model,
-                    "world_size": world_size,
-                    "config": config.to_dict(),
-                },
-            )
+            summary = {"metrics": metrics, "model": args.model, "world_size": world_size, "config": config.to_dict()}
+            writes.append(("--output", lambda: write_json(Path(args.output), summary)))
         if samples is not None:
-            write_samples(Path(args.samples), samples)
+            writes.append(("--samples", lambda: write_samples(Path(args.samples), samples)))
         if args.outcomes and evaluator.outcomes():
-            write_step(Path(args.outcomes) / OUTCOMES_DIR, evaluator.outcomes(), args.step)
+            outcomes = evaluator.outcomes()
+            writes.append(("--outcomes", lambda: write_step(Path(args.outcomes) / OUTCOMES_DIR, outcomes, step)))
+        not_written = write_outputs(writes, outputs)
     if isinstance(config, EvaluatorConfig) and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    if not_written:
+        raise InLoopEvalError(f"evaluate: {'; '.join(not_written)} (the figures are printed above)")
     failed = failed_labels(metrics)
     if failed:  # a batch job must not count a run whose figures are missing as a success
         if rank == 0:
@@ -320,13 +323,38 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def step_number(text: str) -> int:
+    """`--step`'s value: a training step, a whole number >= 0 (a negative one names no step file)."""
+    if not text.isascii() or not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a step, a whole number >= 0, found {text!r}")
+    return int(text)
+
+
+def write_outputs(writes: list[tuple[str, Callable[[], object]]], outputs: dict[str, Path]) -> list[str]:
+    """Call each flag's write, every one even when an earlier fails (a full disk); what failed, one phrase
+    per flag."""
+    failed = []
+    for flag, write in writes:
+        try:
+            write()
+        except OSError as exc:
+            notes = "".join(f"; {note}" for note in getattr(exc, "__notes__", []))
+            failed.append(f"{flag} {outputs[flag]} not written ({exc.strerror or exc}){notes}")
+    return failed
+
+
 def unwritable_outputs(outputs: dict[str, Path]) -> list[str]:
     """What stops each output file (`--output`, `--samples`, the step file of `--outcomes`) from being
     written, found by writing a temporary file beside it (its folder is made as `evaluate` would make it); [] when all can be."""
     problems = []
     for flag, path in outputs.items():
         if path.is_dir():
-            problems.append(f"{flag} {path} is a directory; name a file, e.g. {path / 'results.json'}")
+            fix = (
+                "remove it (the step's file is written there) or choose another --outcomes DIR"
+                if flag == "--outcomes"
+                else f"name a file, e.g. {path / 'results.json'}"
+            )
+            problems.append(f"{flag} {path} is a directory; {fix}")
             continue
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
