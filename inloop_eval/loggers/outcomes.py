@@ -10,12 +10,16 @@ The format (version 2), a NumPy `.npz` archive (`np.savez_compressed`, read with
 - `t<i>.doc_task` (a string array, version 2) for outcomes pooling several tasks: a suite average, its task
   labelled `suite/<label>` (`keys.suite_outcomes_label`), its documents keyed by (task, doc_id) and its
   figure `centered_acc` the mean of that array (`metrics.suite`). Version 1 files have none and read alike.
-A reader refuses a file of another format or of a newer version. Figures without per-document values
+A reader (`read_step`) reads only the members the format names, each one's header checked against the
+archive's size before its data (`loggers.outcomes_archive`), and refuses, naming the file and what is wrong,
+anything that is not a regular file, not this format or of a newer version, a meta or member out of shape,
+a document or task held twice, a 0/1 figure holding another value, and a file whose step is not its name's. Figures without per-document values
 (`whole` figures such as f1, ece, ppl_gold; OLMo's figures) are named in `left_out` with the reason.
 
 Writing follows the loggers' rules: rank 0 only, each file written whole or not at all (a temporary file
 renamed into place), a failure warned about once per kind and never raised into training. A resumed run that
-evaluates a step again rewrites that step's file: a step is never held twice.
+evaluates a step again rewrites that step's file: a step is never held twice; when that rewrite fails, the
+earlier file is removed, so that it is never read as the new evaluation's outcomes.
 """
 
 from __future__ import annotations
