@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from inloop_eval.cli.summary import summary_table
 from inloop_eval.config_fields import read_config_file
 from inloop_eval.data.files import write_text_atomically
 from inloop_eval.distributed import all_reduce_max, init_from_env, world
-from inloop_eval.errors import ConfigError
+from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -47,12 +48,15 @@ def evaluate(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     samples = gather_samples(evaluator) if args.samples else None
+    not_written: list[str] = []
     if rank == 0:
         # The figures first: a file that fails to write late (a full disk) must not lose them.
         print(summary_table(metrics), flush=True)
-        write_outputs(args, outputs, metrics, config, samples, evaluator, world_size)
+        not_written = write_outputs(args, outputs, metrics, config, samples, evaluator, world_size)
     if dist.is_initialized():
         dist.destroy_process_group()
+    if not_written:
+        raise InLoopEvalError(f"evaluate: {'; '.join(not_written)} (the figures are printed above)")
     return failure_status(metrics, rank)
 
 
@@ -96,9 +100,11 @@ def entry_overrides(entry: Any, args: argparse.Namespace) -> Any:
 
 def output_paths(args: argparse.Namespace) -> dict[str, Path]:
     """Each file the command will write, by the flag that names it (`--outcomes`: its step file)."""
+    if args.step is not None and not args.outcomes:
+        raise ConfigError(f"evaluate: --step {args.step} files outcomes under a step; add --outcomes DIR")
     outputs = {flag: Path(p) for flag, p in (("--output", args.output), ("--samples", args.samples)) if p}
     if args.outcomes:
-        outputs["--outcomes"] = step_path(Path(args.outcomes) / OUTCOMES_DIR, args.step)
+        outputs["--outcomes"] = step_path(Path(args.outcomes) / OUTCOMES_DIR, args.step or 0)
     return outputs
 
 
@@ -108,7 +114,12 @@ def unwritable_outputs(outputs: dict[str, Path]) -> list[str]:
     problems = []
     for flag, path in outputs.items():
         if path.is_dir():
-            problems.append(f"{flag} {path} is a directory; name a file, e.g. {path / 'results.json'}")
+            fix = (
+                "remove it (the step's file is written there) or choose another --outcomes DIR"
+                if flag == "--outcomes"
+                else f"name a file, e.g. {path / 'results.json'}"
+            )
+            problems.append(f"{flag} {path} is a directory; {fix}")
             continue
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,26 +186,28 @@ def write_outputs(
     samples: list[dict[str, Any]] | None,
     evaluator: InLoopEvaluator,
     world_size: int,
-) -> None:
-    """Rank 0: the files asked for (`--output`, `--samples`, `--outcomes`), each named once written."""
-    written = []
+) -> list[str]:
+    """Rank 0: the files asked for (`--output`, `--samples`, `--outcomes`), each named once written; every
+    one is tried even when an earlier fails (a full disk). Returns what was not written, a phrase a flag."""
+    writes: list[tuple[str, Callable[[], object]]] = []
     if args.output:
-        record = {
-            "metrics": metrics,
-            "model": args.model,
-            "world_size": world_size,
-            "config": config.to_dict(),
-        }
-        write_json(outputs["--output"], record)
-        written.append("--output")
+        record = {"metrics": metrics, "model": args.model, "world_size": world_size, "config": config.to_dict()}
+        writes.append(("--output", lambda: write_json(outputs["--output"], record)))
     if samples is not None:
-        write_samples(outputs["--samples"], samples)
-        written.append("--samples")
-    if args.outcomes and evaluator.outcomes():
-        write_step(Path(args.outcomes) / OUTCOMES_DIR, evaluator.outcomes(), args.step)
-        written.append("--outcomes")
-    for flag in written:
+        writes.append(("--samples", lambda: write_samples(outputs["--samples"], samples)))
+    outcomes = evaluator.outcomes() if args.outcomes else {}
+    if outcomes:
+        writes.append(("--outcomes", lambda: write_step(Path(args.outcomes) / OUTCOMES_DIR, outcomes, args.step or 0)))
+    failed = []
+    for flag, write in writes:
+        try:
+            write()
+        except OSError as exc:
+            notes = "".join(f"; {note}" for note in getattr(exc, "__notes__", []))
+            failed.append(f"{flag} {outputs[flag]} not written ({exc.strerror or exc}){notes}")
+            continue
         print(f"wrote {flag}: {outputs[flag]}", flush=True)
+    return failed
 
 
 def failure_status(metrics: dict[str, float], rank: int) -> int:

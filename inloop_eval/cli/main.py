@@ -74,7 +74,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         metavar="DIR",
         help="write per-document outcomes to DIR/outcomes/step_<STEP>.npz (rank 0), for `inloop-eval compare`",
     )
-    ev.add_argument("--step", type=int, default=0, help="with --outcomes: the step to file them under (0)")
+    ev.add_argument("--step", type=step_number, help="with --outcomes: the step to file them under (0)")
     ev.add_argument("--strict", action="store_true", help="stop at the first failing task")
     ev.set_defaults(func=cmd_evaluate)
 
@@ -156,6 +156,13 @@ def add_make_lm_parser(data_sub: Any) -> None:
     make_lm.add_argument("--seed", type=int, default=0, help="seeds the choice of documents")
     make_lm.add_argument("--root", help="data root holding oe_eval_tasks/ and tokenizers/")
     make_lm.set_defaults(func=cmd_make_lm)
+
+
+def step_number(text: str) -> int:
+    """`--step`'s value: a training step, a whole number >= 0 (a negative one names no step file)."""
+    if not text.isascii() or not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a step, a whole number >= 0, found {text!r}")
+    return int(text)
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:

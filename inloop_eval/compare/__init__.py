@@ -5,6 +5,8 @@ Modules:
 - `pairing`: a side (`run`, `run@step`, an `evaluate --outcomes` directory) read into `StepOutcomes`
   (`load_side`), and two sides paired per task and figure (`compare_steps`: `Comparison`, `TaskComparison`),
   documents present in one side only counted, never paired.
+- `suites`: a suite average's documents weighted again from those both sides share, so that a changed
+  `limit` is not reported as a difference.
 - `command`: the CLI glue (`add_arguments`, `run`): the terminal table and `--json`.
 
 It reads logged files as `report` does, and sits at its layer.

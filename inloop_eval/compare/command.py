@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from inloop_eval.compare.pairing import Comparison, compare_steps, load_side
+from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.metrics.paired import A_BETTER, B_BETTER, PairedResult
 
 # ANSI colours of the verdicts on a terminal.
@@ -30,9 +31,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Compare `args.a` and `args.b` and print the table (or JSON)."""
-    figures = [f.strip() for f in args.figures.split(",") if f.strip()] if args.figures else None
-    comparison = compare_steps(load_side(args.a), load_side(args.b), figures)
+    """Compare `args.a` and `args.b` and print the table (or JSON); an error (a side that cannot be read, a
+    figure no task compares) goes on to the command line's handler (one line, exit status 2), and with
+    `--json` is also printed as `{"error": "..."}` on stdout."""
+    figures = [f.strip() for f in args.figures.split(",") if f.strip()] if args.figures is not None else None
+    try:
+        if figures == []:
+            raise ConfigError(f"--figures {args.figures!r} names no figure; name them, e.g. --figures acc,ce_gold")
+        comparison = compare_steps(load_side(args.a), load_side(args.b), figures)
+    except InLoopEvalError as exc:
+        if args.json:  # a script reading stdout gets an object it can parse, and the exit status 2
+            print(json.dumps({"error": str(exc)}))
+        raise
     if args.json:
         print(json.dumps(as_json(comparison), indent=1, allow_nan=False))
     else:

@@ -7,21 +7,28 @@ a subset) are counted and reported, never paired; tasks and figures of one side 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from inloop_eval.compare.suites import agreed_suite_values, is_suite_figure
+from inloop_eval.errors import ConfigError
 from inloop_eval.loggers.outcomes import (
     OutcomesError,
     StepOutcomes,
     list_steps,
     outcomes_directory,
     read_step,
+    repeated_document,
 )
 from inloop_eval.metrics.icl import DocumentOutcomes
 from inloop_eval.metrics.paired import PairedResult, paired_difference
 from inloop_eval.metrics.registry import lower_is_better
+
+# A step as `RUN@STEP` writes it.
+STEP_NUMBER = re.compile(r"[0-9]+")
 
 
 @dataclass
@@ -66,11 +73,18 @@ class Comparison:
 
 
 def parse_side(spec: str) -> tuple[Path, int | None]:
-    """(directory, step or None) of `run` or `run@step`."""
+    """(directory, step or None) of `run` or `run@step`; OutcomesError when what follows the last `@` is not
+    a step (a whole number >= 0), unless `spec` as a whole names an existing path (a directory named with
+    an `@`)."""
     head, at, tail = spec.rpartition("@")
-    if at and tail.isdigit():
-        return Path(head), int(tail)
-    return Path(spec), None
+    if not at or (Path(spec).exists() and not Path(head).is_dir()):
+        return Path(spec), None
+    if not STEP_NUMBER.fullmatch(tail):
+        raise OutcomesError(
+            f"{spec}: {tail!r} after '@' is not a step (a whole number >= 0); write RUN@STEP, e.g. {head}@1000, "
+            f"or RUN for its latest step"
+        )
+    return Path(head), int(tail)
 
 
 def load_side(spec: str) -> StepOutcomes:
@@ -94,19 +108,41 @@ def document_keys(outcomes: DocumentOutcomes, pooled: bool) -> np.ndarray:
     return np.char.add(np.char.add(task_D.astype(str), "\x00"), outcomes.doc_id.astype(str))
 
 
-def compare_tasks(label: str, a: DocumentOutcomes, b: DocumentOutcomes) -> TaskComparison:
+def paired_indices(label: str, a: StepOutcomes, b: StepOutcomes) -> tuple[np.ndarray, np.ndarray]:
+    """([N] A's, [N] B's) positions of the documents both sides of task `label` hold, by key (`document_keys`);
+    OutcomesError naming the side when it holds a document twice (pairing would be ambiguous)."""
+    task_a, task_b = a.tasks[label], b.tasks[label]
+    pooled = task_a.doc_task is not None or task_b.doc_task is not None
+    keys = []
+    for side, task in ((a, task_a), (b, task_b)):
+        key_D = document_keys(task, pooled)
+        if len(np.unique(key_D)) != len(key_D):
+            raise OutcomesError(
+                f"{side.source or 'outcomes'}: task {label!r}: document "
+                f"{repeated_document(task.doc_id, task.doc_task if pooled else None)} is held more than once; "
+                "its documents cannot be paired"
+            )
+        keys.append(key_D)
+    _, index_a, index_b = np.intersect1d(keys[0], keys[1], assume_unique=True, return_indices=True)
+    return index_a, index_b
+
+
+def compare_tasks(label: str, a_side: StepOutcomes, b_side: StepOutcomes) -> TaskComparison:
     """Pair one task's documents by id ((task, id) for pooled outcomes) and compare every figure both sides
-    hold."""
-    pooled = a.doc_task is not None or b.doc_task is not None
-    both, index_a, index_b = np.intersect1d(
-        document_keys(a, pooled), document_keys(b, pooled), assume_unique=True, return_indices=True
-    )
-    task = TaskComparison(label, len(both), len(a.doc_id) - len(both), len(b.doc_id) - len(both))
+    hold; a suite average with weights both sides agree on (`compare.suites`)."""
+    a, b = a_side.tasks[label], b_side.tasks[label]
+    index_a, index_b = paired_indices(label, a_side, b_side)
+    n_both = len(index_a)
+    task = TaskComparison(label, n_both, len(a.doc_id) - n_both, len(b.doc_id) - n_both)
     for name in a.values:
         if name not in b.values:
             task.figures_only_in[name] = "A"
             continue
-        a_N, b_N = a.values[name][index_a], b.values[name][index_b]
+        if is_suite_figure(label, name, a) and is_suite_figure(label, name, b):
+            where = (f"{a_side.source}: {label}", f"{b_side.source}: {label}")
+            a_N, b_N = agreed_suite_values(a, index_a, b, index_b, where)
+        else:
+            a_N, b_N = a.values[name][index_a], b.values[name][index_b]
         finite_N = np.isfinite(a_N) & np.isfinite(b_N)
         if not finite_N.all():
             task.n_nonfinite[name] = int((~finite_N).sum())
@@ -119,14 +155,23 @@ def compare_tasks(label: str, a: DocumentOutcomes, b: DocumentOutcomes) -> TaskC
 
 
 def compare_steps(a: StepOutcomes, b: StepOutcomes, figures: list[str] | None = None) -> Comparison:
-    """Every task both sides hold, paired (`compare_tasks`), in A's order; `figures` keeps only those."""
+    """Every task both sides hold, paired (`compare_tasks`), in A's order; `figures` keeps only those
+    (ConfigError naming any that no task both sides hold has)."""
     tasks = {}
-    for label, task_a in a.tasks.items():
+    held: set[str] = set()
+    for label in a.tasks:
         if label in b.tasks:
-            task = compare_tasks(label, task_a, b.tasks[label])
+            task = compare_tasks(label, a, b)
+            held.update(task.figures)
             if figures is not None:
                 task.figures = {name: r for name, r in task.figures.items() if name in figures}
             tasks[label] = task
+    unknown = [name for name in figures or () if name not in held]
+    if unknown:
+        raise ConfigError(
+            f"--figures: {unknown} compared in no task (the tasks both sides hold compare: "
+            f"{', '.join(sorted(held)) or 'none'}); name figures from that list"
+        )
     return Comparison(
         a,
         b,

@@ -6,7 +6,8 @@ Modules:
   failures warned about once (`WarnOnce`) and never raised into training, `LoggerError`, `CURVE_METRICS`.
 - `jsonl`: `JSONLLogger`, `<run_dir>/metrics.jsonl` and `config.json` (`METRICS_FILE`, `CONFIG_FILE`).
 - `outcomes`: per-document outcomes on disk, `<run_dir>/outcomes/step_<N>.npz` (`OutcomesWriter`, `read_step`;
-  the format is in its docstring), written by `JSONLLogger.log_outcomes`.
+  the format is in its docstring), written by `JSONLLogger.log_outcomes`; `outcomes_archive` reads such a
+  file member by member, each header checked before its data.
 - `wandb`: `WandbLogger`, a W&B run (W&B imported only when one starts on rank 0).
 - `wandb_file`: reading a W&B run back from its `.wandb` file, offline.
 

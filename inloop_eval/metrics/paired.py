@@ -5,9 +5,10 @@ documents cancels their difficulty, so the paired standard error is far smaller 
 - difference B - A of the means, its standard error: the n - 1 standard deviation of the per-document
   differences over sqrt(n), the 95% interval diff +- 1.96 se (normal approximation), and the smallest
   difference these documents detect at 80% power in a two-sided 5% test, (1.96 + 0.84) se;
-- p-value: for 0/1 figures the exact McNemar test (a two-sided sign test on the discordant documents, from
-  binomial coefficients); for continuous figures the paired t test (Student's t with n - 1 degrees of
-  freedom, its tail from the regularized incomplete beta function);
+- p-value: for 0/1 figures the exact McNemar test (a two-sided sign test on the discordant documents: twice
+  the fair-coin binomial tail, `metrics.binomial`, O(n) and within 1e-12 of the exact sum); for continuous
+  figures the paired t test (Student's t with n - 1 degrees of freedom, its tail from the regularized
+  incomplete beta function);
 - verdict: A or B better when p < 0.05 (the better side by the figure's direction), else cannot tell.
 Legend: N paired documents.
 """
@@ -18,6 +19,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from inloop_eval.metrics.binomial import log_half_cdf
 
 # The normal quantiles as the design states them: 95% two-sided, and 80% power.
 Z95 = 1.96
@@ -51,11 +54,12 @@ class PairedResult:
 def exact_mcnemar_p(b_only: int, a_only: int) -> float:
     """Two-sided exact McNemar p-value: under no difference each of the `b_only + a_only` discordant
     documents (B right and A wrong, or the reverse) goes either way with probability 1/2; 1.0 when none."""
-    n = b_only + a_only
+    n, k = b_only + a_only, min(b_only, a_only)
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(b_only, a_only) + 1))
-    return min(1.0, 2 * tail / 2**n)  # exact integers, one correctly rounded division
+    if k == 0:
+        return min(1.0, math.ldexp(1.0, 1 - n))  # 2 / 2^n, exactly
+    return min(1.0, math.exp(math.log(2.0) + log_half_cdf(k, n)))
 
 
 def betainc(a: float, b: float, x: float) -> float:

@@ -44,11 +44,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PairVerdicts:
-    """Run A against run `b`: (label, figure) -> step -> `PairedResult`, and why there are none if so."""
+    """Run A against run `b`: (label, figure) -> step -> `PairedResult`, why there are none if so, and the
+    steps skipped because an outcomes file could not be read (each with the reason)."""
 
     b: str
     results: dict[tuple[str, str], dict[int, PairedResult]] = field(default_factory=dict)
     note: str = ""
+    skipped: list[str] = field(default_factory=list)
 
 
 def run_names(run_dirs: Sequence[str | Path]) -> list[str]:
@@ -69,7 +71,12 @@ def pair_verdicts(a_dir: Path, b_dir: Path, b_name: str) -> PairVerdicts:
     if not shared:
         verdicts.note = f"no step has outcomes in both runs (A: {len(steps_a)} steps, B: {len(steps_b)})"
     for step in shared:
-        comparison = compare_steps(read_step(steps_a[step]), read_step(steps_b[step]))
+        try:  # one damaged step file costs that step's verdicts, never the page
+            comparison = compare_steps(read_step(steps_a[step]), read_step(steps_b[step]))
+        except OutcomesError as exc:
+            verdicts.skipped.append(f"step {step} skipped: {exc}")
+            log.warning("report: B = %s: step %d skipped: %s", b_name, step, exc)
+            continue
         for label, task in comparison.tasks.items():
             for figure, result in task.figures.items():
                 if figure in VERDICT_FIGURES:
@@ -172,6 +179,7 @@ def render_comparison(
         ),
         "</ul>",
         *(f"<p class='flag'>Reading: {escape(note)}</p>" for h in histories.values() for note in h.notes),
+        *(f"<p class='flag'>B = {escape(v.b)}: {escape(s)}</p>" for v in verdicts for s in v.skipped),
         *config_section(names, histories),
         *signal_section(names, signals),
         "<h2>Curves and verdicts</h2>",

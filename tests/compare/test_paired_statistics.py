@@ -26,6 +26,45 @@ def test_the_exact_mcnemar_p_value_is_scipys_two_sided_binomial_test(n):
         assert exact_mcnemar_p(b_only, n - b_only) == pytest.approx(expected, rel=1e-12, abs=1e-300)
 
 
+def exact_p_values(n: int) -> list[float]:
+    """The two-sided exact McNemar p-value of each b_only = 0..n of n discordant documents, from exact
+    integers: the binomial coefficients' running sum, one correctly rounded division each."""
+    tails, coefficient, total = [], 1, 0
+    for i in range(n + 1):
+        total += coefficient
+        tails.append(total)
+        coefficient = coefficient * (n - i) // (i + 1)
+    return [min(1.0, 2 * tails[min(k, n - k)] / 2**n) for k in range(n + 1)]
+
+
+@pytest.mark.parametrize("n", [*range(1, 60), 400, 1001, 2999])
+def test_the_exact_mcnemar_p_value_equals_the_exact_binomial_sum(n):
+    for b_only, expected in enumerate(exact_p_values(n)):
+        assert exact_mcnemar_p(b_only, n - b_only) == pytest.approx(expected, rel=1e-12, abs=1e-300)
+
+
+def middle_steps(n: int) -> list[int]:
+    """Discordant counts from the middle to where the p-value leaves the floats: 0 to 37 half-sds out."""
+    return sorted({max(int(n / 2 - z * math.sqrt(n) / 2), 0) for z in (0, 0.5, 1, 2, 3, 5, 8, 12, 20, 30, 37)})
+
+
+@pytest.mark.parametrize("n", [5_000, 14_000, 50_001, 200_000])
+def test_the_exact_mcnemar_p_value_of_many_discordant_documents_is_scipys(n):
+    for b_only in middle_steps(n):
+        expected = stats.binomtest(b_only, n, 0.5).pvalue
+        assert exact_mcnemar_p(b_only, n - b_only) == pytest.approx(expected, rel=1e-12, abs=1e-300)
+        assert exact_mcnemar_p(n - b_only, b_only) == exact_mcnemar_p(b_only, n - b_only)
+
+
+def test_the_exact_mcnemar_p_value_of_ten_million_discordant_documents():
+    """Beyond what summing binomial coefficients could reach (hours); within 1e-10 of scipy, whose own
+    rounding at this size is about 1e-11."""
+    n = 10_000_000
+    for b_only in middle_steps(n):
+        expected = stats.binomtest(b_only, n, 0.5).pvalue
+        assert exact_mcnemar_p(b_only, n - b_only) == pytest.approx(expected, rel=1e-10, abs=1e-300)
+
+
 def test_the_paired_t_p_value_is_scipys_ttest_rel():
     rng = np.random.default_rng(0)
     for n in (2, 3, 5, 30, 1000):

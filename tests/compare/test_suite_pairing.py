@@ -3,12 +3,14 @@ figure, its paired mean the logged average."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from inloop_eval.compare.pairing import compare_steps, load_side
 from inloop_eval.keys import suite_outcomes_label
-from inloop_eval.loggers.outcomes import OUTCOMES_DIR, read_step, write_step
+from inloop_eval.loggers.outcomes import OUTCOMES_DIR, OutcomesError, read_step, write_step
 from inloop_eval.metrics.icl import DocumentOutcomes
 from inloop_eval.metrics.suite import CENTERED_ACC, suite_average
 
@@ -65,3 +67,46 @@ def test_a_suite_over_fewer_documents_is_compared_on_the_shared_ones(tmp_path):
 
 def _step(directory, outcomes):
     return read_step(write_step(directory, outcomes, 0))
+
+
+def suite_step(copa_limit: int) -> dict[str, DocumentOutcomes]:
+    """piqa (20 documents) and copa (`copa_limit` of the same 40 documents, every outcome the same whatever
+    the limit), and their suite average; copa's documents past 20 are all wrong."""
+    rng = np.random.default_rng(7)
+    correct = {"piqa": rng.random(20) < 0.6, "copa": np.r_[rng.random(20) < 0.7, np.zeros(20, dtype=bool)]}
+    limits = {"piqa": 20, "copa": copa_limit}
+    tasks = {
+        label: DocumentOutcomes(
+            doc_id=np.arange(limits[label], dtype=np.int64),
+            n_choices=np.full(limits[label], 2, dtype=np.int64),
+            values={"acc": correct[label][: limits[label]].astype(np.float64)},
+            binary=frozenset({"acc"}),
+        )
+        for label in ("piqa", "copa")
+    }
+    return {**tasks, LABEL: suite_average(tasks, list(tasks), "acc").outcomes}
+
+
+def test_a_suite_over_a_changed_limit_is_paired_with_weights_both_runs_agree_on(tmp_path):
+    """copa's limit 40 in A and 20 in B: no document moved, so the suite differs by exactly nothing, and each
+    side is the macro average over the 40 documents both evaluated (A's stored weights were N / (T n_t) with
+    N = 60, n_copa = 40)."""
+    a, b = suite_step(copa_limit=40), suite_step(copa_limit=20)
+    comparison = compare_steps(_step(tmp_path / "a", a), _step(tmp_path / "b", b))
+    for label in ("piqa", "copa"):
+        assert comparison.tasks[label].figures["acc"].diff == 0.0
+    suite = comparison.tasks[LABEL]
+    assert (suite.n_both, suite.n_only_a, suite.n_only_b) == (40, 20, 0)
+    result = suite.figures[CENTERED_ACC]
+    shared = suite_average(
+        {label: b[label] for label in ("piqa", "copa")}, ["piqa", "copa"], "acc"
+    ).value  # B holds exactly the shared documents
+    assert result.a == pytest.approx(shared, abs=1e-15) and result.b == pytest.approx(shared, abs=1e-15)
+    assert result.diff == pytest.approx(0.0, abs=1e-15) and result.p_value == 1.0
+
+
+def test_a_suite_whose_stored_weights_do_not_follow_from_its_documents_is_refused(tmp_path):
+    a = suite_step(copa_limit=40)
+    a[LABEL] = dataclasses.replace(a[LABEL], values={CENTERED_ACC: a[LABEL].values[CENTERED_ACC] * 0.9})
+    with pytest.raises(OutcomesError, match=r"suite/core: centered_acc of document 'piqa' id 0 is .* not a centred"):
+        compare_steps(_step(tmp_path / "a", a), _step(tmp_path / "b", suite_step(copa_limit=20)))

@@ -63,7 +63,7 @@ def test_a_file_of_a_newer_version_or_another_format_is_refused_naming_it(tmp_pa
     with pytest.raises(OutcomesError, match="not an inloop_eval.outcomes file"):
         read_step(tmp_path / "step_6.npz")
     (tmp_path / "step_7.npz").write_bytes(b"cut off")
-    with pytest.raises(OutcomesError, match="step_7.npz: cannot be read"):
+    with pytest.raises(OutcomesError, match="step_7.npz: not a readable .npz archive"):
         read_step(tmp_path / "step_7.npz")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +36,20 @@ def document_spans(tokens_N: np.ndarray, eos_token_id: int) -> tuple[np.ndarray,
     return starts_D, ends_D - starts_D
 
 
+def check_non_negative(label: str, path: Path, tokens_N: np.ndarray, starts_D: np.ndarray) -> None:
+    """LMDataError naming the file, document and position of the first negative token id (a signed file:
+    an id below 0 indexes nothing, and NumPy and torch would wrap or fail far from here)."""
+    if tokens_N.dtype.kind != "i" or not len(tokens_N) or int(tokens_N.min()) >= 0:
+        return
+    at = int(np.argmax(np.asarray(tokens_N) < 0))
+    document = max(int(np.searchsorted(starts_D, at, side="right")) - 1, 0)
+    raise LMDataError(
+        f"label {label!r} file {path} document {document}: token id {int(tokens_N[at])} at position {at} is "
+        f"negative; token ids are 0 or more: the file holds {tokens_N.dtype} values that are not token ids "
+        "(written with another dtype, or damaged)"
+    )
+
+
 def load_documents_domain(
     domain: LMDomainConfig,
     seq_len: int,
@@ -50,6 +65,7 @@ def load_documents_domain(
     part_S, start_S, length_S, item_S = [], [], [], []
     for p, (path, tokens) in enumerate(zip(files, parts, strict=True)):
         starts_D, lengths_D = document_spans(tokens, eos_token_id)
+        check_non_negative(domain.label, path, tokens, starts_D)
         if not len(starts_D):
             raise LMDataError(
                 f"label {domain.label!r} file {path}: expected documents each ending with the EOS token "

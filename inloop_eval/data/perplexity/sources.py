@@ -41,6 +41,11 @@ def resolve_paths(label: str, patterns: Iterable[str]) -> list[Path]:
                     f"label {label!r}: {path} is a folder; expected a file, or a pattern for the folder's "
                     f"files in `paths`, e.g. {str(path / '*.npy')!r}"
                 )
+            if path.exists() and not path.is_file():  # a named pipe would block its reader forever
+                raise LMDataError(
+                    f"label {label!r}: {path} is not a regular file (a named pipe, socket or device); expected "
+                    "a token or text file"
+                )
             if not path.is_file():
                 raise LMDataError(
                     f"label {label!r}: file {path} does not exist; make the domain set first "
