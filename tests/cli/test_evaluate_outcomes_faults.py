@@ -3,6 +3,7 @@ goes, and a disk that fills after the figures are printed."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -50,7 +51,8 @@ def test_a_full_disk_after_the_figures_is_one_line_and_leaves_no_stale_step(tmp_
     assert read_step(step_path(tmp_path / "run" / OUTCOMES_DIR, 0)).step == 0
     proc = subprocess.run([sys.executable, "-c", _FULL_DISK, *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "eval/downstream/piqa/acc\t" in proc.stdout
+    # The figures' table: a row per figure of the task, its label on the first.
+    assert re.search(r"^downstream +piqa ", proc.stdout, re.M) and re.search(r"^ +acc +[0-9.]+", proc.stdout, re.M)
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"inloop-eval: error: evaluate: --output {tmp_path / 'results.json'} not written")
     assert "--outcomes" in last and "was removed" in last and "(the figures are printed above)" in last

@@ -18,5 +18,5 @@ def test_a_damaged_step_is_skipped_and_named_the_others_drawn(tmp_path):
     damaged.write_bytes(damaged.read_bytes()[:100])
     page = write_comparison([tmp_path / "a", tmp_path / "b"], tmp_path / "out").read_text()
     card = re.search(r"id='task-piqa'>(.*?)</div>", page, re.S).group(1)
-    assert re.findall(r"<th>(\d+)</th>", card) == ["100", "300"]
+    assert re.findall(r"<th class='l'>(\d+)</th>", card) == ["100", "300"]  # a verdict row per step
     assert f"B = b: step 200 skipped: outcomes file {damaged}: not a readable .npz archive" in page
