@@ -48,6 +48,7 @@ from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import Tokenizer, with_special_ids
 from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
 from inloop_eval.engine.layout import refuse_layout
+from inloop_eval.engine.sequence_parallel import olmo_core_layout
 from inloop_eval.errors import ConfigError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -103,7 +104,9 @@ class InLoopCallbackBuild(CallbackConfig):
         root = Path(self.data_root).expanduser() if self.data_root else default_data_root()
         tokenizer_config = self.tokenizer_config()
         tokenizer = olmo_tokenizer(tokenizer_config, root) if tokenizer_config is not None else None
-        evaluator = InLoopEvaluator(self.evaluator_config_of(trainer), tokenizer=tokenizer)
+        config = self.evaluator_config_of(trainer)
+        check_sequence_split(config.max_length, getattr(train_module, "model", None))
+        evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
         return InLoopEvalCallback(
             evaluator,
             autocast=getattr(train_module, "autocast_precision", None),
@@ -316,6 +319,22 @@ def check_train_module(train_module: Any) -> None:
             "leave the callback out of pipeline-parallel runs, or evaluate from your own loop with "
             "inloop_eval.engine.pipeline.PipelineAdapter over a torch.distributed.pipelining schedule",
         )
+
+
+def check_sequence_split(max_length: int | None, model: Any) -> None:
+    """ConfigError, when the trainer is built, for a `max_length` that the model's split of the sequence over
+    tensor- and context-parallel ranks cannot take (every batch must be a multiple of TP x CP wide, and
+    none may be wider than `max_length`), naming the lengths that can."""
+    layout = olmo_core_layout(model) if model is not None else None
+    if layout is None or max_length is None or max_length % layout.multiple == 0:
+        return
+    lower = max_length - max_length % layout.multiple
+    raise ConfigError(
+        f"InLoopEvalCallback: max_length {max_length} is not a multiple of {layout.multiple} (tensor parallel "
+        f"{layout.tp_size} x context parallel {layout.cp_size}), which the model's split of the sequence needs; "
+        f"set the evaluator's max_length to {lower}, or train with a max_sequence_length that is a multiple of "
+        f"{layout.multiple}"
+    )
 
 
 def replace_callback(trainer_config: TrainerConfig, name: str, callback: Callback) -> TrainerConfig:

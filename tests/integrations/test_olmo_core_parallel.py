@@ -118,6 +118,7 @@ def test_ddp_over_tensor_parallel_is_refused_before_it_has_trained(launched) -> 
         assert "DataParallelType.fsdp" in result["ddp_tp_startup"]
 
 
+
 def test_a_width_the_layout_cannot_split_is_an_error() -> None:
     layout = SequenceLayout(tp_size=2, cp_size=2)
     assert layout.held(8) == (0, 4)
@@ -134,3 +135,12 @@ def test_ring_context_parallelism_is_refused() -> None:
     with pytest.raises(ConfigError, match="ring context parallelism.*Ulysses"):
         olmo_core_layout(model)
     assert olmo_core_layout(torch.nn.Module()) is None
+
+
+def test_a_max_length_the_sequence_split_cannot_take_is_refused_when_the_callback_is_built(launched) -> None:
+    """TP=2 with `max_length: 63`: refused when the trainer builds the callback, naming the fix, rather than
+    `failed = 1` at every evaluation."""
+    for result in launched["tp2"]:
+        assert "max_length 63 is not a multiple of 2 (tensor parallel 2 x context parallel 1)" in result["odd_max_length"]
+        assert "set the evaluator's max_length to 62" in result["odd_max_length"]
+

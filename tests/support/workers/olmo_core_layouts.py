@@ -142,6 +142,19 @@ def ddp_tp_refusal(trainer: Any, data_root: Path) -> str:
     return "ran"
 
 
+def odd_max_length_refusal(trainer: Any, work: Path, data_root: Path) -> str:
+    """The error of building our callback for this tensor-parallel trainer with a `max_length` (63) that
+    is not a multiple of its TP degree."""
+    config_file = work / "odd_max_length.yaml"
+    config_file.write_text(f'max_length: 63\nevaluators:\n  - {{task: copa, limit: {LIMIT}}}\n')
+    config = callback_config(data_root, tasks=None, limit=None, batch_tokens=DEFAULT_BATCH_TOKENS, config=str(config_file))
+    try:
+        config.build(trainer)
+    except ConfigError as exc:
+        return str(exc)
+    return "built"
+
+
 def run_layout(layout: str, work: Path, data_root: Path) -> dict[str, Any]:
     """Train `STEPS` steps under `layout` with both callbacks; what OLMo-core logged, and (distributed) the
     errors of evaluating over no data-parallel group and over the whole world."""
@@ -177,6 +190,7 @@ def run_layout(layout: str, work: Path, data_root: Path) -> dict[str, Any]:
     if layout == "tp2":
         result["memory"] = memory.record
         result["ddp_tp_startup"] = ddp_tp_refusal(trainer, data_root)
+        result["odd_max_length"] = odd_max_length_refusal(trainer, work, data_root)
     if dist.is_initialized():
         evaluator = trainer.callbacks["inloop_eval"].evaluator
         for name, group in (("no_group", None), ("world_group", dist.group.WORLD)):
