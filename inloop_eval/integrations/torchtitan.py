@@ -14,7 +14,7 @@ the same documents), and the model called as torchtitan's own validator calls it
 attention masks, under its validation context). A model whose output head is skipped (`ChunkedLossWrapper`
 applies it in the loss) returns hidden states, and only the positions read go through `lm_head`, once per
 forward (FSDP gathers its weights on every call); a tensor-parallel head returns logits sharded on the
-vocabulary, scored without gathering it (engine/vocab_parallel.py). The figures go to torchtitan's metric
+vocabulary, scored without gathering it (engine/layouts/vocab_sharded.py). The figures go to torchtitan's metric
 logger (TensorBoard, W&B) under our keys, and stay in `last_metrics`. `loss_validation=True` also runs
 torchtitan's own loss validation.
 

@@ -8,7 +8,7 @@ way into `M` micro-batches of `R` rows (right padding, rows of padding for the l
 position under causal attention), the width a multiple of TP under sequence parallelism, and one call of
 `get_forward_backward_func()(..., forward_only=True)`. On the last stage, as each micro-batch's logits arrive,
 the positions it holds are selected (a chunk of at most `HEAD_ELEMENTS` floats at a time) and scored over the
-tensor-parallel group (`vocab_parallel.sharded_logprobs`: four all-reduces per chunk, the vocabulary never
+tensor-parallel group (`layouts.vocab_sharded.sharded_logprobs`: four all-reduces per chunk, the vocabulary never
 gathered). Then one all-reduce over the pipeline group says whether a stage failed, and the last stage
 broadcasts 2N floats (log-probabilities, greedy flags).
 
