@@ -7,23 +7,12 @@ import csv
 import importlib
 
 import torch
-from helpers import tiny_neox
+from helpers import small_evaluator, tiny_neox
 
-from inloop_eval.evaluators.config import EvaluatorConfig
-from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import TOKENS_KEY
 from inloop_eval.models.gpt import GPT, GPTConfig
 
 STEPS, INTERVAL = 4, 2
-
-
-def make_evaluator(data_root, tokenizer, tasks=("piqa",)) -> InLoopEvaluator:
-    config = EvaluatorConfig(
-        evaluators=[{"task": t, "limit": 4, "batch_tokens": 1024} for t in tasks],
-        eval_interval=INTERVAL,
-        data_root=str(data_root),
-    )
-    return InLoopEvaluator(config, tokenizer=tokenizer)
 
 
 def token_batches(tokenizer, n: int, seq_len: int = 32) -> torch.Tensor:
@@ -51,7 +40,7 @@ def test_hf_trainer_callback_logs_eval_keys(data_root, neox_tokenizer, tmp_path)
         disable_tqdm=True,
     )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=train)
-    trainer.add_callback(InLoopEvalCallback(make_evaluator(data_root, neox_tokenizer), trainer=trainer))
+    trainer.add_callback(InLoopEvalCallback(small_evaluator(data_root, neox_tokenizer), trainer=trainer))
     trainer.train()
 
     evals = [r for r in trainer.state.log_history if "eval/downstream/piqa/acc" in r]
@@ -85,7 +74,7 @@ def test_lightning_callback_logs_eval_keys(data_root, neox_tokenizer, tmp_path):
         accelerator="cpu",
         devices=1,
         logger=CSVLogger(tmp_path, name="lit"),
-        callbacks=[InLoopEvalCallback(make_evaluator(data_root, neox_tokenizer), model_attr="model")],
+        callbacks=[InLoopEvalCallback(small_evaluator(data_root, neox_tokenizer), model_attr="model")],
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,

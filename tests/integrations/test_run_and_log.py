@@ -4,6 +4,7 @@ forwarded) added to the evaluator's, and a schedule that never evaluates twice a
 from __future__ import annotations
 
 import torch
+from helpers import small_evaluator
 from lm_helpers import lm_entry, tiny_gpt, write_domains
 
 from inloop_eval.engine.adapters import LogitsAdapter
@@ -15,20 +16,9 @@ from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY, EvalSchedule, run_
 from inloop_eval.loggers import JSONLLogger
 from inloop_eval.models.gpt import GPT, GPTConfig
 
-INTERVAL = 2
-
-
-def make_evaluator(data_root, tokenizer, tasks=("piqa",)) -> InLoopEvaluator:
-    config = EvaluatorConfig(
-        evaluators=[{"task": t, "limit": 4, "batch_tokens": 1024} for t in tasks],
-        eval_interval=INTERVAL,
-        data_root=str(data_root),
-    )
-    return InLoopEvaluator(config, tokenizer=tokenizer)
-
 
 def test_run_and_log_adds_wall_time_and_tokens_forwarded(data_root, neox_tokenizer, tmp_path):
-    evaluator = make_evaluator(data_root, neox_tokenizer, tasks=("piqa", f"harness:{tmp_path / 'missing.yaml'}"))
+    evaluator = small_evaluator(data_root, neox_tokenizer, tasks=("piqa", f"harness:{tmp_path / 'missing.yaml'}"))
     torch.manual_seed(0)
     model = GPT(GPTConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=256))
     logger = JSONLLogger(tmp_path)

@@ -13,6 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+
 REPO = Path(__file__).resolve().parents[2]
 # Figures that count documents: equal exactly across layouts and world sizes.
 # Figures compared exactly between layouts and world sizes: accuracies, counts, failures.
@@ -64,3 +67,10 @@ def run_benchmark(name: str, *args: str, output: Path, timeout: int = 900) -> tu
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(output.read_text()), proc.stdout
+
+
+def small_evaluator(data_root: Path, tokenizer: Any, tasks: tuple[str, ...] = ("piqa",)) -> InLoopEvaluator:
+    """The evaluator of the trainer-hook tests: the first 4 documents of each task, every 2 steps."""
+    entries = [{"task": t, "limit": 4, "batch_tokens": 1024} for t in tasks]
+    return InLoopEvaluator(EvaluatorConfig(evaluators=entries, eval_interval=2, data_root=str(data_root)), tokenizer=tokenizer)
+

@@ -38,11 +38,11 @@ from megatron.core import parallel_state, tensor_parallel  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
 from megatron.core.transformer import TransformerConfig  # noqa: E402
-from workers.dist_checks import Context, draw_random_numbers, params_digest  # noqa: E402
+from workers.dist_checks import Context, draw_random_numbers, params_digest, refusal, samples  # noqa: E402
 from workers.launch import checks_main  # noqa: E402
 
 import inloop_eval.integrations.megatron.forward as megatron_forward  # noqa: E402
-from inloop_eval.errors import ConfigError, ModelOutputError  # noqa: E402
+from inloop_eval.errors import ModelOutputError  # noqa: E402
 from inloop_eval.evaluators.config import EvaluatorConfig  # noqa: E402
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator  # noqa: E402
 from inloop_eval.integrations.megatron import MegatronAdapter  # noqa: E402
@@ -203,19 +203,6 @@ def entries(ctx: Context) -> list[dict[str, Any]]:
     files = {"code": home / "domains" / "code", "prose": home / "domains" / "prose.jsonl"}
     files["tiny"] = home / "domains" / "tiny.npy"
     return [*TASKS, lm_entry(files, home / "lm_cache", batch_tokens=300)]
-
-
-def samples(ev: InLoopEvaluator) -> list[dict[str, Any]]:
-    keys = ("task", "doc_id", "cont_id", "ll", "ll_uncond", "is_greedy")
-    return [{k: s[k] for k in keys} for s in ev.samples()]
-
-
-def refusal(run: Callable[[], Any]) -> str:
-    try:
-        run()
-    except ConfigError as exc:
-        return str(exc)
-    return "not refused"
 
 
 def check_reference(ctx: Context) -> dict[str, Any]:

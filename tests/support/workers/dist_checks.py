@@ -30,7 +30,7 @@ from inloop_eval.engine.layouts.full_logits import FullLogits
 from inloop_eval.engine.olmo_core_adapter import OLMoCoreAdapter
 from inloop_eval.engine.olmo_core_packing import packing_refusal
 from inloop_eval.engine.registry import make_adapter
-from inloop_eval.errors import ModelOutputError, TaskDataError
+from inloop_eval.errors import ConfigError, ModelOutputError, TaskDataError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
@@ -93,6 +93,21 @@ class Context:
             strict=strict,
         )
         return InLoopEvaluator(config, tokenizer=tokenizer or self.tokenizer)
+
+
+def samples(ev: InLoopEvaluator) -> list[dict[str, Any]]:
+    """This rank's per-request scores: (task, doc, choice) -> loglikelihood, unconditional one, greedy flag."""
+    keys = ("task", "doc_id", "cont_id", "ll", "ll_uncond", "is_greedy")
+    return [{k: s[k] for k in keys} for s in ev.samples()]
+
+
+def refusal(run: Callable[[], Any]) -> str:
+    """The ConfigError `run` raised, or 'not refused'."""
+    try:
+        run()
+    except ConfigError as exc:
+        return str(exc)
+    return "not refused"
 
 
 class CountingTokenizer:

@@ -38,7 +38,7 @@ from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
-from workers.dist_checks import Context, per_rank, tiny_gpt
+from workers.dist_checks import Context, per_rank, samples, tiny_gpt
 from workers.launch import checks_main
 
 MAX_LENGTH = 512
@@ -50,13 +50,6 @@ TASKS: list[dict[str, Any]] = [
     {"task": "mmlu_mc", "limit": 10, "batch_tokens": 256},
     {"task": "arc_easy", "limit": 11, "batch_tokens": 160, "metrics": ["acc", "acc_norm", "acc_pmi"]},
 ]
-
-
-def samples(ev: Any) -> list[dict[str, Any]]:
-    """This rank's per-request scores: (task, doc, choice) -> loglikelihood, greedy flag."""
-    return [
-        {k: s[k] for k in ("task", "doc_id", "cont_id", "ll", "ll_uncond", "is_greedy")} for s in ev.samples()
-    ]
 
 
 def rows(ev: Any) -> dict[str, list[int]]:

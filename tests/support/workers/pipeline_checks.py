@@ -24,11 +24,11 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from inloop_eval.engine.pipeline import PipelineAdapter
-from inloop_eval.errors import ConfigError, ModelOutputError
+from inloop_eval.errors import ModelOutputError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
-from workers.dist_checks import Context, draw_random_numbers, params_digest
+from workers.dist_checks import Context, draw_random_numbers, params_digest, refusal, samples
 from workers.launch import checks_main
 
 SEQ_LEN = 64  # the schedule's fixed row length, and the longest request (the reference's max_length)
@@ -139,20 +139,6 @@ def entries(ctx: Context) -> list[dict[str, Any]]:
     if ctx.world_size > 1:
         dist.barrier()
     return [*TASKS, lm_entry(files, home / "lm_cache", batch_tokens=300)]
-
-
-def samples(ev: InLoopEvaluator) -> list[dict[str, Any]]:
-    """This rank's per-request scores: (task, doc, choice) -> loglikelihood, greedy flag."""
-    keys = ("task", "doc_id", "cont_id", "ll", "ll_uncond", "is_greedy")
-    return [{k: s[k] for k in keys} for s in ev.samples()]
-
-
-def refusal(run: Callable[[], Any]) -> str:
-    try:
-        run()
-    except ConfigError as exc:
-        return str(exc)
-    return "not refused"
 
 
 def check_layouts(ctx: Context) -> dict[str, Any]:
