@@ -13,9 +13,11 @@ row: all choices of a letter-key document are read off the last position of one 
   repeating the context; a piece always fits alone (requests.py truncates contexts so that it does).
 - Plain rows (models that take `input_ids` only): at most one piece per row, i.e. context +
   continuation[:-1] as lm-evaluation-harness builds it; one-token continuations ride on a row of their group.
-- Tree rows (packed models, `share_prefixes`): rows whose contexts begin with the same tokens (a task's
-  few-shot examples) hold that prefix once, each row's rest after it as a branch that sees the prefix and
-  itself only (`prefix_sharing`). Pairs to rows, and rows to tree rows, are laid out in `rows`.
+- Tree rows (packed models, `share_prefixes`): every pair's own row is a path of one prefix trie over all
+  the pairs planned together, laid out depth first in rows, each token forwarded once per row it is in
+  (`prefix_sharing`): a task's few-shot examples, a document's context and its choices' common first tokens
+  once. A prefix many rows begin with may be forwarded once for all of them and kept (`keep_prefixes`).
+  Packed and plain rows are laid out in `rows`.
 
 Rows are sorted by length (longest first) and cut into batches of at most `batch_tokens` padded tokens
 where padding plus a fixed cost per forward pass is least; nothing is padded to fixed multiples unless
@@ -38,18 +40,14 @@ from torch import Tensor
 
 from inloop_eval.distributed import AgreedSequence, TaskAgreement
 from inloop_eval.engine.layout import LayoutNeeds
-from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TreeRows
-from inloop_eval.engine.rows import RowLayout, layout_rows, tree_rows
+from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TrieRows, plan_trie_rows
+from inloop_eval.engine.rows import RowLayout, layout_rows
 from inloop_eval.requests.table import PairSet
 
 # What one forward pass costs beyond its tokens, in padded tokens: batches are cut where padding plus this
 # per batch is least, so a few rows of different lengths share a pass rather than each taking its own.
 # Tuned for CPU; it only trades padding against the number of passes, never changes a score.
 FORWARD_COST_TOKENS = 64
-
-# Segment ids in `Batch.segment_BT`: 0 is the context, k > 0 a piece, PAD_SEGMENT padding.
-PAD_SEGMENT = -1
-
 
 @dataclass(frozen=True)
 class BatchShape:
@@ -58,14 +56,17 @@ class BatchShape:
     packing: rows may be packed (the model takes an attention mask and position ids).
     width_multiple: every width is a multiple of this: the layout's own (a sequence split over ranks)
         times what the config's `pad_to_multiple` adds (bucketed shapes for torch.compile), their lcm.
-    share_prefixes: with packing, rows whose contexts begin alike share that prefix (`prefix_sharing`).
+    share_prefixes: with packing, rows are paths of one prefix trie (`prefix_sharing`).
     attention_tokens: the row cost model's constant (`prefix_sharing.row_cost`).
+    keep_prefixes: with sharing, prefixes many rows begin with are forwarded once and kept (the layout's
+        `prefix_reuse`).
     """
 
     packing: bool = False
     width_multiple: int = 1
     share_prefixes: bool = True
     attention_tokens: int = ATTENTION_COST_TOKENS
+    keep_prefixes: bool = False
 
     @classmethod
     def of(
@@ -77,7 +78,13 @@ class BatchShape:
         attention_tokens: int = ATTENTION_COST_TOKENS,
     ) -> BatchShape:
         """The shape honouring both the layout's `needs` and the config's `pad_to_multiple`."""
-        return cls(needs.packing, math.lcm(needs.width_multiple, pad_to_multiple), share_prefixes, attention_tokens)
+        return cls(
+            needs.packing,
+            math.lcm(needs.width_multiple, pad_to_multiple),
+            share_prefixes,
+            attention_tokens,
+            needs.packing and share_prefixes and needs.prefix_reuse,
+        )
 
 
 @dataclass
@@ -87,10 +94,14 @@ class Batch:
     input_ids_BT: right-padded token ids (padding is never attended to by a real position).
     rows_N, cols_N: the positions whose logits predict target_N.
     pair_N: index (into the scored pair list) of the pair each target belongs to.
-    position_ids_BT, segment_BT, branch_BT: set for packed batches only (None: plain causal rows, positions
-        0..T-1). segment_BT is 0 on contexts, a piece's id (> 0) on its tokens, PAD_SEGMENT on padding;
-        branch_BT is 0 on a prefix its row's branches share (`prefix_sharing`), a branch's number (> 0) on
-        its own tokens, PAD_SEGMENT on padding.
+    position_ids_BT, span_end_BT: set for packed batches only (None: plain causal rows, positions 0..T-1).
+        Every row is laid out as a prefix trie in depth-first order, so a token is seen by the tokens of
+        its own subtree, which follow it: the one at column j is seen by columns j..span_end_BT[b, j] - 1
+        (`attention_mask_B1TT`); padding sees itself only.
+    prefix_length: the rows begin with a kept prefix of this many tokens (`layout.SharedPrefix`), not in
+        the batch; their position ids start there. 0: none.
+    keeps_prefix: this batch is that prefix: one causal row without targets, whose states the batches after
+        it (with the same `prefix_length`) read.
     """
 
     input_ids_BT: np.ndarray
@@ -99,8 +110,9 @@ class Batch:
     target_N: np.ndarray
     pair_N: np.ndarray
     position_ids_BT: np.ndarray | None = None
-    segment_BT: np.ndarray | None = None
-    branch_BT: np.ndarray | None = None
+    span_end_BT: np.ndarray | None = None
+    prefix_length: int = 0
+    keeps_prefix: bool = False
 
     @property
     def n_tokens(self) -> int:
@@ -108,20 +120,18 @@ class Batch:
         return int(self.input_ids_BT.size)
 
 
-def attention_mask_B1TT(segment_BT: Tensor, branch_BT: Tensor | None = None) -> Tensor:
-    """Boolean mask (True = may attend) for a packed batch: causal, and a position sees the prefix its row's
-    branches share (branch 0), and within its own branch the context (segment 0) and its own segment only.
-    Padding sees itself and earlier padding, so no row of the mask is empty (no NaN from a softmax over
-    nothing); no real position sees padding (it comes last)."""
-    T = segment_BT.shape[1]
-    causal_TT = torch.ones(T, T, dtype=torch.bool, device=segment_BT.device).tril_()
-    key_B1T = segment_BT[:, None, :]
-    same_BTT = (key_B1T == 0) | (key_B1T == segment_BT[:, :, None])
-    if branch_BT is not None:
-        key_branch_B1T = branch_BT[:, None, :]
-        same_BTT &= key_branch_B1T == branch_BT[:, :, None]
-        same_BTT |= key_branch_B1T == 0
-    return (same_BTT & causal_TT)[:, None]
+def attention_mask_B1TT(span_end_BT: Tensor, prefix_length: int = 0) -> Tensor:
+    """Boolean mask (True = may attend) for a packed batch: the token at column j is seen by columns
+    j..span_end_BT[b, j] - 1 (its subtree in the row's trie), and every real position sees the first
+    `prefix_length` columns, a kept prefix (`Batch.prefix_length`). Padding sees itself, so no row of the
+    mask is empty (no NaN from a softmax over nothing), and no real position sees padding."""
+    B, T = span_end_BT.shape
+    col_T = torch.arange(T, device=span_end_BT.device)
+    later_TT = col_T[None, :] <= col_T[:, None]  # [query, key]: the key comes no later than the query
+    mask_BTT = later_TT & (col_T[None, :, None] < span_end_BT[:, None, :])
+    if prefix_length:
+        mask_BTT = torch.cat([mask_BTT.new_ones(B, T, prefix_length), mask_BTT], dim=2)
+    return mask_BTT[:, None]
 
 
 def row_lengths(pairs: PairSet, pair_ids: np.ndarray) -> np.ndarray:
@@ -148,6 +158,7 @@ def plan_batches(
     pad_to_multiple: int = 1,
     share_prefixes: bool = True,
     attention_tokens: int = ATTENTION_COST_TOKENS,
+    keep_prefixes: bool = False,
 ) -> list[Batch]:
     """Batches scoring `pairs[pair_ids]`; `Batch.pair_N` indexes into `pair_ids`.
 
@@ -155,41 +166,120 @@ def plan_batches(
     max_length: longest row a packed group may form (the model's context length).
     pad_to_multiple: round every batch's width up to a multiple of this (`BatchShape.width_multiple`), but
         not past `max_length` (`round_widths`).
-    share_prefixes: with packing, rows whose contexts begin with the same tokens share them in tree rows of
-        at most `max_length` and `batch_tokens` tokens (`prefix_sharing`, its cost model's `attention_tokens`).
+    share_prefixes: with packing, every pair's row is a path of one prefix trie, forwarded in tree rows of
+        at most `max_length` and `batch_tokens` tokens (`prefix_sharing`, its cost model's `attention_tokens`);
+        off, each context is shared among its own continuations only.
+    keep_prefixes: with sharing, prefixes many rows begin with are forwarded once and kept (the model has
+        `LayoutNeeds.prefix_reuse`): a batch with `keeps_prefix` before the batches that read it.
     """
     pair_ids = np.asarray(pair_ids, dtype=np.int64)
+    if packing and share_prefixes:
+        return _plan_trie_rows(
+            pairs, pair_ids, batch_tokens, pad_id, max_length, pad_to_multiple, attention_tokens, keep_prefixes
+        )
     layout = layout_rows(pairs, pair_ids, packing=packing, max_length=max_length)
-    tree = tree_rows(pairs, pair_ids, layout, batch_tokens, max_length, attention_tokens, packing and share_prefixes)
-    width_W = round_widths(tree.length_W, pad_to_multiple, max_length)
-    batch_W, slot_W, widths = cut_batches(width_W, batch_tokens)
-    batch_R = batch_W[tree.tree_R]
-    tokens = _in_tree_rows(_row_tokens(pairs, pair_ids, layout, batch_R, len(widths)), tree, prefix=True)
-    targets = _in_tree_rows(_targets(pairs, pair_ids, layout, batch_R, len(widths)), tree, prefix=False)
-    n_tree = len(tree.length_W)
-    shared_W = np.bincount(tree.tree_R, minlength=n_tree) > 1
-    packed_W = shared_W | (np.bincount(tree.tree_R, weights=layout.n_pieces_R, minlength=n_tree) > 1)
-    return _assemble(tokens, targets, packed_W, batch_W, slot_W, widths, packing, pad_id)
+    width_R = round_widths(layout.length_R, pad_to_multiple, max_length)
+    batch_R, slot_R, widths = cut_batches(width_R, batch_tokens)
+    tokens = _row_tokens(pairs, pair_ids, layout, batch_R, len(widths))
+    targets = _targets(pairs, pair_ids, layout, batch_R, len(widths))
+    return _assemble(tokens, targets, layout.n_pieces_R > 1, batch_R, slot_R, widths, packing, pad_id)
 
 
-def _in_tree_rows(flat: _Flat, tree: TreeRows, *, prefix: bool) -> _Flat:
-    """`flat`'s elements at their places in the tree rows: a branch's tokens from the shared prefix on
-    moved after the branches before it, its prefix tokens kept once (by the branch holding the prefix;
-    `prefix`: these are row tokens, which then carry a `branch` value; targets never lie in a prefix)."""
-    row, col = flat.row, flat.col
-    shared_M = col < tree.prefix_R[row]
-    moved = np.where(shared_M, col, tree.offset_R[row] + col - tree.prefix_R[row])
-    values = dict(flat.values)
-    keep = ~shared_M | tree.holds_prefix_R[row]
-    if prefix:
-        values["branch"] = np.where(shared_M, 0, tree.slot_R[row])
-    kept_before = np.concatenate([[0], np.cumsum(keep)])
-    return _Flat(
-        row=tree.tree_R[row][keep],
-        col=moved[keep],
-        values={k: v[keep] for k, v in values.items()},
-        bounds=kept_before[flat.bounds],
+def _plan_trie_rows(
+    pairs: PairSet,
+    pair_ids: np.ndarray,
+    batch_tokens: int,
+    pad_id: int,
+    max_length: int | None,
+    pad_to_multiple: int,
+    attention_tokens: int,
+    keep_prefixes: bool,
+) -> list[Batch]:
+    """`plan_batches` with every row a path of one prefix trie (`prefix_sharing.plan_trie_rows`): rows cut
+    into batches within each kept prefix's group, the prefix's own batch before them."""
+    ids = pair_ids
+    ctx_start_P = pairs.ctx_offsets[pairs.ctx_id[ids]] + pairs.ctx_start[ids]
+    ctx_len_P = pairs.ctx_len[ids].astype(np.int64)
+    cont_len_P = pairs.cont_len[ids].astype(np.int64)
+    cont_start_P = pairs.cont_offsets[ids]
+
+    def sequence(p: int) -> np.ndarray:
+        ctx = pairs.ctx_tokens[ctx_start_P[p] : ctx_start_P[p] + ctx_len_P[p]]
+        return np.concatenate([ctx, pairs.cont_tokens[cont_start_P[p] : cont_start_P[p] + cont_len_P[p] - 1]])
+
+    cap = min(batch_tokens, max_length) if max_length is not None else batch_tokens
+    trie = plan_trie_rows(
+        sequence, ctx_len_P, cont_len_P, cap=cap, attention_tokens=attention_tokens, keep_stems=keep_prefixes
     )
+    width_W = round_widths(trie.length_W, pad_to_multiple, max_length)
+    batch_W = np.zeros(len(width_W), dtype=np.int64)
+    slot_W = np.zeros(len(width_W), dtype=np.int64)
+    widths: list[int] = []
+    stem_B: list[int] = []
+    for x in np.unique(trie.stem_W).tolist():  # rows without a kept prefix (-1) first
+        rows = np.flatnonzero(trie.stem_W == x)
+        batch_w, slot_W[rows], group_widths = cut_batches(width_W[rows], batch_tokens)
+        batch_W[rows] = batch_w + len(widths)
+        widths += group_widths
+        stem_B += [x] * len(group_widths)
+    depth_M, pair_M = trie.depth_M, trie.pair_M
+    in_ctx_M = depth_M < ctx_len_P[pair_M]
+    src_M = np.where(
+        in_ctx_M,
+        ctx_start_P[pair_M] + depth_M,
+        len(pairs.ctx_tokens) + cont_start_P[pair_M] + depth_M - ctx_len_P[pair_M],
+    )
+    pool = np.concatenate([pairs.ctx_tokens, pairs.cont_tokens])
+    pair_N = np.repeat(np.arange(len(ids)), cont_len_P)
+    j_N = np.arange(len(pair_N)) - np.repeat(np.cumsum(cont_len_P) - cont_len_P, cont_len_P)
+    tokens = _in_batch_order(
+        trie.row_M,
+        trie.col_M,
+        {"input_ids": pool[src_M], "position_ids": depth_M, "span_end": trie.span_end_M},
+        batch_W,
+        len(widths),
+    )
+    targets = _in_batch_order(
+        trie.row_N,
+        trie.col_N,
+        {"target": pairs.cont_tokens[cont_start_P[pair_N] + j_N], "pair": pair_N},
+        batch_W,
+        len(widths),
+    )
+    nested_M = trie.span_end_M < trie.length_W[trie.row_M]
+    packed_W = (np.bincount(trie.row_M, weights=nested_M, minlength=len(width_W)) > 0) | (trie.stem_W >= 0)
+    batches = _assemble(tokens, targets, packed_W, batch_W, slot_W, widths, True, pad_id)
+    return _after_kept_prefixes(batches, stem_B, trie, sequence)
+
+
+def _in_batch_order(
+    row: np.ndarray, col: np.ndarray, values: dict[str, np.ndarray], batch_W: np.ndarray, n_batches: int
+) -> _Flat:
+    """Elements at (row, col) sorted by their row's batch (stable), with each batch's bounds."""
+    batch = batch_W[row]
+    order = np.argsort(batch, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(batch, minlength=n_batches))])
+    return _Flat(row[order], col[order], {k: v[order] for k, v in values.items()}, bounds)
+
+
+def _after_kept_prefixes(
+    batches: list[Batch], stem_B: list[int], trie: TrieRows, sequence: Callable[[int], np.ndarray]
+) -> list[Batch]:
+    """The batches with each kept prefix's own batch (one causal row) before the first batch reading it,
+    and `prefix_length` set on those that do."""
+    out: list[Batch] = []
+    for b, (batch, x) in enumerate(zip(batches, stem_B, strict=True)):
+        if x < 0:
+            out.append(batch)
+            continue
+        length = int(trie.stem_length_X[x])
+        if b == 0 or stem_B[b - 1] != x:
+            ids = sequence(int(trie.stem_pair_X[x]))[:length]
+            empty = np.zeros(0, dtype=np.int64)
+            out.append(Batch(ids[None].copy(), empty, empty, empty, empty, prefix_length=length, keeps_prefix=True))
+        batch.prefix_length = length
+        out.append(batch)
+    return out
 
 
 def plan_sequence_batches(
@@ -295,7 +385,8 @@ def _expand(
 def _row_tokens(
     pairs: PairSet, pair_ids: np.ndarray, layout: RowLayout, batch_R: np.ndarray, n_batches: int
 ) -> _Flat:
-    """Every token of every row: contexts at column 0, pieces at their columns, positions restarting."""
+    """Every token of every row: contexts at column 0, pieces at their columns, positions restarting; a
+    context is seen by its whole row, a piece by itself."""
     ctx_pair_R = pair_ids[layout.ctx_pair_R]
     ctx_len_R = pairs.ctx_len[ctx_pair_R]
     piece_K = np.flatnonzero(layout.col_P >= 0)
@@ -312,7 +403,7 @@ def _row_tokens(
     row_S = np.concatenate([np.arange(n_rows), row_K])
     col_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), layout.col_P[piece_K]])
     pos_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), ctx_len_R[row_K]])
-    seg_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), np.arange(1, len(piece_K) + 1)])
+    end_S = np.concatenate([layout.length_R, col_S[n_rows:] + len_S[n_rows:]])  # a context is seen by its row
     span_M, offset_M, bounds = _expand(len_S, batch_R[row_S], n_batches)
     return _Flat(
         row=row_S[span_M],
@@ -320,7 +411,7 @@ def _row_tokens(
         values={
             "input_ids": pool[src_S[span_M] + offset_M],
             "position_ids": pos_S[span_M] + offset_M,
-            "segment": seg_S[span_M],
+            "span_end": end_S[span_M],
         },
         bounds=bounds,
     )
@@ -354,7 +445,7 @@ def _assemble(
     pad_id: int,
 ) -> list[Batch]:
     """One Batch per width: scatter each batch's tokens into [B, T] arrays; `packed_R`: rows that need the
-    packed mask (several pieces, or branches sharing a prefix)."""
+    packed mask (several pieces, a subtree of a trie, or a kept prefix before them)."""
     n_batches = len(widths)
     n_rows_B = np.bincount(batch_R, minlength=n_batches)
     packed_B = np.bincount(batch_R, weights=packed_R, minlength=n_batches) > 0
@@ -366,14 +457,12 @@ def _assemble(
         shape = (int(n_rows_B[b]), width)
         input_ids_BT = np.full(shape, pad_id, dtype=np.int64)
         input_ids_BT[slot, col] = tokens.values["input_ids"][mine]
-        position_ids_BT = segment_BT = branch_BT = None
+        position_ids_BT = span_end_BT = None
         if packing and packed_B[b]:
             position_ids_BT = np.zeros(shape, dtype=np.int64)
             position_ids_BT[slot, col] = tokens.values["position_ids"][mine]
-            segment_BT = np.full(shape, PAD_SEGMENT, dtype=np.int64)
-            segment_BT[slot, col] = tokens.values["segment"][mine]
-            branch_BT = np.full(shape, PAD_SEGMENT, dtype=np.int64)
-            branch_BT[slot, col] = tokens.values["branch"][mine]
+            span_end_BT = np.broadcast_to(np.arange(1, width + 1), shape).copy()  # padding sees itself
+            span_end_BT[slot, col] = tokens.values["span_end"][mine]
         picked = slice(targets.bounds[b], targets.bounds[b + 1])
         batches.append(
             Batch(
@@ -383,8 +472,7 @@ def _assemble(
                 targets.values["target"][picked],
                 targets.values["pair"][picked],
                 position_ids_BT,
-                segment_BT,
-                branch_BT,
+                span_end_BT,
             )
         )
     return batches

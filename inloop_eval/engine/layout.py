@@ -11,7 +11,13 @@ What every layout promises, and `scoring.run_batches` relies on (it has one path
   peer raises alike or joins. It is skipped for batches without targets (dummies) on every peer alike.
 - `ModelAdapter.needs` (`LayoutNeeds`) is declared once by the adapter and honoured by the planner: a width
   every batch must be a multiple of, whether rows may be packed (the model takes a 4D mask and position
-  ids), and the groups of model-parallel peers that must be fed the same documents.
+  ids), whether it keeps a prefix's keys and values for the batches after it (`SharedPrefix`), and the
+  groups of model-parallel peers that must be fed the same documents.
+- A kept prefix: a batch with `inputs.keeps_prefix` is one causal row, a prefix every row of the batches
+  that follow begins with; the adapter runs it and leaves whatever it needs (its layers' keys and values)
+  in `inputs.prefix.states`. The batches after it carry the same `inputs.prefix`, position ids from its
+  length on, and a mask [B, 1, T, S + T] whose first S columns (the prefix) every real position sees; the
+  adapter attends to the kept keys and values there instead of forwarding the prefix again.
 - A layout that cannot be scored is refused before any forward, by `refuse_layout`, with one message shape.
 
 The ways a model returns its outputs are in `engine/layouts/` (full logits, hidden states and a head, logits
@@ -41,11 +47,24 @@ class LayoutNeeds:
     packing: rows may be packed: the model takes a boolean attention mask [B, 1, T, T] and position ids [B, T].
     peer_groups: the model-parallel groups, by name, whose ranks hold parts of one model (other than through
         DTensor parameters) and so must be handed the same documents (`distributed.check_data_parallel`).
+    prefix_reuse: with packing, the model keeps a prefix's keys and values for the batches after it
+        (`SharedPrefix`).
     """
 
     width_multiple: int = 1
     packing: bool = False
     peer_groups: tuple[tuple[str, ProcessGroup | None], ...] = ()
+    prefix_reuse: bool = False
+
+
+@dataclass
+class SharedPrefix:
+    """A prefix of `length` tokens forwarded once, and what the adapter kept of it for the batches after it
+    (`states`, in the adapter's own form: for a transformer each layer's keys and values, [1, S, ...]).
+    Made by the scoring loop for each kept prefix and dropped after its last batch."""
+
+    length: int
+    states: Any = None
 
 
 @dataclass
@@ -55,8 +74,11 @@ class ForwardInputs:
     input_ids_BT: right-padded token ids.
     rows_U, cols_U: the distinct positions whose logits are read.
     position_N, target_N: target n is predicted by position `position_N[n]` of (rows_U, cols_U).
-    attention_mask_B1TT, position_ids_BT: set for a packed batch only (True = may attend).
+    attention_mask_B1TT, position_ids_BT: set for a packed batch only (True = may attend); [B, 1, T, S + T]
+        after a kept prefix of S tokens, its first S columns the prefix.
     min_vocab: the tokenizer's vocabulary size; logits narrower than it mean the model does not match.
+    prefix: the kept prefix this batch's rows begin with (None: none), or the one this batch forwards.
+    keeps_prefix: this batch is the prefix (one causal row, no targets): keep its states in `prefix.states`.
     """
 
     input_ids_BT: Tensor
@@ -67,6 +89,8 @@ class ForwardInputs:
     attention_mask_B1TT: Tensor | None = None
     position_ids_BT: Tensor | None = None
     min_vocab: int = 0
+    prefix: SharedPrefix | None = None
+    keeps_prefix: bool = False
 
     @property
     def packed(self) -> bool:

@@ -1,20 +1,30 @@
-"""Rows that share a prefix: few-shot prompts put the same shots before every document of a task, so the
-contexts of many rows begin with the same tokens. A *tree row* holds that prefix once and, after it, the rest
-of each of its rows (their *branches*): a branch's tokens see the shared prefix and their own branch, never
-another branch, at the positions they have in their own row, so every position computes exactly what it would
-in the row alone (`batching.attention_mask_B1TT` with branch ids).
+"""Rows as prefix tries: every request's own row (`context + continuation[:-1]`) is a path from the root
+of one trie over all the requests planned together, and each trie node's token is forwarded once wherever
+the model lets it. Few-shot prompts put the same shots before every document of a task, a document's
+choices share its context, and choices often share their first tokens: all of it is forwarded once.
 
-Which rows share: rows sorted by their context tokens, so that rows with a common prefix are neighbours; a
-run of neighbours joins one tree row while the prefix they all share is at least MIN_SHARED_PREFIX tokens,
-the tree row fits the cap (the model's context length, and a batch's token budget), and adding a row costs
-less than forwarding it alone under the row cost model: a row of L tokens costs L x (1 + L / A), its tokens
-plus attention over the row, A (`attention_tokens`) the row length at which attention costs as much as the
-rest of the forward. A is a property of the device and the model: on CPU with small models a few hundred
-tokens, on a GPU with large models far more (longer tree rows pay off there).
+Two mechanisms, both keeping every position's numbers those of its own unshared row (it sees exactly its
+ancestors, at the same position ids):
+- Tree rows: a row holds a subtree of the trie in depth-first order; a token is seen by the tokens of its
+  own subtree, which follow it (`TrieRows.span_end_M`, `batching.attention_mask_B1TT`), and its position id
+  is its depth. A subtree too large for one row is cut into several, each repeating the path above it.
+- Kept prefixes (`stem`s, models with `LayoutNeeds.prefix_reuse`): a prefix shared by many rows (the shot
+  block) is forwarded once as a row of its own, and its keys and values are attended to by every row below
+  it, batch after batch (`layout.SharedPrefix`). Only this helps where one document's context is longer
+  than half a row (MMLU passages after their shots): its tree row holds one document.
 
-The trie minimum (`trie_minimum_tokens`): the tokens a prefix trie over every row a request would have alone
-holds, i.e. every distinct prefix once: the least any sharing of prefixes can forward.
-Legend: R rows of the layout (branches), S of them sorted by context, W tree rows, P pairs.
+How rows are chosen: requests sorted by their tokens, so that the trie is walked depth first. A run of
+neighbours all beginning with the same >= MIN_STEM tokens gets that prefix as a stem when it saves tokens
+(every member but one forwards it once less, which must outweigh lowering the stem for those already in).
+Below its stem, neighbours join one tree row while the row fits `cap` and joining costs less than a row of
+their own under the row cost model: a row of L tokens after a stem of S costs L x (1 + (S + L) / A), its
+tokens plus attention over what they see, A (`attention_tokens`) the row length at which attention costs as
+much as the rest of the forward, a property of the device and the model.
+
+The trie minimum (`trie_minimum_tokens`): the tokens of the trie over every row a request would have alone,
+i.e. every distinct prefix once: the least any sharing of prefixes can forward.
+Legend: P pairs planned, S the same sorted by their tokens, W rows, X stems, M tokens of all rows, N targets
+(each pair's continuation tokens, pairs in planned order).
 """
 
 from __future__ import annotations
@@ -24,15 +34,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# A shared prefix shorter than this is not worth a tree row: it saves little and lengthens the row.
-MIN_SHARED_PREFIX = 32
+# A stem shorter than this is not kept: its one extra forward costs more than it saves.
+MIN_STEM = 64
 
 # The row length at which attention over the row costs as much as the rest of the forward, by device type:
 # the default of `attention_tokens`. CPU: chosen from `benchmarks/prefix_sharing.py --attention-tokens` on
-# the reference GPT (width 256, 4 layers, 2 cores): 512 gave the shortest wall time (1.53x against no
-# sharing, 1.39x at 1,024 and at 2,048) at 1.20x the trie minimum, and no more peak memory than rows without
-# sharing (2,048: 1.4x). CUDA: not measured here (no GPU was lent); attention there costs relatively less,
-# so rows may grow longer.
+# the reference GPT (width 256, 4 layers, 2 cores). CUDA: not measured here (no GPU was lent); attention
+# there costs relatively less, so rows may grow longer.
 ATTENTION_COST_TOKENS = 512
 ATTENTION_COST_TOKENS_BY_DEVICE = {"cpu": ATTENTION_COST_TOKENS, "cuda": 16 * ATTENTION_COST_TOKENS}
 
@@ -44,29 +52,34 @@ def attention_tokens_for(device_type: str, configured: int | None = None) -> int
     return ATTENTION_COST_TOKENS_BY_DEVICE.get(device_type, ATTENTION_COST_TOKENS)
 
 
-@dataclass
-class TreeRows:
-    """Where every row of a layout goes.
+def row_cost(length: int, attention_tokens: int, stem: int = 0) -> float:
+    """The cost model of one row of `length` tokens after a kept stem of `stem`: its tokens, each attending
+    over the stem and the row."""
+    return length * (1.0 + (stem + length) / attention_tokens)
 
-    tree_R: the tree row each row is a branch of.
-    prefix_R: the shared prefix length of that tree row (0 for a row alone).
-    offset_R: the column where the row's tokens from `prefix_R` on start in its tree row.
-    holds_prefix_R: the row whose tokens [0, prefix) stand for the tree row's shared prefix.
-    slot_R: the branch number of the row within its tree row (1, 2, ...).
-    length_W: tokens of each tree row.
+
+@dataclass
+class TrieRows:
+    """Every row's tokens and where every target is read.
+
+    row_M, col_M: the row and column of each token; pair_M, depth_M: a pair whose row holds that token, and
+        its index there (its position id); span_end_M: the column after its subtree (the tokens that see it).
+    row_N, col_N: the position whose logits predict each target.
+    length_W: tokens of each row (its stem not included); stem_W: the stem its rows begin with (-1: none).
+    stem_pair_X, stem_length_X: stem x is the first `stem_length_X[x]` tokens of pair `stem_pair_X[x]`'s row.
     """
 
-    tree_R: np.ndarray
-    prefix_R: np.ndarray
-    offset_R: np.ndarray
-    holds_prefix_R: np.ndarray
-    slot_R: np.ndarray
+    row_M: np.ndarray
+    col_M: np.ndarray
+    pair_M: np.ndarray
+    depth_M: np.ndarray
+    span_end_M: np.ndarray
+    row_N: np.ndarray
+    col_N: np.ndarray
     length_W: np.ndarray
-
-
-def row_cost(length: int, attention_tokens: int) -> float:
-    """The cost model of one row of `length` tokens: its tokens, each attending over the row."""
-    return length * (1.0 + length / attention_tokens)
+    stem_W: np.ndarray
+    stem_pair_X: np.ndarray
+    stem_length_X: np.ndarray
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -82,67 +95,172 @@ def sorted_by_tokens(sequences: list[np.ndarray]) -> np.ndarray:
     return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
 
 
-def share_prefixes(
-    context_R: Callable[[int], np.ndarray],
-    length_R: np.ndarray,
-    shareable_R: np.ndarray,
+def plan_trie_rows(
+    sequence_P: Callable[[int], np.ndarray],
+    ctx_len_P: np.ndarray,
+    cont_len_P: np.ndarray,
     *,
     cap: int,
     attention_tokens: int = ATTENTION_COST_TOKENS,
-) -> TreeRows:
-    """Tree rows for rows of `length_R` tokens whose contexts are `context_R(r)` (each row begins with its
-    context). Only rows with `shareable_R` join others; the rest stay alone. A tree row never exceeds `cap`
-    tokens; each branch keeps at least its context's last token (which predicts its first continuation
-    token) after the prefix."""
-    n_rows = len(length_R)
-    tree_R = np.full(n_rows, -1, dtype=np.int64)
-    prefix_R = np.zeros(n_rows, dtype=np.int64)
-    candidates = np.flatnonzero(shareable_R)
-    contexts = {int(r): context_R(int(r)) for r in candidates}
-    runs: list[tuple[list[int], int]] = []
-    members: list[int] = []
-    prefix, total = 0, 0
-    for r in candidates[sorted_by_tokens([contexts[int(r)] for r in candidates])].tolist():
-        length = int(length_R[r])
-        if members:
-            shared = min(prefix, common_prefix(contexts[members[-1]], contexts[r]), len(contexts[r]) - 1)
-            joined = total + length - len(members) * shared
-            alone = total - (len(members) - 1) * prefix
-            gain = row_cost(alone, attention_tokens) + row_cost(length, attention_tokens)
-            if shared >= MIN_SHARED_PREFIX and joined <= cap and row_cost(joined, attention_tokens) < gain:
-                members.append(r)
-                prefix, total = shared, total + length
+    keep_stems: bool = False,
+) -> TrieRows:
+    """Rows for pairs whose own rows are `sequence_P(p)` (context + continuation[:-1], of length
+    ctx_len + cont_len - 1): tree rows of at most `cap` tokens, below kept stems when `keep_stems`. A stem
+    always ends before a member's last context token, whose logits predict its first continuation token."""
+    n_pairs = len(ctx_len_P)
+    len_P = (ctx_len_P + cont_len_P - 1).astype(np.int64)
+    seqs = [sequence_P(p) for p in range(n_pairs)]
+    order_S = sorted_by_tokens(seqs) if n_pairs else np.zeros(0, dtype=np.int64)
+    lcp_S = np.zeros(n_pairs, dtype=np.int64)
+    for i in range(1, n_pairs):
+        lcp_S[i] = common_prefix(seqs[order_S[i - 1]], seqs[order_S[i]])
+    stem_len_S, group_S = _stems(lcp_S, ctx_len_P[order_S].astype(np.int64), keep_stems)
+    return _lay_out(order_S, lcp_S, len_P, ctx_len_P, cont_len_P, stem_len_S, group_S, cap, attention_tokens)
+
+
+def _stems(lcp_S: np.ndarray, ctx_len_S: np.ndarray, keep: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each sorted row's stem length (0: none) and its stem group (the runs of neighbours that keep one
+    stem; rows without one form groups too): greedy runs of neighbours whose shared prefix stays >= MIN_STEM
+    while joining saves tokens (see the module docstring), counted in contexts, not rows: the choices of one
+    document share its context in a tree row anyway. A run of one context keeps no stem."""
+    n = len(lcp_S)
+    stem_S = np.zeros(n, dtype=np.int64)
+    group_S = np.zeros(n, dtype=np.int64)
+    if n == 0:
+        return stem_S, group_S
+    # A row starts a new context unless it shares its neighbour's whole context.
+    new_context_S = np.ones(n, dtype=bool)
+    new_context_S[1:] = lcp_S[1:] < np.minimum(ctx_len_S[1:], ctx_len_S[:-1])
+    run_S = np.zeros(n, dtype=np.int64)
+    first, stem, contexts = 0, int(ctx_len_S[0]) - 1, 1
+    for i in range(1, n + 1):
+        if i < n and keep:
+            lowered = min(stem, int(lcp_S[i]), int(ctx_len_S[i]) - 1)
+            if not new_context_S[i] and lowered == stem:
                 continue
-            runs.append((members, prefix))
-        members, prefix, total = [r], len(contexts[r]) - 1, length
-    if members:
-        runs.append((members, prefix))
-    for w, (run, shared) in enumerate(runs):
-        tree_R[run] = w
-        prefix_R[run] = shared if len(run) > 1 else 0
-    alone = np.flatnonzero(tree_R < 0)
-    tree_R[alone] = len(runs) + np.arange(len(alone))
-    return _place(tree_R, prefix_R, length_R, len(runs) + len(alone))
+            if lowered >= MIN_STEM and contexts * lowered >= (contexts - 1) * stem:
+                stem, contexts = lowered, contexts + int(new_context_S[i])
+                continue
+        run_S[first:i] = first
+        if contexts > 1:
+            stem_S[first:i] = stem
+        if i < n:
+            first, stem, contexts = i, int(ctx_len_S[i]) - 1, 1
+    key_S = np.where(stem_S > 0, run_S, -1)  # neighbours without a stem share a group
+    group_S[1:] = np.cumsum(key_S[1:] != key_S[:-1])
+    return stem_S, group_S
 
 
-def _place(tree_R: np.ndarray, prefix_R: np.ndarray, length_R: np.ndarray, n_tree: int) -> TreeRows:
-    """Columns of every branch: the shared prefix once, then each branch's own tokens in row order."""
-    order = np.argsort(tree_R, kind="stable")
-    own_S = (length_R - prefix_R)[order]
-    tree_S = tree_R[order]
-    first_W = np.searchsorted(tree_S, np.arange(n_tree))
-    before_S = np.cumsum(own_S) - own_S
-    before_S -= before_S[first_W][tree_S]
-    offset_R = np.empty_like(length_R)
-    offset_R[order] = prefix_R[order] + before_S
-    slot_R = np.empty_like(length_R)
-    slot_R[order] = np.arange(len(order)) - first_W[tree_S] + 1
-    holds_prefix_R = slot_R == 1
-    length_W = np.bincount(tree_R, weights=length_R - prefix_R, minlength=n_tree).astype(np.int64)
-    length_W += np.bincount(tree_R, weights=np.where(holds_prefix_R, prefix_R, 0), minlength=n_tree).astype(
-        np.int64
+def _lay_out(
+    order_S: np.ndarray,
+    lcp_S: np.ndarray,
+    len_P: np.ndarray,
+    ctx_len_P: np.ndarray,
+    cont_len_P: np.ndarray,
+    stem_len_S: np.ndarray,
+    group_S: np.ndarray,
+    cap: int,
+    attention_tokens: int,
+) -> TrieRows:
+    """Walk the sorted rows once: each row's tokens below the deepest node it shares with the row before it
+    (or below its stem) get new columns; the path of columns by depth gives every target's column and closes
+    the subtrees the walk leaves (their span ends)."""
+    n_pairs = len(order_S)
+    total = int(len_P.sum())
+    span_end_M = np.zeros(total, dtype=np.int64)
+    target_M = np.zeros(int(cont_len_P.sum()), dtype=np.int64)
+    target_base_P = np.concatenate([[0], np.cumsum(cont_len_P)[:-1]]).astype(np.int64)
+    path = np.zeros(int(len_P.max()) if n_pairs else 0, dtype=np.int64)  # token index at each depth
+    new_first_S = np.zeros(n_pairs, dtype=np.int64)  # first depth each sorted row adds
+    row_S = np.zeros(n_pairs, dtype=np.int64)
+    row_first_W: list[int] = []  # token index of each row's first token
+    stem_W: list[int] = []
+    stem_pair_X: list[int] = []
+    stem_length_X: list[int] = []
+    used, row_tokens, prev_len, stem = 0, 0, 0, 0
+    for i in range(n_pairs):
+        p = int(order_S[i])
+        length = int(len_P[p])
+        if i == 0 or group_S[i] != group_S[i - 1]:  # a new stem group
+            stem = int(stem_len_S[i])
+            if stem:
+                stem_pair_X.append(p)
+                stem_length_X.append(stem)
+            joined = False
+        else:
+            shared = max(stem, int(lcp_S[i]))
+            grown = row_tokens + length - shared
+            alone = length - stem
+            joined = grown <= cap and row_cost(grown, attention_tokens, stem) < row_cost(
+                row_tokens, attention_tokens, stem
+            ) + row_cost(alone, attention_tokens, stem)
+        x = len(stem_pair_X) - 1 if stem else -1
+        if joined:
+            first = max(stem, int(lcp_S[i]))
+            span_end_M[path[first:prev_len]] = used  # the subtrees the walk leaves end here
+        else:
+            if row_first_W:
+                span_end_M[path[stem_W_depth(stem_W, stem_length_X) : prev_len]] = used
+            first = stem
+            row_first_W.append(used)
+            stem_W.append(x)
+            row_tokens = 0
+        new = length - first
+        path[first:length] = used + np.arange(new)
+        new_first_S[i] = first
+        row_S[i] = len(row_first_W) - 1
+        row_tokens += new
+        used += new
+        prev_len = length
+        ctx_len = int(ctx_len_P[p])
+        target_M[target_base_P[p] : target_base_P[p] + cont_len_P[p]] = path[ctx_len - 1 : length]
+    if row_first_W:
+        span_end_M[path[stem_W_depth(stem_W, stem_length_X) : prev_len]] = used
+    return _rows(
+        order_S, new_first_S, row_S, len_P, span_end_M, target_M, row_first_W, stem_W, stem_pair_X, stem_length_X
     )
-    return TreeRows(tree_R, prefix_R, offset_R, holds_prefix_R, slot_R, length_W)
+
+
+def stem_W_depth(stem_W: list[int], stem_length_X: list[int]) -> int:
+    """The depth the last row's own tokens start at: its stem's length (0 without one)."""
+    x = stem_W[-1]
+    return stem_length_X[x] if x >= 0 else 0
+
+
+def _rows(
+    order_S: np.ndarray,
+    new_first_S: np.ndarray,
+    row_S: np.ndarray,
+    len_P: np.ndarray,
+    span_end_M: np.ndarray,
+    target_M: np.ndarray,
+    row_first_W: list[int],
+    stem_W: list[int],
+    stem_pair_X: list[int],
+    stem_length_X: list[int],
+) -> TrieRows:
+    """The walk's token indices as rows and columns."""
+    n_new_S = len_P[order_S] - new_first_S
+    used = int(n_new_S.sum())
+    span_S = np.repeat(np.arange(len(order_S)), n_new_S)
+    depth_M = new_first_S[span_S] + np.arange(used) - np.repeat(np.cumsum(n_new_S) - n_new_S, n_new_S)
+    row_M = row_S[span_S]
+    first_W = np.asarray(row_first_W, dtype=np.int64)
+    length_W = np.diff(np.concatenate([first_W, [used]])).astype(np.int64)
+    col_M = np.arange(used) - first_W[row_M]
+    return TrieRows(
+        row_M=row_M,
+        col_M=col_M,
+        pair_M=order_S[span_S],
+        depth_M=depth_M,
+        span_end_M=span_end_M[:used] - first_W[row_M],
+        row_N=row_M[target_M] if used else np.zeros(len(target_M), dtype=np.int64),
+        col_N=col_M[target_M] if used else np.zeros(len(target_M), dtype=np.int64),
+        length_W=length_W,
+        stem_W=np.asarray(stem_W, dtype=np.int64),
+        stem_pair_X=np.asarray(stem_pair_X, dtype=np.int64),
+        stem_length_X=np.asarray(stem_length_X, dtype=np.int64),
+    )
 
 
 def trie_minimum_tokens(sequences: list[np.ndarray]) -> int:

@@ -1,5 +1,5 @@
 """Pairs to rows, before rows are cut into batches (`batching`): which row holds each pair and at which column
-(`layout_rows`), and which rows share a prefix in tree rows (`tree_rows`, through `prefix_sharing`).
+(`layout_rows`); rows that share prefixes across contexts are laid out by `prefix_sharing` instead.
 
 Pairs that read the same context tokens form a group; packed, a group's row holds its context once and its
 pieces (`continuation[:-1]` of each pair) after it, cut into several rows past MIN_PACK_SPAN; plain, one
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inloop_eval.engine.prefix_sharing import TreeRows, share_prefixes
 from inloop_eval.requests.table import PairSet
 
 # A packed row's pieces may span at least this many tokens (or the context's length, if longer) before the
@@ -134,26 +133,3 @@ def _cut_group(
         col_Q[q] = ctx_len + used
         used += extra
     return row + 1
-
-
-def tree_rows(
-    pairs: PairSet,
-    pair_ids: np.ndarray,
-    layout: RowLayout,
-    batch_tokens: int,
-    max_length: int | None,
-    attention_tokens: int,
-    share: bool,
-) -> TreeRows:
-    """The layout's rows in tree rows sharing their contexts' common prefixes (`share_prefixes`; a group
-    already cut into several rows stays as it is), or each row alone when `share` is off."""
-    n_rows = len(layout.length_R)
-    shareable_R = np.zeros(n_rows, dtype=bool)
-    if share and n_rows > 1:
-        shareable_R = np.bincount(layout.ctx_pair_R, minlength=len(pair_ids))[layout.ctx_pair_R] == 1
-    cap = min(batch_tokens, max_length) if max_length is not None else batch_tokens
-
-    def context(r: int) -> np.ndarray:
-        return pairs.context(int(pair_ids[layout.ctx_pair_R[r]]))
-
-    return share_prefixes(context, layout.length_R, shareable_R, cap=cap, attention_tokens=attention_tokens)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from inloop_eval.engine.batching import Batch, attention_mask_B1TT
-from inloop_eval.engine.layout import ForwardInputs, HeadWorkspace, ModelAdapter, TokenCount
+from inloop_eval.engine.layout import ForwardInputs, HeadWorkspace, ModelAdapter, SharedPrefix, TokenCount
 from inloop_eval.errors import ModelOutputError
 
 
@@ -29,9 +29,12 @@ class PairScores:
     tokens_forwarded: int
 
 
-def forward_inputs(adapter: ModelAdapter, batch: Batch, min_vocab: int) -> ForwardInputs:
+def forward_inputs(
+    adapter: ModelAdapter, batch: Batch, min_vocab: int, prefix: SharedPrefix | None = None
+) -> ForwardInputs:
     """The batch's tensors on the model's device: the distinct positions read, the position of each target,
-    and for a packed batch its attention mask and position ids."""
+    for a packed batch its attention mask and position ids, and the kept prefix its rows begin with (or that
+    it forwards)."""
     device = adapter.device
     width = batch.input_ids_BT.shape[1]
     flat_U, position_N = np.unique(batch.rows_N * width + batch.cols_N, return_inverse=True)
@@ -44,17 +47,38 @@ def forward_inputs(adapter: ModelAdapter, batch: Batch, min_vocab: int) -> Forwa
         t(position_N.reshape(-1)).to(device),
         t(batch.target_N).to(device),
         min_vocab=min_vocab,
+        prefix=prefix,
+        keeps_prefix=batch.keeps_prefix,
     )
-    if batch.segment_BT is not None and batch.position_ids_BT is not None:
-        if not adapter.needs.packing:
-            raise ValueError(
-                f"run_batches: a packed batch was planned for {type(adapter).__name__}, which does not take an "
-                "attention mask and position ids; plan with the adapter's needs.packing"
-            )
-        branch_BT = t(batch.branch_BT).to(device) if batch.branch_BT is not None else None
-        inputs.attention_mask_B1TT = attention_mask_B1TT(t(batch.segment_BT).to(device), branch_BT)
+    if (batch.span_end_BT is not None or batch.prefix_length) and not adapter.needs.packing:
+        raise ValueError(
+            f"run_batches: a packed batch was planned for {type(adapter).__name__}, which does not take an "
+            "attention mask and position ids; plan with the adapter's needs.packing"
+        )
+    if batch.prefix_length and not adapter.needs.prefix_reuse:
+        raise ValueError(
+            f"run_batches: a batch after a kept prefix was planned for {type(adapter).__name__}, which keeps "
+            "no prefix; plan with the adapter's needs.prefix_reuse"
+        )
+    if batch.span_end_BT is not None and batch.position_ids_BT is not None:
+        after = 0 if batch.keeps_prefix else batch.prefix_length
+        inputs.attention_mask_B1TT = attention_mask_B1TT(t(batch.span_end_BT).to(device), after)
         inputs.position_ids_BT = t(batch.position_ids_BT).to(device)
     return inputs
+
+
+def _prefix_for(batch: Batch, kept: SharedPrefix | None) -> SharedPrefix | None:
+    """The kept prefix `batch` forwards (a new one) or begins its rows with (`kept`), or None."""
+    if batch.keeps_prefix:
+        return SharedPrefix(batch.prefix_length)
+    if not batch.prefix_length:
+        return None
+    if kept is None or kept.length != batch.prefix_length or kept.states is None:
+        raise ValueError(
+            f"run_batches: a batch planned after a kept prefix of {batch.prefix_length} tokens follows "
+            f"{'none' if kept is None else f'one of {kept.length}'}; the planner puts each prefix before its batches"
+        )
+    return kept
 
 
 @contextmanager
@@ -77,13 +101,16 @@ def run_batches(
     min_vocab: int = 0,
 ) -> PairScores:
     """Forward every batch and sum log-probs per pair; each forward's tokens are added to `tokens` as it is
-    made. Batches with no targets (dummies) are forwarded and their outputs discarded."""
+    made. Batches with no targets (dummies, kept prefixes) are forwarded and their outputs discarded; a kept
+    prefix lives until a batch that does not begin with it."""
     ll_P = torch.zeros(n_pairs, dtype=torch.float64)
     n_bad_P = torch.zeros(n_pairs, dtype=torch.int64)
     start = tokens.total
     workspace = HeadWorkspace()
+    kept: SharedPrefix | None = None
     for batch in batches:
-        inputs = forward_inputs(adapter, batch, min_vocab)
+        kept = _prefix_for(batch, kept)
+        inputs = forward_inputs(adapter, batch, min_vocab, kept)
         with _naming_batch(describe, batch):
             outputs = adapter.forward(inputs)
             tokens.add(adapter.tokens_fed(inputs))

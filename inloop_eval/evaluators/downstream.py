@@ -330,6 +330,7 @@ def plan(
             pad_to_multiple=shape.width_multiple,
             share_prefixes=shape.share_prefixes,
             attention_tokens=shape.attention_tokens,
+            keep_prefixes=shape.keep_prefixes,
         )
     return prepared.plans[key]
 

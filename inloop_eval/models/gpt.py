@@ -1,7 +1,8 @@
 """A small GPT for the demo and the tests: causal, pre-norm, learned positions.
 
 It accepts a boolean attention mask [B, 1, T, T] (True = may attend) and position ids [B, T], so the
-evaluator can pack several continuations after one shared context.
+evaluator can pack several continuations after one shared context, and keeps and reads the keys and values
+of a prefix (`kv_out`, `kv_prefix`), so that a prefix many rows begin with is forwarded once.
 Legend: B batch, T time, D model width, V vocabulary, H heads.
 """
 
@@ -51,10 +52,22 @@ class Block(nn.Module):
         )
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x_BTD: Tensor, mask_B1TT: Tensor | None) -> Tensor:
+    def forward(
+        self,
+        x_BTD: Tensor,
+        mask_B1TT: Tensor | None,
+        kv_prefix: tuple[Tensor, Tensor] | None = None,
+        kv_out: list[tuple[Tensor, Tensor]] | None = None,
+    ) -> Tensor:
         B, T, D = x_BTD.shape
         q, k, v = self.qkv(self.ln1(x_BTD)).view(B, T, 3, self.n_heads, D // self.n_heads).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D/H]
+        if kv_out is not None:
+            kv_out.append((k, v))
+        if kv_prefix is not None:  # keys and values of a prefix [1, H, S, D/H] every row begins with
+            k_prefix, v_prefix = kv_prefix
+            k = torch.cat([k_prefix.expand(B, -1, -1, -1), k], dim=2)
+            v = torch.cat([v_prefix.expand(B, -1, -1, -1), v], dim=2)
         if mask_B1TT is None:
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -84,19 +97,29 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def hidden_states(
-        self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        *,
+        kv_prefix: list[tuple[Tensor, Tensor]] | None = None,
+        kv_out: list[tuple[Tensor, Tensor]] | None = None,
     ) -> Tensor:
         """Final-norm hidden states [B, T, D].
 
-        attention_mask: optional bool [B, 1, T, T], True where a query may attend a key (causal if None).
+        attention_mask: optional bool [B, 1, T, S + T], True where a query may attend a key (causal if None);
+            its first S columns are the keys of `kv_prefix` (S = 0 without one).
         position_ids: optional [B, T]; defaults to 0..T-1.
+        kv_prefix: each block's keys and values [1, H, S, D/H] of a prefix every row begins with (what
+            `kv_out` kept of it), attended to before the rows' own.
+        kv_out: a list each block appends its keys and values [B, H, T, D/H] to.
         """
         B, T = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         x_BTD = self.tok_emb(input_ids) + self.pos_emb(position_ids)
-        for block in self.blocks:
-            x_BTD = block(x_BTD, attention_mask)
+        for i, block in enumerate(self.blocks):
+            x_BTD = block(x_BTD, attention_mask, kv_prefix[i] if kv_prefix is not None else None, kv_out)
         return self.ln_f(x_BTD)
 
     def forward(

@@ -229,7 +229,7 @@ def test_compiled_blocks_run_uncompiled_and_training_does_not_recompile(requests
     assert compiled > 0
     pairs, pair_ids = requests["hellaswag"]  # every batch packed: four continuations per context
     batches = plan_batches(pairs, pair_ids, **packed_plan())
-    assert all(b.segment_BT is not None for b in batches)
+    assert all(b.span_end_BT is not None for b in batches)
     found = score(make_adapter(model, MAX_LENGTH), pairs, pair_ids, **packed_plan())
     assert len(graphs) == compiled, "the packed forward went through a compiled block"
     expected = score(make_adapter(twin, MAX_LENGTH), pairs, pair_ids, **packed_plan())

@@ -141,8 +141,13 @@ def test_every_path_gives_the_unshared_numbers(model, tables, task):
     ref_ll, ref_greedy = reference_scores(model, pairs, ids)
     adapter = make_adapter(model)
     assert adapter.needs.packing
+    packed = {"batch_tokens": 4096, "packing": True, "max_length": MAX_LENGTH}
+    kept = {**packed, "keep_prefixes": adapter.needs.prefix_reuse}
     paths = {
-        "packed": score(adapter, pairs, ids, batch_tokens=4096, packing=True, max_length=MAX_LENGTH),
+        "packed": score(adapter, pairs, ids, **packed),
+        "packed, each context alone": score(adapter, pairs, ids, **packed, share_prefixes=False),
+        "kept prefixes": score(adapter, pairs, ids, **kept),
+        "kept prefixes, one row per batch": score(adapter, pairs, ids, **{**kept, "batch_tokens": 1}),
         "plain": score(adapter, pairs, ids, batch_tokens=4096, packing=False),
         "logits": score(LogitsAdapter(logits_fn(model)), pairs, ids, batch_tokens=700, packing=False),
         "one row per batch": score(adapter, pairs, ids, batch_tokens=1, packing=True, max_length=MAX_LENGTH),
@@ -150,6 +155,8 @@ def test_every_path_gives_the_unshared_numbers(model, tables, task):
     for name, found in paths.items():
         np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0, err_msg=name)
         np.testing.assert_array_equal(found.greedy, ref_greedy, err_msg=name)
+    if adapter.needs.prefix_reuse and task == "olmo:arc_easy_rc_5shot":  # its shots fit MAX_LENGTH
+        assert any(b.keeps_prefix for b in plan_batches(pairs, ids, **kept)), "the shots are kept once"
 
 
 def test_long_groups_are_cut_into_rows_that_fit(tables, monkeypatch):
@@ -210,13 +217,16 @@ def two_documents() -> PairSet:
     )
 
 
-def test_a_packed_batch_literally():
+@pytest.mark.parametrize("share_prefixes", [True, False])
+def test_a_packed_batch_literally(share_prefixes):
+    """Both planners (a trie over every row, and each context shared by its own continuations) lay these
+    two documents out alike."""
     pairs = two_documents()
-    (batch,) = plan_batches(pairs, np.arange(5), 4096, packing=True, max_length=64)
+    (batch,) = plan_batches(pairs, np.arange(5), 4096, packing=True, max_length=64, share_prefixes=share_prefixes)
     np.testing.assert_array_equal(batch.input_ids_BT, [[11, 12, 13, 21, 31, 32], [51, 52, 61, 62, 71, 0]])
     np.testing.assert_array_equal(batch.position_ids_BT, [[0, 1, 2, 3, 3, 4], [0, 1, 2, 3, 2, 0]])
-    np.testing.assert_array_equal(batch.segment_BT, [[0, 0, 0, 1, 2, 2], [0, 0, 3, 3, 4, -1]])
-    mask = attention_mask_B1TT(torch.from_numpy(batch.segment_BT))
+    np.testing.assert_array_equal(batch.span_end_BT, [[6, 6, 6, 4, 6, 6], [5, 5, 4, 4, 5, 6]])
+    mask = attention_mask_B1TT(torch.from_numpy(batch.span_end_BT))
     expected_a = [
         [1, 0, 0, 0, 0, 0],
         [1, 1, 0, 0, 0, 0],
@@ -231,7 +241,7 @@ def test_a_packed_batch_literally():
         [1, 1, 1, 0, 0, 0],
         [1, 1, 1, 1, 0, 0],
         [1, 1, 0, 0, 1, 0],
-        [1, 1, 0, 0, 0, 1],  # padding sees itself (and the context): no empty softmax row
+        [0, 0, 0, 0, 0, 1],  # padding sees itself only: no empty softmax row
     ]
     np.testing.assert_array_equal(mask[:, 0].int().numpy(), [expected_a, expected_b])
     # (row, col) -> target, pair: every continuation token read where its predecessor sits.
@@ -248,7 +258,7 @@ def test_plain_rows_literally():
     batches = plan_batches(pairs, np.arange(5), 4096, packing=False)
     rows = sorted(tuple(int(t) for t in row if t) for b in batches for row in b.input_ids_BT)
     assert rows == [(11, 12, 13, 21), (11, 12, 13, 31, 32), (51, 52, 61, 62), (51, 52, 71)]
-    assert all(b.segment_BT is None and b.position_ids_BT is None for b in batches)
+    assert all(b.span_end_BT is None and b.position_ids_BT is None for b in batches)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
