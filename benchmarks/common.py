@@ -95,20 +95,23 @@ class TokenCounter:
 
 
 class PlanOnly(ModelAdapter):
-    """A model that takes packed rows and computes nothing (equal logits everywhere): a run through it
-    counts, in `tokens_forwarded`, what the planner would send such a model."""
+    """A model that takes packed rows (and, with `prefix_reuse`, keeps prefixes) and computes nothing
+    (equal logits everywhere): a run through it counts, in `tokens_forwarded`, what the planner would send
+    such a model."""
 
-    def __init__(self, vocab_size: int, max_length: int) -> None:
+    def __init__(self, vocab_size: int, max_length: int, prefix_reuse: bool = False) -> None:
         super().__init__(None)
-        self.vocab_size, self.max_length = vocab_size, max_length
+        self.vocab_size, self.max_length, self.prefix_reuse = vocab_size, max_length, prefix_reuse
         self.head = nn.Linear(1, vocab_size, bias=False)
         nn.init.zeros_(self.head.weight)
 
     @property
     def needs(self) -> LayoutNeeds:
-        return LayoutNeeds(packing=True)
+        return LayoutNeeds(packing=True, prefix_reuse=self.prefix_reuse)
 
     def forward(self, inputs: ForwardInputs) -> ProjectedHead:
+        if inputs.keeps_prefix and inputs.prefix is not None:
+            inputs.prefix.states = ()
         return ProjectedHead(torch.zeros((inputs.rows_U.shape[0], 1)), self.head)
 
 

@@ -3,8 +3,9 @@
     python -m benchmarks.prefix_sharing --task-set fast --limit 300 --wall-limit 50 --threads 2
 
 Tokens: for each label (OLMo-core's task set `--task-set`, and any `--labels`), its first `--limit` documents
-planned for a model that takes packed rows (`PlanOnly`: no forward is computed), with and without shared
-prefixes, against the per-document minimum (each distinct context once plus every continuation but its last
+planned for a model that takes packed rows (`PlanOnly`: no forward is computed) three ways: today's rows
+(each context shared by its own continuations), tree rows (one prefix trie), and tree rows below kept
+prefixes (a model with `prefix_reuse`), against the per-document minimum (each distinct context once plus every continuation but its last
 token) and the trie minimum (every distinct prefix of the requests' own rows once; the least any sharing can
 forward). Both minima are counted here from the requests, not by the package.
 Wall: one evaluation of every label's first `--wall-limit` documents with the reference GPT (width 256, 4
@@ -64,10 +65,10 @@ def token_rows(
     rows = []
     for task_id in task_ids:
         planned = {}
-        for share in (False, True):
+        for name, share, keep in (("today", False, False), ("tree", True, False), ("shared", True, True)):
             ev = evaluator([task_id], limit, data_root, tokenizer, share, attention_tokens)
-            ev.run(PlanOnly(VOCAB_SIZE, MAX_LENGTH))
-            planned[share] = ev.tokens_forwarded
+            ev.run(PlanOnly(VOCAB_SIZE, MAX_LENGTH, prefix_reuse=keep))
+            planned[name] = ev.tokens_forwarded
         with_uncond = len(ev.detail(task_id).uncond_ids) > 0
         table = task_requests(task_id, tokenizer, data_root, limit, with_uncond=with_uncond)
         trie = trie_minimum(table_rows(table, with_uncond=with_uncond))
@@ -76,15 +77,14 @@ def token_rows(
                 "label": task_id.removeprefix("olmo:"),
                 "per_document_minimum": table_minimum(table, with_uncond=with_uncond),
                 "trie_minimum": trie,
-                "today": planned[False],
-                "shared": planned[True],
+                **planned,
             }
         )
         r = rows[-1]
         print(
             f"{r['label']:42} per-doc min {r['per_document_minimum']:>9,} trie min {trie:>9,} today "
-            f"{r['today']:>9,} shared {r['shared']:>9,}  shared/trie {r['shared'] / trie:.2f}  "
-            f"today/shared {r['today'] / r['shared']:.2f}",
+            f"{r['today']:>9,} tree {r['tree']:>9,} kept {r['shared']:>9,}  tree/trie {r['tree'] / trie:.2f}  "
+            f"kept/trie {r['shared'] / trie:.2f}  today/kept {r['today'] / r['shared']:.2f}",
             flush=True,
         )
     return rows
@@ -130,11 +130,14 @@ def main(argv: list[str] | None = None) -> None:
     named = (task_set_ids(args.task_set) if args.task_set else []) + [t for t in args.labels.split(",") if t]
     task_ids = list(dict.fromkeys(named))  # each label once
     rows = token_rows(task_ids, args.limit, data_root, tokenizer, args.attention_tokens)
-    totals = {k: sum(r[k] for r in rows) for k in ("per_document_minimum", "trie_minimum", "today", "shared")}
+    totals = {
+        k: sum(r[k] for r in rows) for k in ("per_document_minimum", "trie_minimum", "today", "tree", "shared")
+    }
     print(
         f"all {len(rows)} labels: per-doc min {totals['per_document_minimum']:,} trie min "
-        f"{totals['trie_minimum']:,} today {totals['today']:,} shared {totals['shared']:,}  shared/trie "
-        f"{totals['shared'] / totals['trie_minimum']:.2f}  today/shared {totals['today'] / totals['shared']:.2f}"
+        f"{totals['trie_minimum']:,} today {totals['today']:,} tree {totals['tree']:,} kept {totals['shared']:,}  "
+        f"tree/trie {totals['tree'] / totals['trie_minimum']:.2f}  kept/trie "
+        f"{totals['shared'] / totals['trie_minimum']:.2f}  today/kept {totals['today'] / totals['shared']:.2f}"
     )
     report: dict[str, Any] = {"limit": args.limit, "labels": rows, "totals": totals}
     if args.wall_limit:

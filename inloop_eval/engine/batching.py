@@ -40,7 +40,7 @@ from torch import Tensor
 
 from inloop_eval.distributed import AgreedSequence, TaskAgreement
 from inloop_eval.engine.layout import LayoutNeeds
-from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TrieRows, plan_trie_rows
+from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TrieRows, plan_trie_rows, row_cost
 from inloop_eval.engine.rows import RowLayout, layout_rows
 from inloop_eval.requests.table import PairSet
 
@@ -75,15 +75,17 @@ class BatchShape:
         pad_to_multiple: int = 1,
         *,
         share_prefixes: bool = True,
+        keep_prefixes: bool = True,
         attention_tokens: int = ATTENTION_COST_TOKENS,
     ) -> BatchShape:
-        """The shape honouring both the layout's `needs` and the config's `pad_to_multiple`."""
+        """The shape honouring both the layout's `needs` and the config's `pad_to_multiple`, `share_prefixes`
+        and `keep_prefixes` (where the layout has `prefix_reuse`)."""
         return cls(
             needs.packing,
             math.lcm(needs.width_multiple, pad_to_multiple),
             share_prefixes,
             attention_tokens,
-            needs.packing and share_prefixes and needs.prefix_reuse,
+            needs.packing and share_prefixes and keep_prefixes and needs.prefix_reuse,
         )
 
 
@@ -159,6 +161,7 @@ def plan_batches(
     share_prefixes: bool = True,
     attention_tokens: int = ATTENTION_COST_TOKENS,
     keep_prefixes: bool = False,
+    by_cost: bool = True,
 ) -> list[Batch]:
     """Batches scoring `pairs[pair_ids]`; `Batch.pair_N` indexes into `pair_ids`.
 
@@ -169,20 +172,37 @@ def plan_batches(
     share_prefixes: with packing, every pair's row is a path of one prefix trie, forwarded in tree rows of
         at most `max_length` and `batch_tokens` tokens (`prefix_sharing`, its cost model's `attention_tokens`);
         off, each context is shared among its own continuations only.
-    keep_prefixes: with sharing, prefixes many rows begin with are forwarded once and kept (the model has
-        `LayoutNeeds.prefix_reuse`): a batch with `keeps_prefix` before the batches that read it.
+    keep_prefixes: with sharing, prefixes many rows begin with may be forwarded once and kept (the model has
+        `LayoutNeeds.prefix_reuse`): a batch with `keeps_prefix` before the batches that read it; the plan
+        with kept prefixes is taken where the cost model finds it cheaper (`plan_cost`), always when not
+        `by_cost`.
     """
     pair_ids = np.asarray(pair_ids, dtype=np.int64)
     if packing and share_prefixes:
-        return _plan_trie_rows(
-            pairs, pair_ids, batch_tokens, pad_id, max_length, pad_to_multiple, attention_tokens, keep_prefixes
-        )
+        plans = [
+            _plan_trie_rows(pairs, pair_ids, batch_tokens, pad_id, max_length, pad_to_multiple, attention_tokens, k)
+            for k in dict.fromkeys((keep_prefixes and not by_cost, keep_prefixes))
+        ]
+        return min(plans, key=lambda batches: plan_cost(batches, attention_tokens))
     layout = layout_rows(pairs, pair_ids, packing=packing, max_length=max_length)
     width_R = round_widths(layout.length_R, pad_to_multiple, max_length)
     batch_R, slot_R, widths = cut_batches(width_R, batch_tokens)
     tokens = _row_tokens(pairs, pair_ids, layout, batch_R, len(widths))
     targets = _targets(pairs, pair_ids, layout, batch_R, len(widths))
     return _assemble(tokens, targets, layout.n_pieces_R > 1, batch_R, slot_R, widths, packing, pad_id)
+
+
+def plan_cost(batches: list[Batch], attention_tokens: int) -> float:
+    """The cost model of a plan: each batch's padded tokens, each attending over its row and the kept
+    prefix before it (`prefix_sharing.row_cost`), plus FORWARD_COST_TOKENS per forward. Below kept
+    prefixes rows share less with each other (only below the prefix), so their plan is kept only where this
+    says it is cheaper."""
+    total = 0.0
+    for batch in batches:
+        rows, width = batch.input_ids_BT.shape
+        stem = 0 if batch.keeps_prefix else batch.prefix_length
+        total += rows * row_cost(width, attention_tokens, stem) + FORWARD_COST_TOKENS
+    return total
 
 
 def _plan_trie_rows(

@@ -102,10 +102,14 @@ class EvaluatorConfig:
     forward is compiled sees a few widths rather than one per batch); 1 is off. A layout that needs widths
     of a multiple of its own (a sequence split over ranks) gets their least common multiple."""
     share_prefixes: bool = True
-    """For models that take packed rows: requests whose contexts begin with the same tokens (a task's
-    few-shot examples) share them, forwarded once per row for several documents, each token at the
-    position and with the attention it has in its own row (the numbers do not change). false: each
-    context its own row, as before."""
+    """For models that take packed rows: every request's own row is a path of one prefix trie, each token
+    forwarded once per row it is in (a task's few-shot examples once for several documents, a document's
+    choices' common first tokens once), at the position and with the attention it has in its own row (the
+    numbers do not change). false: each context shared by its own continuations only."""
+    keep_prefixes: bool = True
+    """With `share_prefixes`, for models that keep a prefix's keys and values (the reference GPT, the
+    Hugging Face and OLMo-core models that pack): a prefix many rows begin with (the shots) is forwarded
+    once and attended to by every row after it, batch after batch. false: it is forwarded once per row."""
     attention_tokens: Annotated[int, AtLeast(1)] | None = None
     """The row length at which attention over a row costs as much as the rest of the forward, for the
     planner's row cost model (how long rows sharing a prefix grow); null: the device's default
@@ -174,10 +178,14 @@ class EvaluatorConfig:
 
     def batch_shape(self, needs: LayoutNeeds, device_type: str) -> BatchShape:
         """What every batch must be for a model of layout `needs` on a device of `device_type`: the layout's
-        needs with this config's `pad_to_multiple`, `share_prefixes` and `attention_tokens`."""
+        needs with this config's `pad_to_multiple`, `share_prefixes`, `keep_prefixes` and `attention_tokens`."""
         attention = attention_tokens_for(device_type, self.attention_tokens)
         return BatchShape.of(
-            needs, self.pad_to_multiple, share_prefixes=self.share_prefixes, attention_tokens=attention
+            needs,
+            self.pad_to_multiple,
+            share_prefixes=self.share_prefixes,
+            keep_prefixes=self.keep_prefixes,
+            attention_tokens=attention,
         )
 
     def load_tokenizer(self) -> TokenizerLike:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from inloop_eval.engine import prefix_sharing
+from inloop_eval.engine import batching, prefix_sharing
 from inloop_eval.engine.batching import attention_mask_B1TT, minimum_tokens, plan_batches
 from inloop_eval.engine.prefix_sharing import trie_minimum_tokens
 from inloop_eval.requests.table import PairSet, build_requests
@@ -34,26 +34,75 @@ def shared_shots() -> PairSet:
     )
 
 
-def test_a_tree_row_literally(monkeypatch):
-    monkeypatch.setattr(prefix_sharing, "MIN_SHARED_PREFIX", 2)
+def test_a_tree_row_literally():
+    """One trie over every pair's row: A's context once, its two continuations below its last token, B's
+    rest below the four tokens it shares with A; C, which shares nothing, in a row of its own."""
     batches = plan_batches(shared_shots(), np.arange(4), 4096, packing=True, max_length=64, attention_tokens=1 << 20)
-    (tree,) = [b for b in batches if b.branch_BT is not None and (b.branch_BT == 2).any()]
-    row = int(np.flatnonzero((tree.branch_BT == 2).any(axis=1))[0])
-    # The shared prefix [1 2 3 4] once, then A's rest (its context's last token, the piece [21]), then B's.
-    np.testing.assert_array_equal(tree.input_ids_BT[row, :9], [1, 2, 3, 4, 10, 21, 50, 51, 61])
-    np.testing.assert_array_equal(tree.position_ids_BT[row, :9], [0, 1, 2, 3, 4, 5, 4, 5, 6])
-    np.testing.assert_array_equal(tree.branch_BT[row, :9], [0, 0, 0, 0, 1, 1, 2, 2, 2])
-    mask = attention_mask_B1TT(torch.from_numpy(tree.segment_BT), torch.from_numpy(tree.branch_BT))[row, 0]
+    (tree,) = [b for b in batches if b.input_ids_BT.shape[1] == 9]
+    row = int(np.flatnonzero(tree.input_ids_BT[:, 0] == 1)[0])
+    np.testing.assert_array_equal(tree.input_ids_BT[row], [1, 2, 3, 4, 10, 21, 50, 51, 61])
+    np.testing.assert_array_equal(tree.position_ids_BT[row], [0, 1, 2, 3, 4, 5, 4, 5, 6])
+    np.testing.assert_array_equal(tree.span_end_BT[row], [9, 9, 9, 9, 6, 6, 9, 9, 9])
+    mask = attention_mask_B1TT(torch.from_numpy(tree.span_end_BT))[row, 0]
     # B's first own token (column 6) sees the prefix and itself, not A's tokens.
-    assert mask[6].tolist()[:9] == [True, True, True, True, False, False, True, False, False]
+    assert mask[6].tolist() == [True, True, True, True, False, False, True, False, False]
     # A's piece (column 5) sees the prefix, A's context token and itself.
-    assert mask[5].tolist()[:9] == [True] * 6 + [False] * 3
+    assert mask[5].tolist() == [True] * 6 + [False] * 3
     # Every pair's targets are read where its own row would read them: A's first continuation token after
     # its context's last token (column 4), B's after column 7; 31 (one token) at column 4 too.
     picked = {
         (int(p), int(c)) for p, r, c in zip(tree.pair_N, tree.rows_N, tree.cols_N, strict=True) if r == row
     }
     assert picked == {(0, 4), (0, 5), (1, 4), (2, 7), (2, 8)}
+
+
+def test_a_kept_prefix_literally(monkeypatch):
+    """With kept prefixes, the four tokens A and B begin with are forwarded once as a row of their own,
+    before the batch whose rows follow them (position ids from 4 on, the prefix's columns seen by all)."""
+    monkeypatch.setattr(prefix_sharing, "MIN_STEM", 2)
+    plan = {"packing": True, "max_length": 64, "attention_tokens": 1 << 20}
+    batches = plan_batches(shared_shots(), np.arange(4), 4096, **plan, keep_prefixes=True, by_cost=False)
+    alone, kept, after = batches
+    np.testing.assert_array_equal(alone.input_ids_BT, [[9, 9, 71]])
+    assert kept.keeps_prefix and kept.prefix_length == 4 and kept.pair_N.size == 0
+    np.testing.assert_array_equal(kept.input_ids_BT, [[1, 2, 3, 4]])
+    assert after.prefix_length == 4 and not after.keeps_prefix
+    np.testing.assert_array_equal(after.input_ids_BT, [[50, 51, 61], [10, 21, 0]])
+    np.testing.assert_array_equal(after.position_ids_BT, [[4, 5, 6], [4, 5, 0]])
+    mask = attention_mask_B1TT(torch.from_numpy(after.span_end_BT), after.prefix_length)
+    assert mask.shape == (2, 1, 3, 7)
+    assert mask[1, 0, 1].tolist() == [True] * 4 + [True, True, False]  # A's piece: the prefix, 10, itself
+    picked = sorted(zip(after.pair_N.tolist(), after.rows_N.tolist(), after.cols_N.tolist(), strict=True))
+    assert picked == [(0, 1, 0), (0, 1, 1), (1, 1, 0), (2, 0, 1), (2, 0, 2)]
+
+
+@pytest.mark.parametrize("attention_tokens", [4, 512, 1 << 20])
+def test_prefixes_are_kept_where_the_cost_model_finds_it_cheaper(monkeypatch, few_shot, attention_tokens):
+    """Below kept prefixes rows share only below them: the planner takes whichever plan costs less."""
+    monkeypatch.setattr(prefix_sharing, "MIN_STEM", 2)
+    cases = [(shared_shots(), np.arange(4), 64), (*few_shot[:2], 2048)]
+    for pairs, ids, max_length in cases:
+        plan = {"packing": True, "max_length": max_length, "attention_tokens": attention_tokens}
+        chosen = plan_batches(pairs, ids, 4096, **plan, keep_prefixes=True)
+        plans = [plan_batches(pairs, ids, 4096, **plan, keep_prefixes=k, by_cost=False) for k in (False, True)]
+        costs = [batching.plan_cost(p, attention_tokens) for p in plans]
+        assert batching.plan_cost(chosen, attention_tokens) == min(costs)
+
+
+def test_a_run_of_one_context_keeps_no_prefix():
+    """A letter-key document's choices all read its context: they share it in one row, never as a kept
+    prefix (which would cost a forward of its own and save nothing)."""
+    pairs = PairSet(
+        ctx_tokens=np.arange(100, 200),
+        ctx_offsets=np.array([0, 100]),
+        ctx_id=np.zeros(4, dtype=np.int64),
+        ctx_start=np.zeros(4, dtype=np.int64),
+        ctx_end=np.full(4, 100),
+        cont_tokens=np.array([1, 2, 3, 4]),
+        cont_offsets=np.arange(5),
+    )
+    (batch,) = plan_batches(pairs, np.arange(4), 4096, packing=True, max_length=128, keep_prefixes=True, by_cost=False)
+    assert batch.input_ids_BT.shape == (1, 100) and batch.prefix_length == 0
 
 
 def test_the_trie_minimum_counts_every_distinct_prefix_once():
@@ -74,20 +123,30 @@ def few_shot(data_root, neox_tokenizer):
 
 
 def test_a_few_shot_task_forwards_near_the_trie_minimum(few_shot):
-    """arc_easy 5-shot: its shots are most of every context; shared, the task forwards within 1.3x of the
-    trie minimum, never below it, and under a third of the rows without sharing."""
+    """arc_easy 5-shot: its shots are most of every context; in tree rows the task forwards within 1.2x of
+    the trie minimum, below kept prefixes fewer still, never below it, and under a third of the rows
+    without sharing."""
     pairs, ids, trie = few_shot
-    shared = sum(b.n_tokens for b in plan_batches(pairs, ids, 8192, packing=True, max_length=2048))
-    alone = plan_batches(pairs, ids, 8192, packing=True, max_length=2048, share_prefixes=False)
-    assert trie <= shared <= 1.3 * trie
-    assert 3 * shared < sum(b.n_tokens for b in alone) <= 1.02 * minimum_tokens(pairs, ids)
+    plan = {"batch_tokens": 8192, "packing": True, "max_length": 2048}
+    tree = sum(b.n_tokens for b in plan_batches(pairs, ids, **plan))
+    kept = sum(b.n_tokens for b in plan_batches(pairs, ids, **plan, keep_prefixes=True, by_cost=False))
+    alone = plan_batches(pairs, ids, **plan, share_prefixes=False)
+    assert trie <= kept < tree <= 1.2 * trie
+    assert 3 * tree < sum(b.n_tokens for b in alone) <= 1.02 * minimum_tokens(pairs, ids)
 
 
+@pytest.mark.parametrize("keep_prefixes", [False, True])
 @pytest.mark.parametrize(("batch_tokens", "max_length"), [(8192, 1024), (700, 2048)])
-def test_tree_rows_fit_the_context_and_the_batch_budget(few_shot, batch_tokens, max_length):
+def test_tree_rows_fit_the_context_and_the_batch_budget(few_shot, batch_tokens, max_length, keep_prefixes):
+    """Every row fits the batch budget and the context; every position id, a kept prefix's included, is
+    one the model has; every target is read once."""
     pairs, ids, _ = few_shot
-    batches = plan_batches(pairs, ids, batch_tokens, packing=True, max_length=max_length)
+    plan = {"packing": True, "max_length": max_length, "keep_prefixes": keep_prefixes, "by_cost": False}
+    batches = plan_batches(pairs, ids, batch_tokens, **plan)
     assert all(b.input_ids_BT.shape[1] <= min(batch_tokens, max_length) for b in batches)
+    assert all(b.prefix_length + b.input_ids_BT.shape[1] <= max_length for b in batches if b.keeps_prefix)
+    assert all(b.position_ids_BT.max() < max_length for b in batches if b.position_ids_BT is not None)
+    assert any(b.keeps_prefix for b in batches) == keep_prefixes
     targets = np.concatenate([b.pair_N for b in batches])
     np.testing.assert_array_equal(np.bincount(targets, minlength=len(ids)), pairs.cont_len[ids])
 

@@ -142,7 +142,7 @@ def test_every_path_gives_the_unshared_numbers(model, tables, task):
     adapter = make_adapter(model)
     assert adapter.needs.packing
     packed = {"batch_tokens": 4096, "packing": True, "max_length": MAX_LENGTH}
-    kept = {**packed, "keep_prefixes": adapter.needs.prefix_reuse}
+    kept = {**packed, "keep_prefixes": adapter.needs.prefix_reuse, "by_cost": False}
     paths = {
         "packed": score(adapter, pairs, ids, **packed),
         "packed, each context alone": score(adapter, pairs, ids, **packed, share_prefixes=False),
