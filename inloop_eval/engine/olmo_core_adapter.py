@@ -14,7 +14,7 @@ from torch import Tensor
 
 from inloop_eval.engine.layout import ForwardInputs, LayoutNeeds, ModelAdapter, ModelOutputs
 from inloop_eval.engine.layouts.full_logits import FullLogits
-from inloop_eval.engine.olmo_core_packing import packed_attention, packs
+from inloop_eval.engine.olmo_core_packing import keeping_prefix, packed_attention, packs
 from inloop_eval.engine.sequence_parallel import olmo_core_layout, positions_to_keep
 from inloop_eval.errors import ModelOutputError
 
@@ -24,7 +24,9 @@ class OLMoCoreAdapter(ModelAdapter):
     `logits_to_keep` [B, K] (positions per row), so the output head projects only the positions read. Its
     forward ignores an attention mask and position ids, so packed rows run inside `packed_attention`
     (olmo_core_packing.py), which gives its attention both; a model that module was not verified for
-    (`packing_refusal`: flash backends, MoE, ...) is scored one request per row, said once in the log. With
+    (`packing_refusal`: flash backends, MoE, ...) is scored one request per row, said once in the log. A
+    model that packs keeps prefixes too (`layout.SharedPrefix`): the keys and values of each attention,
+    recorded by `keeping_prefix` while the prefix is forwarded, are attended to by the batches after it. With
     tensor or (Ulysses) context parallelism applied, each rank scores the positions it holds
     (`sequence_parallel`), its batches padded to a multiple of TP x CP, never packed.
 
@@ -43,7 +45,7 @@ class OLMoCoreAdapter(ModelAdapter):
     @property
     def needs(self) -> LayoutNeeds:
         if self.layout is None:
-            return LayoutNeeds(packing=self.packing)
+            return LayoutNeeds(packing=self.packing, prefix_reuse=self.packing)
         return LayoutNeeds(width_multiple=self.layout.multiple, peer_groups=tuple(self.layout.groups()))
 
     def forward(self, inputs: ForwardInputs) -> ModelOutputs:
@@ -63,23 +65,28 @@ class OLMoCoreAdapter(ModelAdapter):
         return FullLogits(logits_BKV[rows_U, slot_U])
 
     def _packed(self, inputs: ForwardInputs) -> AbstractContextManager[None]:
-        """The context a forward of this batch runs in: `packed_attention` for a packed batch."""
-        mask, position_ids = inputs.attention_mask_B1TT, inputs.position_ids_BT
-        if mask is None and position_ids is None:
+        """The context a forward of this batch runs in: `keeping_prefix` for a kept prefix (its states: what
+        each attention recorded), `packed_attention` for a packed batch (after the kept prefix it reads)."""
+        mask, position_ids, prefix = inputs.attention_mask_B1TT, inputs.position_ids_BT, inputs.prefix
+        if mask is None and position_ids is None and prefix is None:
             return nullcontext()
-        B, T = inputs.input_ids_BT.shape
         if not self.packing:
             raise ValueError(
                 f"OLMoCoreAdapter: packed rows were planned for {type(self.model).__name__}, which is scored "
                 "one request per row (see the log); plan with the adapter's needs.packing"
             )
-        if mask is None or position_ids is None or tuple(mask.shape) != (B, 1, T, T) or tuple(position_ids.shape) != (B, T):
-            found = [None if x is None else tuple(x.shape) for x in (mask, position_ids)]
+        if inputs.keeps_prefix and prefix is not None:
+            prefix.states = {}
+            return keeping_prefix(self.model, prefix.states)
+        B, T = inputs.input_ids_BT.shape
+        K = T + (prefix.length if prefix is not None else 0)
+        shapes = [None if x is None else tuple(x.shape) for x in (mask, position_ids)]
+        if shapes != [(B, 1, T, K), (B, T)]:
             raise ValueError(
-                f"OLMoCoreAdapter: a packed batch of input ids {(B, T)} needs an attention mask {(B, 1, T, T)} "
-                f"and position ids {(B, T)}, found {found[0]} and {found[1]}"
+                f"OLMoCoreAdapter: a packed batch of input ids {(B, T)} needs an attention mask "
+                f"{(B, 1, T, K)} and position ids {(B, T)}, found {shapes[0]} and {shapes[1]}"
             )
-        return packed_attention(self.model, mask, position_ids)
+        return packed_attention(self.model, mask, position_ids, prefix.states if prefix is not None else None)
 
 
 def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:

@@ -11,6 +11,13 @@ on exit whether the body returns or raises; modules compiled with `Module.compil
 `apply_compile`) run uncompiled meanwhile, so no compiled graph traces an override and training never
 recompiles. Parameters, buffers, hooks and classes are never touched.
 
+A kept prefix (`layout.SharedPrefix`): `keeping_prefix(model, kept)` is open while the prefix's one causal
+row [1, S] is forwarded as any row is, and each torch backend records its keys and values (after RoPE,
+before GQA's head repetition) in `kept`. `packed_attention(model, mask, positions, kept)` then attends, for
+each row of a later batch, to those keys and values before the batch's own, under a mask [B, 1, T, S + T];
+its sliding windows are applied on key positions 0..S-1 followed by the batch's position ids. Both are
+instance-level overrides like the above, removed the same way, compiled modules running uncompiled.
+
 `packing_refusal(model)` names what a model has that this was not verified for (None: it packs). Verified
 (tests/engine/test_olmo_core_packing.py): a plain `Transformer` of the blocks in VERIFIED_BLOCKS whose
 sequence mixers are all plain `Attention` on the torch backend (GQA, QK norms, head-wise QK norms, sliding
@@ -19,7 +26,8 @@ torch backend applies it in eval mode too) or KV cache; parameters split over no
 dimension (tensor, context or pipeline parallelism). The flash-attention and Transformer Engine backends are
 refused: their kernels take no arbitrary mask, and no GPU was at hand to verify routing them through SDPA.
 
-Legend: B rows, T time, H heads, D head width.
+Legend: B rows, T time, S a kept prefix's length, K keys (S + T), H query heads, G key/value heads, D head
+width.
 """
 
 from __future__ import annotations
@@ -45,6 +53,11 @@ VERIFIED_BLOCKS = frozenset({"TransformerBlock", "ReorderedNormTransformerBlock"
 _REPORTED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 _MISSING = object()
+
+# What `keeping_prefix` records of a prefix: each attention backend's keys and values [1, S, G, D].
+KeptKeysValues = dict[nn.Module, tuple[Tensor, Tensor]]
+# Instance-level `forward` overrides: id(module) -> (module, its forward meanwhile).
+Overrides = dict[int, tuple[nn.Module, Callable[..., Any]]]
 
 
 def own_class(module: nn.Module) -> type:
@@ -118,22 +131,47 @@ def packs(model: nn.Module) -> bool:
 
 @contextmanager
 def packed_attention(
-    model: nn.Module, attention_mask_B1TT: Tensor, position_ids_BT: Tensor
+    model: nn.Module, attention_mask_B1TK: Tensor, position_ids_BT: Tensor, kept: KeptKeysValues | None = None
 ) -> Iterator[None]:
-    """During the body, every `Attention` of `model` attends under `attention_mask_B1TT` with RoPE at
-    `position_ids_BT`; on exit the model is exactly as it was (see the module docstring)."""
+    """During the body, every `Attention` of `model` attends under `attention_mask_B1TK` with RoPE at
+    `position_ids_BT`; on exit the model is exactly as it was (see the module docstring). With `kept` (what
+    `keeping_prefix` recorded of a prefix of S tokens), K = S + T and each attention attends to the
+    prefix's keys and values before the rows' own; without, K = T."""
     from olmo_core.nn.attention import Attention
 
-    overrides: dict[int, tuple[nn.Module, Callable[..., Any]]] = {}
+    T = position_ids_BT.shape[1]
+    S = attention_mask_B1TK.shape[-1] - T
+    overrides: Overrides = {}
     windowed: dict[tuple[int, int], Tensor] = {}
     for module in model.modules():
         if isinstance(module, Attention):
+            backend = module.backend
             if module.rope is not None:
-                overrides[id(module.rope)] = (module.rope, _rope_at(module.rope, position_ids_BT))
-            window = tuple(module.backend.window_size)
+                overrides[id(module.rope)] = (module.rope, _rope_at(module.rope, position_ids_BT, S + T))
+            window = tuple(backend.window_size)
             if window not in windowed:
-                windowed[window] = _within_window(attention_mask_B1TT, position_ids_BT, window)
-            overrides[id(module.backend)] = (module.backend, _sdpa_under(module.backend, windowed[window]))
+                windowed[window] = _within_window(attention_mask_B1TK, position_ids_BT, window)
+            prefix = None if kept is None else kept[backend]
+            overrides[id(backend)] = (backend, _sdpa_under(backend, windowed[window], prefix))
+    with _overridden(model, overrides):
+        yield
+
+
+@contextmanager
+def keeping_prefix(model: nn.Module, kept: KeptKeysValues) -> Iterator[None]:
+    """During the body (a forward of one causal row, a prefix), every `Attention` backend of `model` runs
+    as it is and records its keys and values into `kept`; on exit the model is exactly as it was."""
+    from olmo_core.nn.attention import Attention
+
+    backends = {id(m.backend): m.backend for m in model.modules() if isinstance(m, Attention)}
+    with _overridden(model, {i: (b, _recording(b, kept)) for i, b in backends.items()}):
+        yield
+
+
+@contextmanager
+def _overridden(model: nn.Module, overrides: Overrides) -> Iterator[None]:
+    """During the body, each module's `forward` is its override and compiled modules run uncompiled; on
+    exit every instance attribute is as it was, whether the body returns or raises."""
     compiled = [m for m in model.modules() if m._compiled_call_impl is not None]
     saved_forward = [(m, m.__dict__.get("forward", _MISSING)) for m, _ in overrides.values()]
     saved_compiled = [(m, m._compiled_call_impl) for m in compiled]
@@ -153,18 +191,24 @@ def packed_attention(
                 module.__dict__["forward"] = forward
 
 
-def _within_window(mask_B1TT: Tensor, position_ids_BT: Tensor, window: tuple[int, int]) -> Tensor:
+def _within_window(mask_B1TK: Tensor, position_ids_BT: Tensor, window: tuple[int, int]) -> Tensor:
     """The mask narrowed to a sliding window (keys at most `window[0]` positions back), as OLMo-core's
-    torch backend narrows an unshared row's causal mask; the mask as is without a window."""
+    torch backend narrows an unshared row's causal mask; the mask as is without a window. The keys are a
+    kept prefix's (positions 0..S-1, S = K - T) followed by the rows' own."""
     if window == (-1, -1):
-        return mask_B1TT
-    back_BTT = position_ids_BT[:, :, None] - position_ids_BT[:, None, :]
-    return mask_B1TT & (back_BTT <= window[0])[:, None]
+        return mask_B1TK
+    B, T = position_ids_BT.shape
+    S = mask_B1TK.shape[-1] - T
+    prefix_BS = torch.arange(S, device=position_ids_BT.device).expand(B, S)
+    key_positions_BK = torch.cat([prefix_BS, position_ids_BT], dim=1)
+    back_BTK = position_ids_BT[:, :, None] - key_positions_BK[:, None, :]
+    return mask_B1TK & (back_BTK <= window[0])[:, None]
 
 
-def _rope_at(rope: Any, position_ids_BT: Tensor) -> Callable[..., tuple[Tensor, Tensor]]:
-    """`RotaryEmbedding.forward` for queries and keys [B, T, H, D] at `position_ids_BT`: the same tables,
-    precision and rotation as OLMo-core's, read at each token's position rather than its column."""
+def _rope_at(rope: Any, position_ids_BT: Tensor, n_positions: int) -> Callable[..., tuple[Tensor, Tensor]]:
+    """`RotaryEmbedding.forward` for queries and keys [B, T, H, D] at `position_ids_BT` (all below
+    `n_positions`): the same tables, precision and rotation as OLMo-core's, read at each token's position
+    rather than its column."""
 
     def rotate(
         q: Tensor,
@@ -183,7 +227,7 @@ def _rope_at(rope: Any, position_ids_BT: Tensor) -> Callable[..., tuple[Tensor, 
             )
         q_, k_ = (q.float(), k.float()) if rope.full_precision else (q, k)
         with torch.autocast(q.device.type, enabled=False):
-            sin_TD, cos_TD = rope._get_rotary_embedding(position_ids_BT.shape[1], q_.device)
+            sin_TD, cos_TD = rope._get_rotary_embedding(n_positions, q_.device)
             sin_BT1D = sin_TD.type_as(q_)[position_ids_BT][:, :, None]
             cos_BT1D = cos_TD.type_as(q_)[position_ids_BT][:, :, None]
             q_ = rope._apply_rotary_pos_emb(sin_BT1D, cos_BT1D, q_)
@@ -193,9 +237,12 @@ def _rope_at(rope: Any, position_ids_BT: Tensor) -> Callable[..., tuple[Tensor, 
     return rotate
 
 
-def _sdpa_under(backend: Any, mask_B1TT: Tensor) -> Callable[..., Tensor]:
-    """`TorchAttentionBackend.forward` attending under `mask_B1TT` instead of the causal mask: keys and
-    values repeated for GQA and heads moved before time, as OLMo-core's backend does."""
+def _sdpa_under(
+    backend: Any, mask_B1TK: Tensor, prefix: tuple[Tensor, Tensor] | None
+) -> Callable[..., Tensor]:
+    """`TorchAttentionBackend.forward` attending under `mask_B1TK` instead of the causal mask, to the keys
+    and values of `prefix` ([1, S, G, D], K = S + T) before the rows' own where one is kept: keys and values
+    repeated for GQA and heads moved before time, as OLMo-core's backend does."""
 
     def attend(qkv: Any, *args: Any, **kwargs: Any) -> Tensor:
         if not isinstance(qkv, tuple) or any(x is not None for x in (*args, *kwargs.values())):
@@ -204,11 +251,27 @@ def _sdpa_under(backend: Any, mask_B1TT: Tensor) -> Callable[..., Tensor]:
                 "cache or attention sinks, none of which the packed rows were verified with"
             )
         q_BTHD, k_BTHD, v_BTHD = qkv
+        if prefix is not None:
+            B = q_BTHD.shape[0]
+            k_BTHD = torch.cat([prefix[0].expand(B, -1, -1, -1), k_BTHD], dim=1)
+            v_BTHD = torch.cat([prefix[1].expand(B, -1, -1, -1), v_BTHD], dim=1)
         n_rep = q_BTHD.shape[2] // k_BTHD.shape[2]
         k_BTHD, v_BTHD = _repeat_heads(k_BTHD, n_rep), _repeat_heads(v_BTHD, n_rep)
         q, k, v = q_BTHD.transpose(1, 2), k_BTHD.transpose(1, 2), v_BTHD.transpose(1, 2)
-        att_BHTD = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_B1TT, scale=backend.scale)
+        att_BHTD = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_B1TK, scale=backend.scale)
         return att_BHTD.transpose(1, 2).contiguous()
+
+    return attend
+
+
+def _recording(backend: nn.Module, kept: KeptKeysValues) -> Callable[..., Tensor]:
+    """`backend`'s own forward, its keys and values [1, S, G, D] (after RoPE, before GQA's repetition)
+    recorded in `kept` under `backend`."""
+
+    def attend(qkv: Any, *args: Any, **kwargs: Any) -> Tensor:
+        out = type(backend).forward(backend, qkv, *args, **kwargs)
+        kept[backend] = (qkv[1], qkv[2])
+        return out
 
     return attend
 

@@ -1,6 +1,7 @@
 """OLMo-core Transformers take packed rows: each request gets the numbers of its own unshared row on every call
-path (logits_to_keep, full logits, one row per batch, bfloat16 autocast, compiled blocks), the model comes
-back exactly as it was, and the models it was not verified for go one request per row with one log line.
+path (logits_to_keep, full logits, one row per batch, kept prefixes, bfloat16 autocast, compiled blocks), the
+model comes back exactly as it was, and the models it was not verified for go one request per row with one
+log line.
 
 The reference is independent of the planner: one plain forward per request over context + continuation[:-1]
 and a float64 log-softmax over its full logits. (FSDP2 and tensor parallelism: tests/test_distributed.py,
@@ -36,6 +37,8 @@ VOCAB = 50304
 TASKS = ("hellaswag", "arc_easy", "mmlu_mc", "winogrande", "olmo:arc_easy_rc_5shot", "olmo:mmlu_stem_test_mc_5shot_fast")
 N_DOCS = 4
 LETTER_KEYS = ("mmlu_mc", "olmo:mmlu_stem_test_mc_5shot_fast")
+# 5-shot, its shots fit MAX_LENGTH: they are forwarded once and kept (MMLU's shots are cut to fit instead)
+KEPT_SHOTS = "olmo:arc_easy_rc_5shot"
 
 
 def olmo_core_model(shape: str, **overrides) -> torch.nn.Module:
@@ -119,17 +122,20 @@ def score(adapter, pairs: PairSet, pair_ids: np.ndarray, **plan) -> PairScores:
         return run_batches(adapter, plan_batches(pairs, pair_ids, **plan), len(pair_ids), TokenCount())
 
 
-def packed_plan(batch_tokens: int = 4096) -> dict:
-    return dict(batch_tokens=batch_tokens, packing=True, max_length=MAX_LENGTH)
+def packed_plan(batch_tokens: int = 4096, keep_prefixes: bool = False) -> dict:
+    return dict(batch_tokens=batch_tokens, packing=True, max_length=MAX_LENGTH, keep_prefixes=keep_prefixes)
 
 
 @pytest.mark.parametrize("shape", ["olmo2", "llama", "olmo3_window"])
 def test_packed_rows_give_the_unshared_numbers(shape, requests):
     """Every path, every task: loglikelihoods within 1e-5 of one plain forward per request, the same
-    greedy flags; packed batches forward fewer tokens than one request per row."""
+    greedy flags; packed batches forward fewer tokens than one request per row; the shots of KEPT_SHOTS
+    are kept once."""
     model = olmo_core_model(shape)
     adapter = make_adapter(model, MAX_LENGTH)
     assert isinstance(adapter, OLMoCoreAdapter) and adapter.needs.packing and adapter.keeps_logits
+    kept = adapter.needs.prefix_reuse
+    assert kept
     full_logits = OLMoCoreAdapter(model, MAX_LENGTH)
     full_logits.keeps_logits = False  # OLMo-core without `logits_to_keep`: the whole [B, T, V] logits
     for task, (pairs, ids) in requests.items():
@@ -138,6 +144,9 @@ def test_packed_rows_give_the_unshared_numbers(shape, requests):
             "packed": score(adapter, pairs, ids, **packed_plan()),
             "packed, full logits": score(full_logits, pairs, ids, **packed_plan()),
             "packed, one row per batch": score(adapter, pairs, ids, **packed_plan(batch_tokens=1)),
+            "kept prefixes": score(adapter, pairs, ids, **packed_plan(keep_prefixes=kept)),
+            "kept prefixes, full logits": score(full_logits, pairs, ids, **packed_plan(keep_prefixes=kept)),
+            "kept prefixes, one row per batch": score(adapter, pairs, ids, **packed_plan(1, kept)),
             "one request per row": score(adapter, pairs, ids, batch_tokens=4096, packing=False),
         }
         for name, found in paths.items():
@@ -145,6 +154,33 @@ def test_packed_rows_give_the_unshared_numbers(shape, requests):
             np.testing.assert_array_equal(found.greedy, ref_greedy, err_msg=f"{task}: {name}")
         if task not in LETTER_KEYS:  # letter keys take one context row per document either way
             assert paths["packed"].tokens_forwarded < paths["one request per row"].tokens_forwarded, task
+        if task == KEPT_SHOTS:
+            batches = plan_batches(pairs, ids, **packed_plan(keep_prefixes=kept))
+            assert any(b.keeps_prefix for b in batches), "the shots are kept once"
+
+
+def test_a_sliding_window_shorter_than_the_kept_prefix(requests):
+    """A first layer whose window (16 tokens) is shorter than the kept shots: the first queries after them
+    see the shots' last keys only, later ones none of them, as in their unshared rows, whose numbers they
+    give."""
+    window = 16
+    sliding = SlidingWindowAttentionConfig(
+        pattern=[window, -1],
+        force_full_attention_on_first_layer=False,
+        force_full_attention_on_last_layer=False,
+    )
+    model = olmo_core_model("olmo3_window", sliding_window=sliding)
+    adapter = make_adapter(model, MAX_LENGTH)
+    pairs, ids = requests[KEPT_SHOTS]
+    plan = packed_plan(keep_prefixes=adapter.needs.prefix_reuse)
+    after = [b for b in plan_batches(pairs, ids, **plan) if b.prefix_length and not b.keeps_prefix]
+    assert after and all(b.prefix_length > window for b in after)
+    assert any(b.position_ids_BT.max() >= b.prefix_length + window for b in after)  # past the shots' reach
+    ref_ll, ref_greedy = reference_scores(model, pairs, ids)
+    for batch_tokens in (4096, 1):
+        found = score(adapter, pairs, ids, **{**plan, "batch_tokens": batch_tokens})
+        np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0, err_msg=f"{batch_tokens=}")
+        np.testing.assert_array_equal(found.greedy, ref_greedy, err_msg=f"{batch_tokens=}")
 
 
 @pytest.mark.parametrize("shape", ["olmo2", "llama", "olmo3_window"])
@@ -181,16 +217,22 @@ def assert_same_state(before: tuple, after: tuple) -> None:
         assert t0 is t1 and torch.equal(v0, v1), name
 
 
-def test_the_model_comes_back_as_it_was(requests):
-    """After packed forwards, and after one that raises inside the model, no override is left, the model's
-    own forward gives the same logits bit for bit, and its parameters, buffers and hooks are the same."""
+@pytest.mark.parametrize("task", ["hellaswag", KEPT_SHOTS])
+def test_the_model_comes_back_as_it_was(requests, task):
+    """After packed forwards (kept prefixes too), and after one that raises inside the model (for the kept
+    shots, while they are kept), no override is left, the model's own forward gives the same logits bit for
+    bit, and its parameters, buffers and hooks are the same."""
     model = olmo_core_model("olmo2")
     ids = torch.randint(0, VOCAB, (2, 24))
     with torch.no_grad():
         logits = model(ids)
     before = model_state(model)
-    pairs, pair_ids = requests["hellaswag"]
-    score(make_adapter(model, MAX_LENGTH), pairs, pair_ids, **packed_plan())
+    pairs, pair_ids = requests[task]
+    plan = packed_plan(keep_prefixes=True)
+    batches = plan_batches(pairs, pair_ids, **plan)
+    first_kept = next((i for i, b in enumerate(batches) if b.keeps_prefix), 0)
+    assert batches[first_kept].keeps_prefix == (task == KEPT_SHOTS)
+    score(make_adapter(model, MAX_LENGTH), pairs, pair_ids, **plan)
     assert_same_state(before, model_state(model))
 
     def fail(module, args, output):
@@ -198,8 +240,8 @@ def test_the_model_comes_back_as_it_was(requests):
         raise RuntimeError("boom")
 
     hook = model.blocks["1"].register_forward_hook(fail)
-    with pytest.raises(RuntimeError, match="boom"):
-        score(make_adapter(model, MAX_LENGTH), pairs, pair_ids, **packed_plan())
+    with pytest.raises(RuntimeError, match="boom"), torch.no_grad():
+        run_batches(make_adapter(model, MAX_LENGTH), batches[first_kept:], len(pair_ids), TokenCount())
     hook.remove()
     assert_same_state(before, model_state(model))
     with torch.no_grad():
@@ -207,9 +249,9 @@ def test_the_model_comes_back_as_it_was(requests):
 
 
 def test_compiled_blocks_run_uncompiled_and_training_does_not_recompile(requests):
-    """Blocks compiled as OLMo-core's `apply_compile` compiles them (`Module.compile`): a packed evaluation
-    compiles no graph (a counting backend sees none) and gives the uncompiled numbers; afterwards the
-    training-shaped call runs the graph compiled before, without recompiling."""
+    """Blocks compiled as OLMo-core's `apply_compile` compiles them (`Module.compile`): a packed evaluation,
+    kept prefixes too, compiles no graph (a counting backend sees none) and gives the uncompiled numbers;
+    afterwards the training-shaped call runs the graph compiled before, without recompiling."""
     model, twin = olmo_core_model("olmo2"), olmo_core_model("olmo2")
     graphs: list[int] = []
 
@@ -230,10 +272,12 @@ def test_compiled_blocks_run_uncompiled_and_training_does_not_recompile(requests
     pairs, pair_ids = requests["hellaswag"]  # every batch packed: four continuations per context
     batches = plan_batches(pairs, pair_ids, **packed_plan())
     assert all(b.span_end_BT is not None for b in batches)
-    found = score(make_adapter(model, MAX_LENGTH), pairs, pair_ids, **packed_plan())
-    assert len(graphs) == compiled, "the packed forward went through a compiled block"
-    expected = score(make_adapter(twin, MAX_LENGTH), pairs, pair_ids, **packed_plan())
-    np.testing.assert_array_equal(found.ll, expected.ll)
+    for task, plan in (("hellaswag", packed_plan()), (KEPT_SHOTS, packed_plan(keep_prefixes=True))):
+        pairs, pair_ids = requests[task]
+        found = score(make_adapter(model, MAX_LENGTH), pairs, pair_ids, **plan)
+        assert len(graphs) == compiled, f"{task}: the packed forward went through a compiled block"
+        expected = score(make_adapter(twin, MAX_LENGTH), pairs, pair_ids, **plan)
+        np.testing.assert_array_equal(found.ll, expected.ll, err_msg=task)
     with torch.no_grad():
         assert torch.equal(model(ids), logits)
     assert len(graphs) == compiled, "training recompiled after the evaluation"
