@@ -86,7 +86,8 @@ class OLMoCoreAdapter(ModelAdapter):
                 f"OLMoCoreAdapter: a packed batch of input ids {(B, T)} needs an attention mask "
                 f"{(B, 1, T, K)} and position ids {(B, T)}, found {shapes[0]} and {shapes[1]}"
             )
-        return packed_attention(self.model, mask, position_ids, prefix.states if prefix is not None else None)
+        kept = prefix.states if prefix is not None else None
+        return packed_attention(self.model, mask, position_ids, kept, max_positions=self.max_length)
 
 
 def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:

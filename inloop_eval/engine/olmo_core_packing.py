@@ -131,12 +131,18 @@ def packs(model: nn.Module) -> bool:
 
 @contextmanager
 def packed_attention(
-    model: nn.Module, attention_mask_B1TK: Tensor, position_ids_BT: Tensor, kept: KeptKeysValues | None = None
+    model: nn.Module,
+    attention_mask_B1TK: Tensor,
+    position_ids_BT: Tensor,
+    kept: KeptKeysValues | None = None,
+    max_positions: int | None = None,
 ) -> Iterator[None]:
     """During the body, every `Attention` of `model` attends under `attention_mask_B1TK` with RoPE at
     `position_ids_BT`; on exit the model is exactly as it was (see the module docstring). With `kept` (what
     `keeping_prefix` recorded of a prefix of S tokens), K = S + T and each attention attends to the
-    prefix's keys and values before the rows' own; without, K = T."""
+    prefix's keys and values before the rows' own; without, K = T. `max_positions` bounds the RoPE table
+    asked for (no position reaches it: the model's context length), so that OLMo-core never caches a table
+    longer than its own forwards would."""
     from olmo_core.nn.attention import Attention
 
     T = position_ids_BT.shape[1]
@@ -147,7 +153,8 @@ def packed_attention(
         if isinstance(module, Attention):
             backend = module.backend
             if module.rope is not None:
-                overrides[id(module.rope)] = (module.rope, _rope_at(module.rope, position_ids_BT, S + T))
+                n_positions = S + T if max_positions is None else min(S + T, max_positions)
+                overrides[id(module.rope)] = (module.rope, _rope_at(module.rope, position_ids_BT, n_positions))
             window = tuple(backend.window_size)
             if window not in windowed:
                 windowed[window] = _within_window(attention_mask_B1TK, position_ids_BT, window)

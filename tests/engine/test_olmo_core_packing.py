@@ -123,7 +123,9 @@ def score(adapter, pairs: PairSet, pair_ids: np.ndarray, **plan) -> PairScores:
 
 
 def packed_plan(batch_tokens: int = 4096, keep_prefixes: bool = False) -> dict:
-    return dict(batch_tokens=batch_tokens, packing=True, max_length=MAX_LENGTH, keep_prefixes=keep_prefixes)
+    """Packed rows; with `keep_prefixes` the plan below kept prefixes, whatever the cost model would take."""
+    plan = dict(batch_tokens=batch_tokens, packing=True, max_length=MAX_LENGTH, keep_prefixes=keep_prefixes)
+    return {**plan, "by_cost": False}
 
 
 @pytest.mark.parametrize("shape", ["olmo2", "llama", "olmo3_window"])
