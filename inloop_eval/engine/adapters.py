@@ -6,7 +6,7 @@ come back in. `registry.make_adapter` picks one for a model.
 - `HiddenStatesAdapter`: a model that shows its hidden states and head (the reference GPT): packed rows,
   the head projected at the positions read only (`projected_head`).
 - `HFCausalLMAdapter`: a Hugging Face causal LM; hidden states and head where its logits are exactly the
-  head's, packed rows for the verified model types.
+  head's, packed rows and kept prefixes (its cache) for the verified model types.
 Legend: B batch, T time, U positions read, D width, V vocabulary.
 """
 
@@ -38,6 +38,11 @@ _HF_SOFTCAP_HEAD_TYPES = frozenset({"gemma2", "gemma3_text"})
 HF_PACKING_TYPES = frozenset(
     {"llama", "gpt_neox", "qwen2", "qwen3", "olmo", "olmo2", "gpt2", "phi3", "gemma"}
 )
+# Packing types checked (tests/engine/test_scoring_paths.py, transformers 5.24) to keep a prefix's keys and
+# values from a forward with `use_cache=True` and give, for each row read after it through a fresh cache of
+# them and a [B, 1, T, S + T] mask (returned as given by `masking_utils.create_causal_mask`, as any 4D mask
+# is), the numbers of its own unshared row.
+HF_PREFIX_REUSE_TYPES = HF_PACKING_TYPES
 # Attention implementations that apply a 4D mask as given: sdpa takes it boolean, eager additive.
 _HF_PACKING_ATTENTION = frozenset({"sdpa", "eager"})
 
@@ -103,7 +108,8 @@ class HiddenStatesAdapter(ModelAdapter):
 
 
 class HFCausalLMAdapter(ModelAdapter):
-    """A Hugging Face causal LM (`AutoModelForCausalLM`)."""
+    """A Hugging Face causal LM (`AutoModelForCausalLM`). A kept prefix is forwarded with `use_cache=True` and
+    its layers' keys and values kept; each batch after it reads them through a fresh cache (`prefix_cache`)."""
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
@@ -118,15 +124,16 @@ class HFCausalLMAdapter(ModelAdapter):
             model_type in _HF_PLAIN_HEAD_TYPES and not cap
         ) or model_type in _HF_SOFTCAP_HEAD_TYPES
         self.packing = hf_supports_packing(config)
+        self.prefix_reuse = self.packing and hf_keeps_prefixes(model)
         self.additive_mask = getattr(config, "_attn_implementation", None) == "eager"
         self.vocab_size = model.get_input_embeddings().num_embeddings
 
     @property
     def needs(self) -> LayoutNeeds:
-        return LayoutNeeds(packing=self.packing)
+        return LayoutNeeds(packing=self.packing, prefix_reuse=self.prefix_reuse)
 
     def forward(self, inputs: ForwardInputs) -> ModelOutputs:
-        kwargs: dict[str, Tensor] = {}
+        kwargs: dict[str, Any] = {"use_cache": inputs.keeps_prefix}
         attention_mask = inputs.attention_mask_B1TT
         if attention_mask is not None:
             if self.additive_mask:  # eager attention adds the mask to the scores
@@ -136,16 +143,21 @@ class HFCausalLMAdapter(ModelAdapter):
             kwargs["attention_mask"] = attention_mask
         if inputs.position_ids_BT is not None:
             kwargs["position_ids"] = inputs.position_ids_BT
+        if inputs.prefix is not None and not inputs.keeps_prefix:
+            kwargs["cache"] = prefix_cache(self.model.config, inputs.prefix.states, len(inputs.input_ids_BT))
+        if inputs.keeps_prefix and not self.plain_head:
+            kwargs["logits_to_keep"] = 1  # a kept prefix has no targets: its logits are never read
+        model = self.model.base_model if self.plain_head else self.model
+        out = model(input_ids=inputs.input_ids_BT, **kwargs)
+        if inputs.keeps_prefix and inputs.prefix is not None:
+            inputs.prefix.states = [(layer.keys, layer.values) for layer in out.cache.layers]
         rows_U, cols_U = inputs.rows_U, inputs.cols_U
         if self.plain_head:
-            base = self.model.base_model
-            hidden_BTD = base(input_ids=inputs.input_ids_BT, use_cache=False, **kwargs).last_hidden_state
             head = self.model.get_output_embeddings()
             if self.softcap:
                 head = SoftCappedHead(head, self.softcap)
-            return ProjectedHead(hidden_BTD[rows_U, cols_U], head)
-        logits_BTV = self.model(input_ids=inputs.input_ids_BT, use_cache=False, **kwargs).logits
-        return FullLogits(logits_BTV[rows_U, cols_U])
+            return ProjectedHead(out.last_hidden_state[rows_U, cols_U], head)
+        return FullLogits(out.logits[rows_U, cols_U])
 
 
 class SoftCappedHead:
@@ -183,6 +195,29 @@ def hf_supports_packing(config: Any) -> bool:
         and getattr(config, "_attn_implementation", None) in _HF_PACKING_ATTENTION
         and getattr(config, "sliding_window", None) is None
     )
+
+
+def hf_keeps_prefixes(model: Any) -> bool:
+    """Whether a Hugging Face model that packs may keep a prefix's keys and values for the batches after it
+    (`prefix_cache`): a verified model type, whose forward takes the `cache` of the transformers version
+    checked (`cache.layers`, each with `keys` and `values`)."""
+    return (
+        getattr(model.config, "model_type", "") in HF_PREFIX_REUSE_TYPES
+        and "cache" in inspect.signature(model.forward).parameters
+    )
+
+
+def prefix_cache(config: Any, kept: list[tuple[Tensor, Tensor]], rows: int) -> Any:
+    """A fresh `DynamicCache` holding a kept prefix's keys and values (each layer's [1, H, S, Dh]) expanded
+    over `rows` rows. A new one per batch: the model appends the batch's own keys and values to it."""
+    from transformers import DynamicCache  # an optional dependency, loaded with any Hugging Face model
+
+    cache = DynamicCache(config=config)
+    for layer, (keys, values) in zip(cache.layers, kept, strict=True):
+        # Set, not `update`d: update concatenates onto an empty tensor, a copy of the prefix per row.
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)
+    return cache
 
 
 def check_max_length(max_length: int, positions: int | None, model_name: str) -> None:
