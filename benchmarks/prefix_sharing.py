@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task-set", default="fast", help="OLMo-core's task set (fast, full, ...); '' for none")
     parser.add_argument("--labels", default="", help="more task ids, comma-separated (e.g. olmo:piqa_val_rc_5shot)")
-    parser.add_argument("--limit", type=int, default=300, help="documents per label for the token counts")
+    parser.add_argument("--limit", type=int, default=300, help="documents per label for the token counts (0: none)")
     parser.add_argument("--wall-limit", type=int, default=50, help="documents per label for the timed run (0: none)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--attention-tokens", type=int, help="the row cost model's constant (default: the device's)")
@@ -129,17 +129,19 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(neox_tokenizer_path(data_root))
     named = (task_set_ids(args.task_set) if args.task_set else []) + [t for t in args.labels.split(",") if t]
     task_ids = list(dict.fromkeys(named))  # each label once
-    rows = token_rows(task_ids, args.limit, data_root, tokenizer, args.attention_tokens)
-    totals = {
-        k: sum(r[k] for r in rows) for k in ("per_document_minimum", "trie_minimum", "today", "tree", "shared")
-    }
-    print(
-        f"all {len(rows)} labels: per-doc min {totals['per_document_minimum']:,} trie min "
-        f"{totals['trie_minimum']:,} today {totals['today']:,} tree {totals['tree']:,} kept {totals['shared']:,}  "
-        f"tree/trie {totals['tree'] / totals['trie_minimum']:.2f}  kept/trie "
-        f"{totals['shared'] / totals['trie_minimum']:.2f}  today/kept {totals['today'] / totals['shared']:.2f}"
-    )
-    report: dict[str, Any] = {"limit": args.limit, "labels": rows, "totals": totals}
+    report: dict[str, Any] = {"limit": args.limit}
+    if args.limit:
+        rows = token_rows(task_ids, args.limit, data_root, tokenizer, args.attention_tokens)
+        totals = {
+            k: sum(r[k] for r in rows) for k in ("per_document_minimum", "trie_minimum", "today", "tree", "shared")
+        }
+        print(
+            f"all {len(rows)} labels: per-doc min {totals['per_document_minimum']:,} trie min "
+            f"{totals['trie_minimum']:,} today {totals['today']:,} tree {totals['tree']:,} kept "
+            f"{totals['shared']:,}  tree/trie {totals['tree'] / totals['trie_minimum']:.2f}  kept/trie "
+            f"{totals['shared'] / totals['trie_minimum']:.2f}  today/kept {totals['today'] / totals['shared']:.2f}"
+        )
+        report.update(labels=rows, totals=totals)
     if args.wall_limit:
         report["wall"] = wall_comparison(task_ids, args.wall_limit, data_root, tokenizer, args.attention_tokens)
         w = report["wall"]
