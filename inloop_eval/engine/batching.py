@@ -41,7 +41,7 @@ from torch import Tensor
 from inloop_eval.distributed import AgreedSequence, TaskAgreement
 from inloop_eval.engine.layout import LayoutNeeds
 from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TrieRows, plan_trie_rows, row_cost
-from inloop_eval.engine.rows import RowLayout, layout_rows
+from inloop_eval.engine.rows import Flat, layout_rows, row_targets, row_tokens
 from inloop_eval.requests.table import PairSet
 
 # What one forward pass costs beyond its tokens, in padded tokens: batches are cut where padding plus this
@@ -187,8 +187,8 @@ def plan_batches(
     layout = layout_rows(pairs, pair_ids, packing=packing, max_length=max_length)
     width_R = round_widths(layout.length_R, pad_to_multiple, max_length)
     batch_R, slot_R, widths = cut_batches(width_R, batch_tokens)
-    tokens = _row_tokens(pairs, pair_ids, layout, batch_R, len(widths))
-    targets = _targets(pairs, pair_ids, layout, batch_R, len(widths))
+    tokens = row_tokens(pairs, pair_ids, layout, batch_R, len(widths))
+    targets = row_targets(pairs, pair_ids, layout, batch_R, len(widths))
     return _assemble(tokens, targets, layout.n_pieces_R > 1, batch_R, slot_R, widths, packing, pad_id)
 
 
@@ -274,12 +274,12 @@ def _plan_trie_rows(
 
 def _in_batch_order(
     row: np.ndarray, col: np.ndarray, values: dict[str, np.ndarray], batch_W: np.ndarray, n_batches: int
-) -> _Flat:
+) -> Flat:
     """Elements at (row, col) sorted by their row's batch (stable), with each batch's bounds."""
     batch = batch_W[row]
     order = np.argsort(batch, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(batch, minlength=n_batches))])
-    return _Flat(row[order], col[order], {k: v[order] for k, v in values.items()}, bounds)
+    return Flat(row[order], col[order], {k: v[order] for k, v in values.items()}, bounds)
 
 
 def _after_kept_prefixes(
@@ -379,84 +379,9 @@ def cut_batches(width_R: np.ndarray, batch_tokens: int) -> tuple[np.ndarray, np.
     return batch_R, slot_R, widths
 
 
-@dataclass
-class _Flat:
-    """Values at (row, col) positions, in batch order: batch b owns elements [bounds[b], bounds[b + 1])."""
-
-    row: np.ndarray
-    col: np.ndarray
-    values: dict[str, np.ndarray]
-    bounds: np.ndarray
-
-
-def _expand(
-    lengths: np.ndarray, batch_of_span: np.ndarray, n_batches: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Spans of `lengths` elements, laid out batch by batch: (span of each element, offset of each element in
-    its span, bounds [n_batches + 1] of each batch's elements)."""
-    per_batch = np.bincount(batch_of_span, weights=lengths, minlength=n_batches).astype(np.int64)
-    order = np.argsort(batch_of_span, kind="stable")
-    lengths = lengths[order]
-    span_M = np.repeat(order, lengths)
-    offset_M = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return span_M, offset_M, np.concatenate([[0], np.cumsum(per_batch)])
-
-
-def _row_tokens(
-    pairs: PairSet, pair_ids: np.ndarray, layout: RowLayout, batch_R: np.ndarray, n_batches: int
-) -> _Flat:
-    """Every token of every row: contexts at column 0, pieces at their columns, positions restarting; a
-    context is seen by its whole row, a piece by itself."""
-    ctx_pair_R = pair_ids[layout.ctx_pair_R]
-    ctx_len_R = pairs.ctx_len[ctx_pair_R]
-    piece_K = np.flatnonzero(layout.col_P >= 0)
-    row_K = layout.row_P[piece_K]
-    pool = np.concatenate([pairs.ctx_tokens, pairs.cont_tokens])
-    n_rows = len(ctx_len_R)
-    src_S = np.concatenate(
-        [
-            pairs.ctx_offsets[pairs.ctx_id[ctx_pair_R]] + pairs.ctx_start[ctx_pair_R],
-            len(pairs.ctx_tokens) + pairs.cont_offsets[pair_ids[piece_K]],
-        ]
-    )
-    len_S = np.concatenate([ctx_len_R, pairs.cont_len[pair_ids[piece_K]] - 1])
-    row_S = np.concatenate([np.arange(n_rows), row_K])
-    col_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), layout.col_P[piece_K]])
-    pos_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), ctx_len_R[row_K]])
-    end_S = np.concatenate([layout.length_R, col_S[n_rows:] + len_S[n_rows:]])  # a context is seen by its row
-    span_M, offset_M, bounds = _expand(len_S, batch_R[row_S], n_batches)
-    return _Flat(
-        row=row_S[span_M],
-        col=col_S[span_M] + offset_M,
-        values={
-            "input_ids": pool[src_S[span_M] + offset_M],
-            "position_ids": pos_S[span_M] + offset_M,
-            "span_end": end_S[span_M],
-        },
-        bounds=bounds,
-    )
-
-
-def _targets(
-    pairs: PairSet, pair_ids: np.ndarray, layout: RowLayout, batch_R: np.ndarray, n_batches: int
-) -> _Flat:
-    """Every continuation token, with the position whose logits predict it."""
-    n_P = pairs.cont_len[pair_ids].astype(np.int64)
-    pair_N, j_N, bounds = _expand(n_P, batch_R[layout.row_P], n_batches)
-    row_N = layout.row_P[pair_N]
-    ctx_len_R = pairs.ctx_len[pair_ids[layout.ctx_pair_R]]
-    col_N = np.where(j_N == 0, ctx_len_R[row_N] - 1, layout.col_P[pair_N] + j_N - 1)
-    return _Flat(
-        row=row_N,
-        col=col_N,
-        values={"target": pairs.cont_tokens[pairs.cont_offsets[pair_ids][pair_N] + j_N], "pair": pair_N},
-        bounds=bounds,
-    )
-
-
 def _assemble(
-    tokens: _Flat,
-    targets: _Flat,
+    tokens: Flat,
+    targets: Flat,
     packed_R: np.ndarray,
     batch_R: np.ndarray,
     slot_R: np.ndarray,

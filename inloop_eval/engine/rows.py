@@ -1,10 +1,13 @@
 """Pairs to rows, before rows are cut into batches (`batching`): which row holds each pair and at which column
-(`layout_rows`); rows that share prefixes across contexts are laid out by `prefix_sharing` instead.
+(`layout_rows`), and, once each row has its batch, every row token and every target in batch order
+(`row_tokens`, `row_targets`, as `Flat` arrays); rows that share prefixes across contexts are laid out by
+`prefix_sharing` instead.
 
 Pairs that read the same context tokens form a group; packed, a group's row holds its context once and its
 pieces (`continuation[:-1]` of each pair) after it, cut into several rows past MIN_PACK_SPAN; plain, one
 piece per row (`batching` describes both).
-Legend: P pairs scored, Q the same pairs in group order, G context groups, R rows.
+Legend: P pairs scored, Q the same pairs in group order, G context groups, R rows, K pieces, S spans of rows
+(contexts and pieces), M tokens of all rows, N targets.
 """
 
 from __future__ import annotations
@@ -133,3 +136,80 @@ def _cut_group(
         col_Q[q] = ctx_len + used
         used += extra
     return row + 1
+
+
+@dataclass
+class Flat:
+    """Values at (row, col) positions, in batch order: batch b owns elements [bounds[b], bounds[b + 1])."""
+
+    row: np.ndarray
+    col: np.ndarray
+    values: dict[str, np.ndarray]
+    bounds: np.ndarray
+
+
+def _expand(
+    lengths: np.ndarray, batch_of_span: np.ndarray, n_batches: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Spans of `lengths` elements, laid out batch by batch: (span of each element, offset of each element in
+    its span, bounds [n_batches + 1] of each batch's elements)."""
+    per_batch = np.bincount(batch_of_span, weights=lengths, minlength=n_batches).astype(np.int64)
+    order = np.argsort(batch_of_span, kind="stable")
+    lengths = lengths[order]
+    span_M = np.repeat(order, lengths)
+    offset_M = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return span_M, offset_M, np.concatenate([[0], np.cumsum(per_batch)])
+
+
+def row_tokens(
+    pairs: PairSet, pair_ids: np.ndarray, layout: RowLayout, batch_R: np.ndarray, n_batches: int
+) -> Flat:
+    """Every token of every row: contexts at column 0, pieces at their columns, positions restarting; a
+    context is seen by its whole row, a piece by itself."""
+    ctx_pair_R = pair_ids[layout.ctx_pair_R]
+    ctx_len_R = pairs.ctx_len[ctx_pair_R]
+    piece_K = np.flatnonzero(layout.col_P >= 0)
+    row_K = layout.row_P[piece_K]
+    pool = np.concatenate([pairs.ctx_tokens, pairs.cont_tokens])
+    n_rows = len(ctx_len_R)
+    src_S = np.concatenate(
+        [
+            pairs.ctx_offsets[pairs.ctx_id[ctx_pair_R]] + pairs.ctx_start[ctx_pair_R],
+            len(pairs.ctx_tokens) + pairs.cont_offsets[pair_ids[piece_K]],
+        ]
+    )
+    len_S = np.concatenate([ctx_len_R, pairs.cont_len[pair_ids[piece_K]] - 1])
+    row_S = np.concatenate([np.arange(n_rows), row_K])
+    col_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), layout.col_P[piece_K]])
+    pos_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), ctx_len_R[row_K]])
+    end_S = np.concatenate([layout.length_R, col_S[n_rows:] + len_S[n_rows:]])  # a context is seen by its row
+    span_M, offset_M, bounds = _expand(len_S, batch_R[row_S], n_batches)
+    return Flat(
+        row=row_S[span_M],
+        col=col_S[span_M] + offset_M,
+        values={
+            "input_ids": pool[src_S[span_M] + offset_M],
+            "position_ids": pos_S[span_M] + offset_M,
+            "span_end": end_S[span_M],
+        },
+        bounds=bounds,
+    )
+
+
+def row_targets(
+    pairs: PairSet, pair_ids: np.ndarray, layout: RowLayout, batch_R: np.ndarray, n_batches: int
+) -> Flat:
+    """Every continuation token, with the position whose logits predict it."""
+    n_P = pairs.cont_len[pair_ids].astype(np.int64)
+    pair_N, j_N, bounds = _expand(n_P, batch_R[layout.row_P], n_batches)
+    row_N = layout.row_P[pair_N]
+    ctx_len_R = pairs.ctx_len[pair_ids[layout.ctx_pair_R]]
+    col_N = np.where(j_N == 0, ctx_len_R[row_N] - 1, layout.col_P[pair_N] + j_N - 1)
+    return Flat(
+        row=row_N,
+        col=col_N,
+        values={"target": pairs.cont_tokens[pairs.cont_offsets[pair_ids][pair_N] + j_N], "pair": pair_N},
+        bounds=bounds,
+    )
+
+
