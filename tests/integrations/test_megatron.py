@@ -1,10 +1,12 @@
 """The evaluator on a Megatron-core `GPTModel` in its training layouts (megatron-core 0.16.1 on CPU, gloo, under
 torchrun): TP=2, TP=2 with sequence parallelism, PP=2, PP=2 with two virtual stages per rank, TP=2 x PP=2 with
-sequence parallelism, and DP=2 x TP=2 give the figures of the same weights in one process (accuracies
-identical, other figures and per-request loglikelihoods within 1e-5) on an rc, a letter-key and a PMI task and
-perplexity domains; the scoring allocates at most [positions, V/TP]; training through Megatron's schedule is
-bit for bit the same with evaluations; a stage that raises fails the task on every rank; layouts it cannot
-score, and a data-parallel group that splits model-parallel peers, are refused.
+sequence parallelism, and DP=2 x TP=2, fed packed rows (prefix tries), give the figures of the same weights in
+one process on one request per row (accuracies identical, greedy flags identical, other figures and per-request
+loglikelihoods within 1e-5) on an rc, a letter-key, a PMI and a 5-shot task and perplexity domains; models
+whose attention would not apply a packed row's mask or position ids (RoPE, a sliding window, the fused softmax)
+are given one request per row; the scoring allocates at most [positions, V/TP]; training through Megatron's
+schedule is bit for bit the same with evaluations; a stage that raises fails the task on every rank; layouts
+it cannot score, and a data-parallel group that splits model-parallel peers, are refused.
 
 Three launches of tests/support/megatron_checks.py: one process (train two steps, save the weights, evaluate
 them unsplit through the engine's plain-logits path: the reference), two and four processes (the layouts).
@@ -73,7 +75,7 @@ def layout_results(launched) -> list[tuple[str, int, dict[str, Any]]]:
 
 def test_the_reference_covers_rc_letter_key_pmi_bpb_and_perplexity(reference) -> None:
     keys = reference["metrics"]
-    for key in ("copa/acc", "copa/bpb_gold", "mmlu_mc/acc", "arc_easy/acc_pmi"):
+    for key in ("copa/acc", "copa/bpb_gold", "mmlu_mc/acc", "arc_easy/acc_pmi", "olmo:arc_easy_rc_5shot/acc"):
         assert f"eval/downstream/{key}" in keys
     assert {"eval/lm/code/ppl", "eval/lm/prose/bpb", "eval/lm/tiny/ce"} <= set(keys)
     # Letter keys: every choice of an mmlu_mc document is one token predicted by the same position.
@@ -96,6 +98,20 @@ def test_every_request_gets_the_loglikelihood_of_one_process(reference, launched
             assert math.isclose(s["ll"], ref["ll"], rel_tol=1e-5, abs_tol=1e-5), (name, rank, s, ref)
             if s["ll_uncond"] is not None:
                 assert math.isclose(s["ll_uncond"], ref["ll_uncond"], rel_tol=1e-5, abs_tol=1e-5), (name, s)
+
+
+def test_every_layout_is_fed_packed_rows(launched) -> None:
+    for name, rank, result in layout_results(launched):
+        batches = result["batches"]
+        assert 0 < batches["packed"] <= batches["all"], (name, rank, batches)
+
+
+def test_models_whose_attention_would_not_apply_the_mask_or_positions_are_not_packed(launched) -> None:
+    for result in launched[2]:
+        blockers = result["refusals"]["packing_blockers"]
+        assert "rotary position embedding (rope) is computed per column" in blockers["rope"]
+        assert "sliding-window attention replaces the mask" in blockers["window"]
+        assert "fused softmax kernel (fp16/bf16 with masked_softmax_fusion)" in blockers["fused_softmax"]
 
 
 def test_model_parallel_peers_hold_the_same_scores_and_data_parallel_ranks_split_the_documents(
@@ -191,6 +207,7 @@ def _layout(**overrides: Any) -> MegatronLayout:
     fields: dict[str, Any] = dict(
         tp_group=None, tp_size=1, tp_rank=0, pp_group=None, pp_size=1, pp_rank=0, n_chunks=1,
         sequence_parallel=False, microbatch_group=1, vocab_size=VOCAB, max_length=64, hidden_size=32,
+        packing_blocker="",
     )
     return MegatronLayout(**{**fields, **overrides})
 

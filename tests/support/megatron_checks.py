@@ -42,18 +42,21 @@ from workers.dist_checks import Context, draw_random_numbers, params_digest, ref
 from workers.launch import checks_main  # noqa: E402
 
 import inloop_eval.integrations.megatron.forward as megatron_forward  # noqa: E402
+from inloop_eval.engine.layout import ForwardInputs  # noqa: E402
 from inloop_eval.errors import ModelOutputError  # noqa: E402
 from inloop_eval.evaluators.config import EvaluatorConfig  # noqa: E402
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator  # noqa: E402
 from inloop_eval.integrations.megatron import MegatronAdapter  # noqa: E402
 
-SEQ_LEN = 64  # the model's positions, and the longest request
+SEQ_LEN = 256  # the model's positions, and the longest request: 5-shot ARC's shots fit, shared by its documents
 VOCAB = 50304  # the NeoX tokenizer's 50277 tokens padded to a multiple of 128
 LAYERS = 4  # two stages of two, or four virtual stages of one
 # A ranked-classification task, a letter-key task (every choice a token at one position), PMI (unconditional
-# requests); limits no data-parallel size divides evenly; budgets giving batches of several rows.
+# requests), a 5-shot task (its shots one prefix of its documents' packed rows); limits no data-parallel size
+# divides evenly; budgets giving batches of several rows.
 TASKS: list[dict[str, Any]] = [
     {"task": "copa", "limit": 7, "batch_tokens": 160},
+    {"task": "olmo:arc_easy_rc_5shot", "limit": 3, "batch_tokens": 600},
     {"task": "mmlu_mc", "limit": 5, "batch_tokens": 300},
     {"task": "arc_easy", "limit": 5, "batch_tokens": 200, "metrics": ["acc", "acc_norm", "acc_pmi"]},
 ]
@@ -69,8 +72,12 @@ LAYOUTS: dict[str, tuple[int, dict[str, int], bool]] = {
 }
 
 
-def build_model(sizes: dict[str, int], sequence_parallel: bool, dropout: float = 0.0) -> list[nn.Module]:
-    """This rank's chunks of the seeded GPTModel in the current parallel_state (one per virtual stage)."""
+def build_model(
+    sizes: dict[str, int], sequence_parallel: bool, dropout: float = 0.0, positions: str = "learned_absolute",
+    **config: Any,
+) -> list[nn.Module]:
+    """This rank's chunks of the seeded GPTModel in the current parallel_state (one per virtual stage), with
+    position embeddings `positions` and TransformerConfig fields `config`."""
     tp = sizes.get("tensor_model_parallel_size", 1)
     pp = sizes.get("pipeline_model_parallel_size", 1)
     vp = sizes.get("virtual_pipeline_model_parallel_size")
@@ -89,6 +96,7 @@ def build_model(sizes: dict[str, int], sequence_parallel: bool, dropout: float =
         batch_p2p_comm=False,
         hidden_dropout=dropout,
         attention_dropout=dropout,
+        **config,
     )
     chunks = []
     for stage in range(vp or 1):
@@ -103,6 +111,7 @@ def build_model(sizes: dict[str, int], sequence_parallel: bool, dropout: float =
                 pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage_arg),
                 post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage_arg),
                 share_embeddings_and_output_weights=False,
+                position_embedding_type=positions,
                 vp_stage=stage_arg,
             )
         )
@@ -255,14 +264,27 @@ def scoring_memory(record: list[dict[str, int]]) -> Iterator[None]:
         megatron_forward.LastStageScores.__call__ = score  # type: ignore[method-assign]
 
 
+class CountingAdapter(MegatronAdapter):
+    """MegatronAdapter counting the batches it is given, and the packed ones among them."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.batches = {"all": 0, "packed": 0}
+
+    def forward(self, inputs: ForwardInputs) -> Any:
+        self.batches["all"] += 1
+        self.batches["packed"] += int(inputs.packed)
+        return super().forward(inputs)
+
+
 def evaluate_layout(ctx: Context, name: str, ev: InLoopEvaluator, full: dict[str, Tensor]) -> dict[str, Any]:
     """The saved weights in layout `name`, evaluated through MegatronAdapter over Megatron's data-parallel
-    group; on TP layouts also the scoring's largest allocations."""
+    group; also the batches it was given, packed or not, and the scoring's largest allocations."""
     _, sizes, sequence_parallel = LAYOUTS[name]
     with megatron_cpu.model_parallel(**sizes):
         chunks = build_model(sizes, sequence_parallel)
         load_full_weights(chunks, full)
-        adapter = MegatronAdapter(chunks if len(chunks) > 1 else chunks[0])
+        adapter = CountingAdapter(chunks if len(chunks) > 1 else chunks[0])
         dp_group = parallel_state.get_data_parallel_group()
         memory: list[dict[str, int]] = []
         with scoring_memory(memory):
@@ -272,6 +294,7 @@ def evaluate_layout(ctx: Context, name: str, ev: InLoopEvaluator, full: dict[str
             "samples": samples(ev),
             "tokens_scored": ev.tokens_forwarded,
             "memory": memory,
+            "batches": dict(adapter.batches),
             "ranks": {
                 "tp": parallel_state.get_tensor_model_parallel_rank(),
                 "pp": parallel_state.get_pipeline_model_parallel_rank(),
@@ -319,12 +342,21 @@ def check_stage_failure(ctx: Context) -> dict[str, Any]:
 
 
 def check_refusals(ctx: Context) -> dict[str, Any]:
-    """Context parallelism (a model whose config says so: Megatron cannot build one on CPU) is refused."""
+    """Context parallelism (a model whose config says so: Megatron cannot build one on CPU) is refused; the
+    models whose attention would not apply a packed row's mask or position ids are given one request per row
+    (the reason each blocker names)."""
     sizes = {"tensor_model_parallel_size": 2}
+    unpacked = {
+        "rope": {"positions": "rope"},
+        "window": {"window_size": (8, 0)},
+        "fused_softmax": {"bf16": True, "masked_softmax_fusion": True},
+    }
     with megatron_cpu.model_parallel(**sizes):
+        blockers = {name: MegatronAdapter(build_model(sizes, False, **kw)[0]).layout.packing_blocker
+                    for name, kw in unpacked.items()}
         (gpt,) = build_model(sizes, False)
         gpt.config = dataclasses.replace(gpt.config, context_parallel_size=2)
-        return {"cp": refusal(lambda: MegatronAdapter(gpt))}
+        return {"cp": refusal(lambda: MegatronAdapter(gpt)), "packing_blockers": blockers}
 
 
 def train(ctx: Context, sizes: dict[str, int], full: dict[str, Tensor], *, eval_every: int | None) -> dict[str, Any]:

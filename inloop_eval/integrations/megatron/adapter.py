@@ -8,6 +8,7 @@ it: one chunk, or one per virtual pipeline stage) and passes it to `InLoopEvalua
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,12 +18,15 @@ from inloop_eval.engine.layout import ForwardInputs, LayoutNeeds, ModelAdapter
 from inloop_eval.engine.layouts.pipeline_stage import ScoredTargets
 from inloop_eval.integrations.megatron.forward import (
     LastStageScores,
+    attention_inputs,
     forward_only,
     micro_batches,
     rng_tracker_untouched,
     share_scores,
 )
 from inloop_eval.integrations.megatron.layout import read_layout
+
+log = logging.getLogger(__name__)
 
 
 class MegatronAdapter(ModelAdapter):
@@ -44,14 +48,21 @@ class MegatronAdapter(ModelAdapter):
         self.pad_id = pad_id
         self.max_length = self.layout.max_length
         self.vocab_size = self.layout.vocab_size
+        if self.layout.packing_blocker:
+            log.info("MegatronAdapter: one request per row, not packed: %s", self.layout.packing_blocker)
 
     @property
     def needs(self) -> LayoutNeeds:
-        """Widths a multiple of TP under sequence parallelism; never packed (Megatron packs sequences only in
-        Transformer Engine's THD attention); its tensor and pipeline peers fed the same documents."""
+        """Widths a multiple of TP under sequence parallelism; packed rows where the model applies the mask and
+        position ids it is given (`layout.packing_blocker`: under TP, SP and PP alike, since the mask is per
+        position, not per head, sequence parallelism gathers the whole sequence before core attention, and
+        every stage is given them); its tensor and pipeline peers fed the same documents."""
         named = (("tensor", self.layout.tp_group), ("pipeline", self.layout.pp_group))
         peers = tuple((name, g) for name, g in named if g is not None)
-        return LayoutNeeds(width_multiple=self.layout.sequence_multiple, peer_groups=peers)
+        # Not packed where the model would not apply the given mask or position ids: RoPE, a sliding window, a
+        # fused softmax kernel, an attention other than Megatron's local one (`packing_blocker` says which).
+        packing = not self.layout.packing_blocker
+        return LayoutNeeds(width_multiple=self.layout.sequence_multiple, packing=packing, peer_groups=peers)
 
     def tokens_fed(self, inputs: ForwardInputs) -> int:
         """The tokens of the whole micro-batches the schedule runs."""
@@ -64,7 +75,8 @@ class MegatronAdapter(ModelAdapter):
         scores = LastStageScores(
             self.layout, inputs.rows_U, inputs.cols_U, inputs.position_N, inputs.target_N, inputs.min_vocab, rows
         )
+        attention = attention_inputs(inputs, padded_BT)
         with rng_tracker_untouched():
-            failure = forward_only(self.chunks, self.layout, padded_BT, rows, scores)
+            failure = forward_only(self.chunks, self.layout, padded_BT, rows, attention, scores)
         logp_N, greedy_N = share_scores(self.layout, scores, failure)
         return ScoredTargets(logp_N, greedy_N, self.layout.vocab_size)

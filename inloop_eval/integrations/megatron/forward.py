@@ -5,8 +5,10 @@ tensor-parallel group, and the scores shared from the last pipeline stage.
 What every rank of the model-parallel groups promises: the same batch (the data-parallel group holds one rank
 of each tensor- and pipeline-parallel group, so the evaluator hands peers the same documents), cut the same
 way into `M` micro-batches of `R` rows (right padding, rows of padding for the last; neither seen by a real
-position under causal attention), the width a multiple of TP under sequence parallelism, and one call of
-`get_forward_backward_func()(..., forward_only=True)`. On the last stage, as each micro-batch's logits arrive,
+position), the width a multiple of TP under sequence parallelism, and one call of
+`get_forward_backward_func()(..., forward_only=True)`. Every stage's forward is given the micro-batch's
+position ids and Megatron's attention mask (True: masked out): causal for plain rows, the planner's mask
+inverted for packed rows (`attention_inputs`). On the last stage, as each micro-batch's logits arrive,
 the positions it holds are selected (a chunk of at most `HEAD_ELEMENTS` floats at a time) and scored over the
 tensor-parallel group (`layouts.vocab_sharded.sharded_logprobs`: four all-reduces per chunk, the vocabulary never
 gathered). Then one all-reduce over the pipeline group says whether a stage failed, and the last stage
@@ -37,6 +39,7 @@ from megatron.core import tensor_parallel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
+from inloop_eval.engine.layout import ForwardInputs
 from inloop_eval.engine.layouts.vocab_sharded import VocabShard, sharded_logprobs
 from inloop_eval.errors import ModelOutputError
 from inloop_eval.integrations.megatron.layout import MegatronLayout, unwrap_gpt
@@ -69,17 +72,36 @@ def causal_inputs(n_rows: int, width: int, device: torch.device) -> tuple[Tensor
     return position_ids_RT, mask_11TT
 
 
+def attention_inputs(inputs: ForwardInputs, padded_BT: Tensor) -> tuple[Tensor, Tensor]:
+    """Position ids [B', T'] and Megatron's attention mask (True: masked out) for the padded batch [B', T']:
+    causal [1, 1, T', T'] for plain rows; for packed rows the planner's mask inverted, [B', 1, T', T'], the
+    padding `micro_batches` added seeing only itself, at position 0."""
+    n_rows, width = padded_BT.shape
+    device = padded_BT.device
+    if not inputs.packed:
+        return causal_inputs(n_rows, width, device)
+    B, T = inputs.input_ids_BT.shape
+    position_ids_BT = torch.zeros(n_rows, width, dtype=torch.long, device=device)
+    position_ids_BT[:B, :T] = inputs.position_ids_BT
+    masked_B1TT = torch.ones(n_rows, 1, width, width, dtype=torch.bool, device=device)
+    masked_B1TT.diagonal(dim1=2, dim2=3).fill_(False)
+    masked_B1TT[:B, :, :T, :T] = ~inputs.attention_mask_B1TT
+    return position_ids_BT, masked_B1TT
+
+
 def forward_only(
     chunks: Sequence[Any],
     layout: MegatronLayout,
     padded_BT: Tensor,
     rows: int,
+    attention: tuple[Tensor, Tensor],
     on_logits: Callable[[int, Tensor], None],
 ) -> str:
-    """Run Megatron's schedule forward only over the micro-batches of `padded_BT`; on the last stage call
-    `on_logits(m, logits_RTL)` for micro-batch m. Returns '' or the error a forward raised on this rank."""
+    """Run Megatron's schedule forward only over the micro-batches of `padded_BT`, with `attention_inputs`'
+    position ids and mask; on the last stage call `on_logits(m, logits_RTL)` for micro-batch m. Returns '' or
+    the error a forward raised on this rank."""
     count, width = padded_BT.shape[0] // rows, padded_BT.shape[1]
-    position_ids_RT, mask_11TT = causal_inputs(rows, width, padded_BT.device)
+    position_ids_BT, mask_B1TT = attention
     failures: list[str] = []
 
     def step(data_iterator: Iterator[int], model: Any) -> tuple[Tensor, Callable[..., None]]:
@@ -88,7 +110,9 @@ def forward_only(
         output = None
         if not failures:
             try:
-                output = model(padded_BT[m * rows : (m + 1) * rows], position_ids_RT, mask_11TT)
+                micro = slice(m * rows, (m + 1) * rows)
+                mask_R1TT = mask_B1TT[micro] if mask_B1TT.shape[0] > 1 else mask_B1TT
+                output = model(padded_BT[micro], position_ids_BT[micro], mask_R1TT)
             except Exception as exc:  # shared after the schedule, so that no stage waits for this one
                 log.exception("Megatron stage %d: the forward of micro-batch %d raised", layout.pp_rank, m)
                 failures.append(f"Megatron stage {layout.pp_rank}: {type(exc).__name__}: {exc}")
