@@ -1,4 +1,4 @@
-"""Rows whose contexts begin alike share that prefix (engine/prefix_sharing.py): the tree rows the planner
+"""Rows as paths of one prefix trie (engine/prefix_sharing.py): tree rows and kept prefixes the planner
 builds, literally; the trie minimum against a trie built by hand; the tokens a real few-shot task forwards
 against that minimum; the cap and the cost model. That every request keeps the numbers of its own row is
 checked with the other packed paths (tests/engine/test_scoring_paths.py and test_olmo_core_packing.py,
