@@ -55,10 +55,12 @@ def neox_model() -> torch.nn.Module:
     return transformers.GPTNeoXForCausalLM(config).eval()
 
 
-def reference_gpt() -> torch.nn.Module:
-    """The package's reference GPT (ours and the naive loop call it)."""
+def reference_gpt(d_model: int = 256, n_layers: int = 4) -> torch.nn.Module:
+    """The package's reference GPT (ours and the naive loop call it), seeded; width 256 and 4 layers unless
+    asked otherwise."""
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=50304, d_model=256, n_layers=4, n_heads=4, max_seq_len=MAX_LENGTH)).eval()
+    config = GPTConfig(vocab_size=50304, d_model=d_model, n_layers=n_layers, n_heads=4, max_seq_len=MAX_LENGTH)
+    return GPT(config).eval()
 
 
 def logits_of(model: torch.nn.Module) -> Any:

@@ -8,9 +8,10 @@ planned for a model that takes packed rows (`PlanOnly`: no forward is computed) 
 prefixes (a model with `prefix_reuse`), against the per-document minimum (each distinct context once plus every continuation but its last
 token) and the trie minimum (every distinct prefix of the requests' own rows once; the least any sharing can
 forward). Both minima are counted here from the requests, not by the package.
-Wall: one evaluation of every label's first `--wall-limit` documents with the reference GPT (width 256, 4
-layers, packed rows), as a training run sees it from its second evaluation on, each way: wall seconds, extra
-peak RSS, tokens at the embedding, and every document's prediction compared.
+Wall: one evaluation of every label's first `--wall-limit` documents with the reference GPT (`--width`, 256,
+and `--layers`, 4, by default; packed rows, kept prefixes), as a training run sees it from its second
+evaluation on, each way: wall seconds, extra peak RSS, tokens at the embedding, and every document's
+prediction compared.
 """
 
 from __future__ import annotations
@@ -91,10 +92,16 @@ def token_rows(
 
 
 def wall_comparison(
-    task_ids: list[str], limit: int, data_root: Path, tokenizer: Any, attention_tokens: int | None
+    task_ids: list[str],
+    limit: int,
+    data_root: Path,
+    tokenizer: Any,
+    attention_tokens: int | None,
+    model_shape: tuple[int, int] = (256, 4),
 ) -> dict[str, Any]:
-    """One evaluation of every label each way on the reference GPT, and their predictions compared."""
-    model = reference_gpt()
+    """One evaluation of every label each way on the reference GPT (`model_shape`: width, layers), and their
+    predictions compared."""
+    model = reference_gpt(*model_shape)
     out: dict[str, Any] = {}
     scores = {}
     for name, share in (("today", False), ("shared", True)):
@@ -121,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=300, help="documents per label for the token counts (0: none)")
     parser.add_argument("--wall-limit", type=int, default=50, help="documents per label for the timed run (0: none)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--width", type=int, default=256, help="the timed reference GPT's width")
+    parser.add_argument("--layers", type=int, default=4, help="the timed reference GPT's layers")
     parser.add_argument("--attention-tokens", type=int, help="the row cost model's constant (default: the device's)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
@@ -143,10 +152,11 @@ def main(argv: list[str] | None = None) -> None:
         )
         report.update(labels=rows, totals=totals)
     if args.wall_limit:
-        report["wall"] = wall_comparison(task_ids, args.wall_limit, data_root, tokenizer, args.attention_tokens)
+        shape = (args.width, args.layers)
+        report["wall"] = wall_comparison(task_ids, args.wall_limit, data_root, tokenizer, args.attention_tokens, shape)
         w = report["wall"]
         print(
-            f"wall ({args.wall_limit} documents a label, reference GPT): today {w['today']['wall_s']:.1f} s "
+            f"wall ({args.wall_limit} documents a label, reference GPT {args.width} x {args.layers}): today {w['today']['wall_s']:.1f} s "
             f"{w['today']['tokens']:,} tokens {w['today']['peak_rss_mib']:.0f} MiB; shared "
             f"{w['shared']['wall_s']:.1f} s {w['shared']['tokens']:,} tokens {w['shared']['peak_rss_mib']:.0f} MiB; "
             f"{w['speedup']:.2f}x; same predictions {w['same_predictions']}/{w['documents']}, largest score "

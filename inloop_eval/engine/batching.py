@@ -238,9 +238,12 @@ def _plan_trie_rows(
     stem_B: list[int] = []
     for x in np.unique(trie.stem_W).tolist():  # rows without a kept prefix (-1) first
         rows = np.flatnonzero(trie.stem_W == x)
-        batch_w, slot_W[rows], group_widths = cut_batches(width_W[rows], batch_tokens)
+        # A row after a kept prefix attends to it too: its keys count in the batch's budget, so that no
+        # batch's keys, values and mask outgrow `batch_tokens` rows of them.
+        stem = int(trie.stem_length_X[x]) if x >= 0 else 0
+        batch_w, slot_W[rows], group_widths = cut_batches(width_W[rows] + stem, batch_tokens)
         batch_W[rows] = batch_w + len(widths)
-        widths += group_widths
+        widths += [w - stem for w in group_widths]
         stem_B += [x] * len(group_widths)
     depth_M, pair_M = trie.depth_M, trie.pair_M
     in_ctx_M = depth_M < ctx_len_P[pair_M]

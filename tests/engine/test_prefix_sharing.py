@@ -138,13 +138,16 @@ def test_a_few_shot_task_forwards_near_the_trie_minimum(few_shot):
 @pytest.mark.parametrize("keep_prefixes", [False, True])
 @pytest.mark.parametrize(("batch_tokens", "max_length"), [(8192, 1024), (700, 2048)])
 def test_tree_rows_fit_the_context_and_the_batch_budget(few_shot, batch_tokens, max_length, keep_prefixes):
-    """Every row fits the batch budget and the context; every position id, a kept prefix's included, is
-    one the model has; every target is read once."""
+    """Every row fits the batch budget and the context, with the kept prefix it attends to; every position
+    id is one the model has; every target is read once."""
     pairs, ids, _ = few_shot
     plan = {"packing": True, "max_length": max_length, "keep_prefixes": keep_prefixes, "by_cost": False}
     batches = plan_batches(pairs, ids, batch_tokens, **plan)
     assert all(b.input_ids_BT.shape[1] <= min(batch_tokens, max_length) for b in batches)
     assert all(b.prefix_length + b.input_ids_BT.shape[1] <= max_length for b in batches if b.keeps_prefix)
+    after = [b for b in batches if b.prefix_length and not b.keeps_prefix]
+    # Keys (the kept prefix's and the rows' own) within the budget: the mask and the keys stay bounded.
+    assert all(len(b.input_ids_BT) == 1 or b.input_ids_BT.size + len(b.input_ids_BT) * b.prefix_length <= batch_tokens for b in after)
     assert all(b.position_ids_BT.max() < max_length for b in batches if b.position_ids_BT is not None)
     assert any(b.keeps_prefix for b in batches) == keep_prefixes
     targets = np.concatenate([b.pair_N for b in batches])
