@@ -39,9 +39,10 @@ import torch
 from torch import Tensor
 
 from inloop_eval.distributed import AgreedSequence, TaskAgreement
+from inloop_eval.engine import prefix_sharing
 from inloop_eval.engine.layout import LayoutNeeds
-from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TrieRows, plan_trie_rows, row_cost
-from inloop_eval.engine.rows import Flat, layout_rows, row_targets, row_tokens
+from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TrieRows, TrieWalk, row_cost
+from inloop_eval.engine.rows import Flat, layout_rows, pair_rows, row_targets, row_tokens
 from inloop_eval.requests.table import PairSet
 
 # What one forward pass costs beyond its tokens, in padded tokens: batches are cut where padding plus this
@@ -179,10 +180,11 @@ def plan_batches(
     """
     pair_ids = np.asarray(pair_ids, dtype=np.int64)
     if packing and share_prefixes:
-        plans = [
-            _plan_trie_rows(pairs, pair_ids, batch_tokens, pad_id, max_length, pad_to_multiple, attention_tokens, k)
-            for k in dict.fromkeys((keep_prefixes and not by_cost, keep_prefixes))
-        ]
+        sequence = pair_rows(pairs, pair_ids)
+        walk = prefix_sharing.walk_trie(sequence, len(pair_ids))  # sorted once for both plans
+        shape = (batch_tokens, pad_id, max_length, pad_to_multiple, attention_tokens)
+        kept = dict.fromkeys((keep_prefixes and not by_cost, keep_prefixes))
+        plans = [_plan_trie_rows(pairs, pair_ids, walk, sequence, *shape, k) for k in kept]
         return min(plans, key=lambda batches: plan_cost(batches, attention_tokens))
     layout = layout_rows(pairs, pair_ids, packing=packing, max_length=max_length)
     width_R = round_widths(layout.length_R, pad_to_multiple, max_length)
@@ -208,6 +210,8 @@ def plan_cost(batches: list[Batch], attention_tokens: int) -> float:
 def _plan_trie_rows(
     pairs: PairSet,
     pair_ids: np.ndarray,
+    walk: TrieWalk,
+    sequence: Callable[[int], np.ndarray],
     batch_tokens: int,
     pad_id: int,
     max_length: int | None,
@@ -215,21 +219,17 @@ def _plan_trie_rows(
     attention_tokens: int,
     keep_prefixes: bool,
 ) -> list[Batch]:
-    """`plan_batches` with every row a path of one prefix trie (`prefix_sharing.plan_trie_rows`): rows cut
-    into batches within each kept prefix's group, the prefix's own batch before them."""
+    """`plan_batches` with every row (`sequence`) a path of one prefix trie, walked in `walk`
+    (`prefix_sharing.plan_trie_rows`): rows cut into batches within each kept prefix's group, the prefix's
+    own batch before them."""
     ids = pair_ids
     ctx_start_P = pairs.ctx_offsets[pairs.ctx_id[ids]] + pairs.ctx_start[ids]
     ctx_len_P = pairs.ctx_len[ids].astype(np.int64)
     cont_len_P = pairs.cont_len[ids].astype(np.int64)
     cont_start_P = pairs.cont_offsets[ids]
-
-    def sequence(p: int) -> np.ndarray:
-        ctx = pairs.ctx_tokens[ctx_start_P[p] : ctx_start_P[p] + ctx_len_P[p]]
-        return np.concatenate([ctx, pairs.cont_tokens[cont_start_P[p] : cont_start_P[p] + cont_len_P[p] - 1]])
-
     cap = min(batch_tokens, max_length) if max_length is not None else batch_tokens
-    trie = plan_trie_rows(
-        sequence, ctx_len_P, cont_len_P, cap=cap, attention_tokens=attention_tokens, keep_stems=keep_prefixes
+    trie = prefix_sharing.plan_trie_rows(
+        walk, ctx_len_P, cont_len_P, cap=cap, attention_tokens=attention_tokens, keep_stems=keep_prefixes
     )
     width_W = round_widths(trie.length_W, pad_to_multiple, max_length)
     batch_W = np.zeros(len(width_W), dtype=np.int64)

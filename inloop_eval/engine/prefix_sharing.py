@@ -95,8 +95,27 @@ def sorted_by_tokens(sequences: list[np.ndarray]) -> np.ndarray:
     return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
 
 
+@dataclass
+class TrieWalk:
+    """The trie's depth-first walk: the pairs sorted by their rows' tokens (`order_S`) and how many leading
+    tokens each shares with the one before it (`lcp_S`, 0 for the first). Made once for every plan."""
+
+    order_S: np.ndarray
+    lcp_S: np.ndarray
+
+
+def walk_trie(sequence_P: Callable[[int], np.ndarray], n_pairs: int) -> TrieWalk:
+    """The walk over the rows `sequence_P(p)` of `n_pairs` pairs."""
+    seqs = [sequence_P(p) for p in range(n_pairs)]
+    order_S = sorted_by_tokens(seqs) if n_pairs else np.zeros(0, dtype=np.int64)
+    lcp_S = np.zeros(n_pairs, dtype=np.int64)
+    for i in range(1, n_pairs):
+        lcp_S[i] = common_prefix(seqs[order_S[i - 1]], seqs[order_S[i]])
+    return TrieWalk(order_S, lcp_S)
+
+
 def plan_trie_rows(
-    sequence_P: Callable[[int], np.ndarray],
+    walk: TrieWalk,
     ctx_len_P: np.ndarray,
     cont_len_P: np.ndarray,
     *,
@@ -104,16 +123,11 @@ def plan_trie_rows(
     attention_tokens: int = ATTENTION_COST_TOKENS,
     keep_stems: bool = False,
 ) -> TrieRows:
-    """Rows for pairs whose own rows are `sequence_P(p)` (context + continuation[:-1], of length
-    ctx_len + cont_len - 1): tree rows of at most `cap` tokens, below kept stems when `keep_stems`. A stem
-    always ends before a member's last context token, whose logits predict its first continuation token."""
-    n_pairs = len(ctx_len_P)
+    """Rows for pairs whose own rows (context + continuation[:-1], of length ctx_len + cont_len - 1) the
+    `walk` sorted: tree rows of at most `cap` tokens, below kept stems when `keep_stems`. A stem always ends
+    before a member's last context token, whose logits predict its first continuation token."""
     len_P = (ctx_len_P + cont_len_P - 1).astype(np.int64)
-    seqs = [sequence_P(p) for p in range(n_pairs)]
-    order_S = sorted_by_tokens(seqs) if n_pairs else np.zeros(0, dtype=np.int64)
-    lcp_S = np.zeros(n_pairs, dtype=np.int64)
-    for i in range(1, n_pairs):
-        lcp_S[i] = common_prefix(seqs[order_S[i - 1]], seqs[order_S[i]])
+    order_S, lcp_S = walk.order_S, walk.lcp_S
     stem_len_S, group_S = _stems(lcp_S, ctx_len_P[order_S].astype(np.int64), keep_stems)
     return _lay_out(order_S, lcp_S, len_P, ctx_len_P, cont_len_P, stem_len_S, group_S, cap, attention_tokens)
 
@@ -177,7 +191,7 @@ def _lay_out(
     stem_W: list[int] = []
     stem_pair_X: list[int] = []
     stem_length_X: list[int] = []
-    used, row_tokens, prev_len, stem = 0, 0, 0, 0
+    used, row_tokens, prev_len, stem, row_stem = 0, 0, 0, 0, 0
     for i in range(n_pairs):
         p = int(order_S[i])
         length = int(len_P[p])
@@ -194,16 +208,14 @@ def _lay_out(
             joined = grown <= cap and row_cost(grown, attention_tokens, stem) < row_cost(
                 row_tokens, attention_tokens, stem
             ) + row_cost(alone, attention_tokens, stem)
-        x = len(stem_pair_X) - 1 if stem else -1
         if joined:
             first = max(stem, int(lcp_S[i]))
             span_end_M[path[first:prev_len]] = used  # the subtrees the walk leaves end here
         else:
-            if row_first_W:
-                span_end_M[path[stem_W_depth(stem_W, stem_length_X) : prev_len]] = used
-            first = stem
+            span_end_M[path[row_stem:prev_len]] = used  # the row before ends here
+            first = row_stem = stem
             row_first_W.append(used)
-            stem_W.append(x)
+            stem_W.append(len(stem_pair_X) - 1 if stem else -1)
             row_tokens = 0
         new = length - first
         path[first:length] = used + np.arange(new)
@@ -214,17 +226,10 @@ def _lay_out(
         prev_len = length
         ctx_len = int(ctx_len_P[p])
         target_M[target_base_P[p] : target_base_P[p] + cont_len_P[p]] = path[ctx_len - 1 : length]
-    if row_first_W:
-        span_end_M[path[stem_W_depth(stem_W, stem_length_X) : prev_len]] = used
+    span_end_M[path[row_stem:prev_len]] = used
     return _rows(
         order_S, new_first_S, row_S, len_P, span_end_M, target_M, row_first_W, stem_W, stem_pair_X, stem_length_X
     )
-
-
-def stem_W_depth(stem_W: list[int], stem_length_X: list[int]) -> int:
-    """The depth the last row's own tokens start at: its stem's length (0 without one)."""
-    x = stem_W[-1]
-    return stem_length_X[x] if x >= 0 else 0
 
 
 def _rows(

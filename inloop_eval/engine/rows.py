@@ -12,6 +12,7 @@ Legend: P pairs scored, Q the same pairs in group order, G context groups, R row
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,19 @@ class RowLayout:
     n_pieces_R: np.ndarray
     row_P: np.ndarray
     col_P: np.ndarray
+
+
+def pair_rows(pairs: PairSet, pair_ids: np.ndarray) -> Callable[[int], np.ndarray]:
+    """Each planned pair's own row, context + continuation[:-1], by its index into `pair_ids`."""
+    ctx_start_P = pairs.ctx_offsets[pairs.ctx_id[pair_ids]] + pairs.ctx_start[pair_ids]
+    ctx_len_P, cont_len_P = pairs.ctx_len[pair_ids], pairs.cont_len[pair_ids]
+    cont_start_P = pairs.cont_offsets[pair_ids]
+
+    def sequence(p: int) -> np.ndarray:
+        ctx = pairs.ctx_tokens[ctx_start_P[p] : ctx_start_P[p] + ctx_len_P[p]]
+        return np.concatenate([ctx, pairs.cont_tokens[cont_start_P[p] : cont_start_P[p] + cont_len_P[p] - 1]])
+
+    return sequence
 
 
 def layout_rows(pairs: PairSet, pair_ids: np.ndarray, *, packing: bool, max_length: int | None) -> RowLayout:
