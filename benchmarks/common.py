@@ -175,12 +175,12 @@ def run_twice(
 
 
 def task_requests(
-    task_id: str, tokenizer: Any, data_root: Path, limit: int | None, *, with_uncond: bool
+    task_id: str, tokenizer: Any, data_root: Path, limit: int | None, *, with_uncond: bool, spread: bool = False
 ) -> RequestTable:
-    """The requests of the task's first `limit` documents (None: all), tokenized as our evaluator
-    tokenizes them."""
+    """The requests of the task's first `limit` documents (None: all; with `spread`, `limit` documents
+    evenly spaced over the split), tokenized as our evaluator tokenizes them."""
     task = get_task(task_id)
-    docs = load_docs(task, data_root, limit=limit)
+    docs = load_docs(task, data_root, limit=limit, spread=spread)
     return build_requests(task, docs, tokenizer, MAX_LENGTH, with_uncond=with_uncond)
 
 

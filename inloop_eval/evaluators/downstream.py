@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 import numpy as np
@@ -34,13 +33,7 @@ from inloop_eval.keys import DOWNSTREAM, OlmoCoreNames
 from inloop_eval.metrics.icl import ICLMetric
 from inloop_eval.metrics.olmo import olmo_figures
 from inloop_eval.metrics.registry import ALL_METRICS, comparing_choices, needs_uncond, unknown_metrics
-from inloop_eval.requests.cache import (
-    RequestCacheError,
-    cache_path,
-    load_table,
-    save_table,
-    table_fingerprint,
-)
+from inloop_eval.requests.cache import cache_path, read_request_cache, table_fingerprint, write_request_cache
 from inloop_eval.requests.table import PairSet, RequestTable, build_requests
 from inloop_eval.tasks import Doc, MultipleChoiceTask, get_task, load_docs
 from inloop_eval.tasks.registry import check_task_id
@@ -63,7 +56,10 @@ class TaskEvalConfig:
     batch_tokens: Annotated[int, AtLeast(1)] = 8192
     """Token budget of one forward pass (rows x longest row, padding included)."""
     limit: Annotated[int, AtLeast(1)] | None = None
-    """Evaluate only the first `limit` documents of the split."""
+    """Evaluate only the first `limit` documents of the split (with `spread`, `limit` spread over it)."""
+    spread: bool = False
+    """With `limit`: the documents evaluated are evenly spaced over the whole split (every MMLU subject in
+    proportion) rather than its first ones; each keeps its index and few-shot examples of a full run."""
     metrics: list[str] | None = None
     """Figures to report instead of the task's defaults (names from `inloop_eval.metrics.registry.ALL_METRICS`)."""
     subset_num_batches: Annotated[int, AtLeast(1)] | None = None
@@ -159,7 +155,7 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         ev = self.config
         task = get_task(ev.task)
         metrics = tuple(ev.metrics) if ev.metrics is not None else task.metrics
-        docs = load_docs(task, self.settings.data_root, limit=ev.limit)
+        docs = load_docs(task, self.settings.data_root, limit=ev.limit, spread=ev.spread)
         warn_single_choice(self.title(), docs, metrics)
         with_uncond = needs_uncond(metrics) or task.olmo_metric_type == "pmi_dc"
         table = self.requests(task, docs, max_length, with_uncond, agreement)
@@ -374,27 +370,6 @@ def check_vocabulary(
             f"{describe_pair(prepared, p)}: token id {top} is beyond the model's "
             f"vocabulary of {vocab} (its input embedding); the tokenizer does not match the model"
         )
-
-
-def read_request_cache(path: Path | None) -> RequestTable | None:
-    """The cached table at `path`, or None (no path, no file, or a file that does not read back)."""
-    if path is None:
-        return None
-    try:
-        return load_table(path)
-    except RequestCacheError as exc:
-        log.warning("%s", exc)
-        return None
-
-
-def write_request_cache(table: RequestTable, path: Path | None) -> None:
-    """Cache `table` at `path`; a cache that cannot be written is logged, never fatal."""
-    if path is None:
-        return
-    try:
-        save_table(table, path)
-    except OSError as exc:
-        log.warning("request cache %s not written (%s); every rank tokenizes for itself", path, exc)
 
 
 def describe_pair(prepared: PreparedTask, p: int) -> str:

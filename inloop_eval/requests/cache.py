@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +42,9 @@ _NOT_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9_-]+")
 
 # What happens to a file that does not read back: the evaluator never trusts it and replaces it.
 _REBUILT = "not used: the evaluator tokenizes the task again and rewrites the file, nothing to do"
+
+
+log = logging.getLogger(__name__)
 
 
 class RequestCacheError(InLoopEvalError):
@@ -230,3 +234,24 @@ def table_fingerprint(table: RequestTable) -> int:
                   pairs.cont_tokens, pairs.cont_offsets, table.doc_id, table.cont_id, table.is_gold):  # fmt: skip
         digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
     return int.from_bytes(digest.digest(), "little") >> 2
+
+
+def read_request_cache(path: Path | None) -> RequestTable | None:
+    """The cached table at `path`, or None (no path, no file, or a file that does not read back)."""
+    if path is None:
+        return None
+    try:
+        return load_table(path)
+    except RequestCacheError as exc:
+        log.warning("%s", exc)
+        return None
+
+
+def write_request_cache(table: RequestTable, path: Path | None) -> None:
+    """Cache `table` at `path`; a cache that cannot be written is logged, never fatal."""
+    if path is None:
+        return
+    try:
+        save_table(table, path)
+    except OSError as exc:
+        log.warning("request cache %s not written (%s); every rank tokenizes for itself", path, exc)

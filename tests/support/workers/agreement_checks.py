@@ -78,8 +78,8 @@ def check_task_data(ctx: Context) -> dict[str, Any]:
     every rank with `strict`; the next task gives its figures."""
     load_docs = downstream_module.load_docs
 
-    def short_on_last(task: Any, data_root: Any, limit: int | None = None) -> Any:
-        docs = load_docs(task, data_root, limit=limit)
+    def short_on_last(task: Any, data_root: Any, limit: int | None = None, spread: bool = False) -> Any:
+        docs = load_docs(task, data_root, limit=limit, spread=spread)
         return docs[:-1] if ctx.rank == ctx.world_size - 1 else docs
 
     with patched(downstream_module, "load_docs", short_on_last):

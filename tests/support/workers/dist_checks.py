@@ -321,10 +321,10 @@ def check_failures(ctx: Context) -> dict[str, Any]:
     last = ctx.world_size - 1
     results: dict[str, Any] = {}
 
-    def load_docs_failing(task: Any, data_root: Any, limit: Any = None) -> Any:
+    def load_docs_failing(task: Any, data_root: Any, limit: Any = None, spread: bool = False) -> Any:
         if world()[1] == last and task.name == FAILING["task"]:
             raise TaskDataError(f"task {task.name!r} doc 3: injected data error on rank {last}")
-        return load_docs(task, data_root, limit=limit)
+        return load_docs(task, data_root, limit=limit, spread=spread)
 
     # Preparation: a data error on one rank, before any forward pass (FSDP model).
     with patched(downstream_module, "load_docs", load_docs_failing):
