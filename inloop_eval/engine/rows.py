@@ -225,5 +225,3 @@ def row_targets(
         values={"target": pairs.cont_tokens[pairs.cont_offsets[pair_ids][pair_N] + j_N], "pair": pair_N},
         bounds=bounds,
     )
-
-

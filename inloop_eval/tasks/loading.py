@@ -59,9 +59,11 @@ def load_docs(
             local = picked[s]
         else:
             local = list(range(len(rows) if limit is None else min(len(rows), limit - len(docs))))
+        start, offset = offset, offset + len(rows)
+        if not local:  # a subset the spread skips: no few-shot pool to read
+            continue
         raws = [rows[i] for i in local]
-        part = [task.make_doc(raw, offset + i) for raw, i in zip(raws, local, strict=True)]
-        offset += len(rows)
+        part = [task.make_doc(raw, start + i) for raw, i in zip(raws, local, strict=True)]
         pool, same_split = rows, True
         if task.num_fewshot > 0 and task.fewshot_split not in (None, task.split):
             pool, same_split = task.rows(subset, str(task.fewshot_split), data_root), False
