@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from inloop_eval import ForwardInputs, InLoopEvaluator, LayoutNeeds, ModelAdapter, ProjectedHead
+from inloop_eval import AdapterNeeds, ForwardInputs, InLoopEvaluator, ModelAdapter, ProjectedHead
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests.table import RequestTable, build_requests
 from inloop_eval.tasks import get_task, load_docs
@@ -108,8 +108,8 @@ class PlanOnly(ModelAdapter):
         nn.init.zeros_(self.head.weight)
 
     @property
-    def needs(self) -> LayoutNeeds:
-        return LayoutNeeds(packing=True, prefix_reuse=self.prefix_reuse)
+    def needs(self) -> AdapterNeeds:
+        return AdapterNeeds(packing=True, prefix_reuse=self.prefix_reuse)
 
     def forward(self, inputs: ForwardInputs) -> ProjectedHead:
         if inputs.keeps_prefix and inputs.prefix is not None:

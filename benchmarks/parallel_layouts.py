@@ -46,7 +46,7 @@ from inloop_eval import InLoopEvaluator
 from inloop_eval.data.root import default_data_root
 from inloop_eval.distributed import all_reduce_sum, init_from_env
 from inloop_eval.evaluators.config import EvaluatorConfig
-from inloop_eval.integrations.olmo_core import olmo_tokenizer
+from inloop_eval.integrations.olmo_core.callback import olmo_tokenizer
 
 LAYOUTS = {
     "single": {},

@@ -43,7 +43,7 @@ from benchmarks.common import (
 from inloop_eval import EvaluatorConfig, InLoopEvaluator
 from inloop_eval.data.root import default_data_root, neox_tokenizer_path
 from inloop_eval.data.tokenizer import load_tokenizer
-from inloop_eval.integrations.olmo_core import task_set_ids
+from inloop_eval.integrations.olmo_core.callback import task_set_ids
 
 VOCAB_SIZE = 50304
 BATCH_TOKENS = 8192

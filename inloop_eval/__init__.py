@@ -1,8 +1,8 @@
 """In-loop evaluation for language-model training.
 
 The extension points: `InLoopEvaluator` and its configs (`EvaluatorConfig` with `TaskEvalConfig` and
-`LMEvalConfig` entries), `run_and_log` for a training loop, `ModelAdapter` (with `LayoutNeeds`,
-`ForwardInputs`, the output layouts `FullLogits`, `ProjectedHead`, `VocabSharded`, and `register_layout`)
+`LMEvalConfig` entries), `run_and_log` for a training loop, `ModelAdapter` (with `AdapterNeeds`,
+`ForwardInputs`, the output forms `FullLogits`, `ProjectedHead`, `VocabSharded`, and `register_model_family`)
 for a model we do not know how to call, `MultipleChoiceTask` + `register` for a task of your own, and
 `Evaluator` / `EvalOutput` for a new kind of evaluation. docs/design.md describes how they fit together.
 
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from inloop_eval.config import EvaluatorConfig, LMEvalConfig, TaskEvalConfig
-    from inloop_eval.engine.layout import ForwardInputs, LayoutNeeds, ModelAdapter
-    from inloop_eval.engine.layouts.full_logits import FullLogits
-    from inloop_eval.engine.layouts.projected_head import ProjectedHead
-    from inloop_eval.engine.layouts.vocab_sharded import VocabSharded
-    from inloop_eval.engine.registry import LayoutEntry, register_layout
+    from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter
+    from inloop_eval.engine.families import ModelFamily, register_model_family
+    from inloop_eval.engine.outputs.full_logits import FullLogits
+    from inloop_eval.engine.outputs.projected_head import ProjectedHead
+    from inloop_eval.engine.outputs.vocab_sharded import VocabSharded
     from inloop_eval.evaluators.base import EvalOutput, Evaluator
     from inloop_eval.evaluators.orchestrator import InLoopEvaluator
     from inloop_eval.integrations import run_and_log
@@ -33,19 +33,19 @@ _EXPORTS = {
     "EvalOutput": "inloop_eval.evaluators.base",
     "Evaluator": "inloop_eval.evaluators.base",
     "EvaluatorConfig": "inloop_eval.config",
-    "ForwardInputs": "inloop_eval.engine.layout",
-    "FullLogits": "inloop_eval.engine.layouts.full_logits",
+    "ForwardInputs": "inloop_eval.engine.adapter",
+    "FullLogits": "inloop_eval.engine.outputs.full_logits",
     "InLoopEvaluator": "inloop_eval.evaluators.orchestrator",
     "LMEvalConfig": "inloop_eval.config",
-    "LayoutEntry": "inloop_eval.engine.registry",
-    "LayoutNeeds": "inloop_eval.engine.layout",
-    "ModelAdapter": "inloop_eval.engine.layout",
+    "ModelFamily": "inloop_eval.engine.families",
+    "AdapterNeeds": "inloop_eval.engine.adapter",
+    "ModelAdapter": "inloop_eval.engine.adapter",
     "MultipleChoiceTask": "inloop_eval.tasks",
-    "ProjectedHead": "inloop_eval.engine.layouts.projected_head",
+    "ProjectedHead": "inloop_eval.engine.outputs.projected_head",
     "TaskEvalConfig": "inloop_eval.config",
-    "VocabSharded": "inloop_eval.engine.layouts.vocab_sharded",
+    "VocabSharded": "inloop_eval.engine.outputs.vocab_sharded",
     "register": "inloop_eval.tasks",
-    "register_layout": "inloop_eval.engine.registry",
+    "register_model_family": "inloop_eval.engine.families",
     "run_and_log": "inloop_eval.integrations",
 }
 
@@ -57,15 +57,15 @@ __all__ = [
     "FullLogits",
     "InLoopEvaluator",
     "LMEvalConfig",
-    "LayoutEntry",
-    "LayoutNeeds",
+    "ModelFamily",
+    "AdapterNeeds",
     "ModelAdapter",
     "ProjectedHead",
     "MultipleChoiceTask",
     "TaskEvalConfig",
     "register",
     "VocabSharded",
-    "register_layout",
+    "register_model_family",
     "run_and_log",
 ]
 

@@ -77,7 +77,7 @@ def world() -> tuple[int, int]:
 # Mesh dimension names that are data parallel (torchtitan's and OLMo-core's); any other dimension of more
 # than one rank ("tp", "cp", "pp", "ep", torchtitan's "dp_shard_cp") splits the model or the sequence.
 # torchtitan's DTensor backend ("partial_dtensor") shards parameters over "fsdp", which folds dp_shard and
-# cp: data parallel without context parallelism, which its validator (integrations/torchtitan.py) refuses.
+# cp: data parallel without context parallelism, which its validator (integrations/torchtitan/) refuses.
 DATA_PARALLEL_DIMS = ("dp", "dp_replicate", "dp_shard", "fsdp")
 
 def resolve_data_parallel(dp: ProcessGroup | DeviceMesh | None) -> ProcessGroup | None:

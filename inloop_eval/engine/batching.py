@@ -40,7 +40,7 @@ from torch import Tensor
 
 from inloop_eval.distributed import AgreedSequence, TaskAgreement
 from inloop_eval.engine import prefix_sharing
-from inloop_eval.engine.layout import LayoutNeeds
+from inloop_eval.engine.adapter import AdapterNeeds
 from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TrieRows, TrieWalk, row_cost
 from inloop_eval.engine.rows import Flat, layout_rows, pair_rows, row_targets, row_tokens
 from inloop_eval.requests.table import PairSet
@@ -52,14 +52,14 @@ FORWARD_COST_TOKENS = 64
 
 @dataclass(frozen=True)
 class BatchShape:
-    """What every batch of one evaluation must be, as the model's layout needs it and the config asks.
+    """What every batch of one evaluation must be, as the model's adapter needs it and the config asks.
 
     packing: rows may be packed (the model takes an attention mask and position ids).
-    width_multiple: every width is a multiple of this: the layout's own (a sequence split over ranks)
+    width_multiple: every width is a multiple of this: the adapter's own (a sequence split over ranks)
         times what the config's `pad_to_multiple` adds (bucketed shapes for torch.compile), their lcm.
     share_prefixes: with packing, rows are paths of one prefix trie (`prefix_sharing`).
     attention_tokens: the row cost model's constant (`prefix_sharing.row_cost`).
-    keep_prefixes: with sharing, prefixes many rows begin with are forwarded once and kept (the layout's
+    keep_prefixes: with sharing, prefixes many rows begin with are forwarded once and kept (the adapter's
         `prefix_reuse`).
     """
 
@@ -72,15 +72,15 @@ class BatchShape:
     @classmethod
     def of(
         cls,
-        needs: LayoutNeeds,
+        needs: AdapterNeeds,
         pad_to_multiple: int = 1,
         *,
         share_prefixes: bool = True,
         keep_prefixes: bool = True,
         attention_tokens: int = ATTENTION_COST_TOKENS,
     ) -> BatchShape:
-        """The shape honouring both the layout's `needs` and the config's `pad_to_multiple`, `share_prefixes`
-        and `keep_prefixes` (where the layout has `prefix_reuse`)."""
+        """The shape honouring both the adapter's `needs` and the config's `pad_to_multiple`, `share_prefixes`
+        and `keep_prefixes` (where the adapter has `prefix_reuse`)."""
         return cls(
             needs.packing,
             math.lcm(needs.width_multiple, pad_to_multiple),
@@ -101,7 +101,7 @@ class Batch:
         Every row is laid out as a prefix trie in depth-first order, so a token is seen by the tokens of
         its own subtree, which follow it: the one at column j is seen by columns j..span_end_BT[b, j] - 1
         (`attention_mask_B1TT`); padding sees itself only.
-    prefix_length: the rows begin with a kept prefix of this many tokens (`layout.SharedPrefix`), not in
+    prefix_length: the rows begin with a kept prefix of this many tokens (`adapter.SharedPrefix`), not in
         the batch; their position ids start there. 0: none.
     keeps_prefix: this batch is that prefix: one causal row without targets, whose states the batches after
         it (with the same `prefix_length`) read.
@@ -174,7 +174,7 @@ def plan_batches(
         at most `max_length` and `batch_tokens` tokens (`prefix_sharing`, its cost model's `attention_tokens`);
         off, each context is shared among its own continuations only.
     keep_prefixes: with sharing, prefixes many rows begin with may be forwarded once and kept (the model has
-        `LayoutNeeds.prefix_reuse`): a batch with `keeps_prefix` before the batches that read it; the plan
+        `AdapterNeeds.prefix_reuse`): a batch with `keeps_prefix` before the batches that read it; the plan
         with kept prefixes is taken where the cost model finds it cheaper (`plan_cost`), always when not
         `by_cost`.
     """

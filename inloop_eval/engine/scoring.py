@@ -1,6 +1,6 @@
 """From planned batches to per-pair loglikelihoods: every batch forwarded through the model's adapter, its
-targets scored by the outputs it returns (`layout.ModelOutputs`, one implementation per layout in
-`engine/layouts/`), in float32, summed per pair in float64. One path for every model.
+targets scored by the outputs it returns (`adapter.ModelOutputs`, one implementation per output form in
+`engine/outputs/`), in float32, summed per pair in float64. One path for every model.
 Legend: N continuation tokens in a batch, U distinct positions predicting them, P pairs scored, B rows,
 T time.
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace, ModelAdapter, SharedPrefix, TokenCount
 from inloop_eval.engine.batching import Batch, attention_mask_B1TT
-from inloop_eval.engine.layout import ForwardInputs, HeadWorkspace, ModelAdapter, SharedPrefix, TokenCount
 from inloop_eval.errors import ModelOutputError
 
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from inloop_eval.engine.layout import refuse_layout
+from inloop_eval.engine.adapter import refuse_model
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -72,14 +72,14 @@ class _AutocastState:
 
 
 def check_no_grad_forward(model: Any) -> None:
-    """Refused (`refuse_layout`) when a forward under `no_grad` would detach `model`'s parameters for good:
+    """Refused (`refuse_model`) when a forward under `no_grad` would detach `model`'s parameters for good:
     torch's DDP (`replicate`) over tensor-parallel DTensor parameters that no training forward has swapped
     yet."""
     hooks = model._forward_pre_hooks.values() if isinstance(model, nn.Module) else ()
     if not any(getattr(h, "__name__", "") == "_reconstruct_dtensor" for h in hooks):
         return
     if any(isinstance(p, DTensor) or hasattr(p, "_st_info") for p in model.parameters()):
-        refuse_layout(
+        refuse_model(
             "a model wrapped by torch's DDP (replicate; OLMo-core's DataParallelType.ddp) over tensor-parallel "
             "DTensor parameters",
             "it has not run a training forward yet, and its first forward under torch.no_grad would replace "

@@ -29,8 +29,8 @@ from torch.distributed import ProcessGroup
 from inloop_eval.config_fields import shown
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.distributed import TaskAgreement, data_parallel_in, run_agreed
+from inloop_eval.engine.adapter import ModelAdapter, TokenCount
 from inloop_eval.engine.batching import BatchShape
-from inloop_eval.engine.layout import ModelAdapter, TokenCount
 from inloop_eval.errors import ConfigError
 from inloop_eval.keys import FAILED, OlmoCoreNames
 from inloop_eval.metrics.icl import DocumentOutcomes
@@ -97,7 +97,7 @@ class EvalContext:
     adapter: the model.
     max_length: the longest input: the config's `max_length`, else the model's own (None: unknown).
     dp_group: the data-parallel group documents are sharded and metrics reduced over; None: the world.
-    shape: what every planned batch must be (packing, width multiple), from the layout and the config.
+    shape: what every planned batch must be (packing, width multiple), from the adapter's needs and the config.
     tokens: the tokens forwarded in this run, added to at each forward.
     strict: raise a failure rather than reporting `failed = 1`.
     progress: called with the number of requests (or sequences) of each batch scored.

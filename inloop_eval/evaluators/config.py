@@ -21,8 +21,8 @@ from inloop_eval.config_fields import (
 from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
+from inloop_eval.engine.adapter import AdapterNeeds
 from inloop_eval.engine.batching import BatchShape
-from inloop_eval.engine.layout import LayoutNeeds
 from inloop_eval.engine.prefix_sharing import attention_tokens_for
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.downstream import TaskEvalConfig
@@ -99,7 +99,7 @@ class EvaluatorConfig:
     (`eval/downstream/<label>/failed`, `eval/lm/<label>/failed`)."""
     pad_to_multiple: Annotated[int, AtLeast(1)] = 1
     """Round every batch's width up to a multiple of this many tokens (bucketed shapes, so a model whose
-    forward is compiled sees a few widths rather than one per batch); 1 is off. A layout that needs widths
+    forward is compiled sees a few widths rather than one per batch); 1 is off. An adapter that needs widths
     of a multiple of its own (a sequence split over ranks) gets their least common multiple."""
     share_prefixes: bool = True
     """For models that take packed rows: every request's own row is a path of one prefix trie, each token
@@ -176,8 +176,8 @@ class EvaluatorConfig:
         data = {k: v for k, v in self.to_dict().items() if k not in ("data_root", "tokenizer")}
         return flat_settings(data)
 
-    def batch_shape(self, needs: LayoutNeeds, device_type: str) -> BatchShape:
-        """What every batch must be for a model of layout `needs` on a device of `device_type`: the layout's
+    def batch_shape(self, needs: AdapterNeeds, device_type: str) -> BatchShape:
+        """What every batch must be for a model whose adapter has `needs` on a device of `device_type`: the adapter's
         needs with this config's `pad_to_multiple`, `share_prefixes`, `keep_prefixes` and `attention_tokens`."""
         attention = attention_tokens_for(device_type, self.attention_tokens)
         return BatchShape.of(

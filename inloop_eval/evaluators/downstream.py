@@ -313,7 +313,7 @@ def plan(
     prepared: PreparedTask, pair_ids: np.ndarray, shape: BatchShape, data_parallel: tuple[int, int]
 ) -> list[Batch]:
     """This rank's batches for `pair_ids` (its share, which the data-parallel size and rank decide), in the
-    batch `shape` the layout needs, planned at the task's first evaluation and reused by the later ones
+    batch `shape` the adapter needs, planned at the task's first evaluation and reused by the later ones
     (planning a large task takes a CPU-second)."""
     key = (*data_parallel, shape)
     if key not in prepared.plans:

@@ -2,12 +2,12 @@
 
 The plain loop needs nothing from here (`if evaluator.should_run(step): evaluator.run(model, step=step)`);
 `run_and_log` adds the wall time and tokens forwarded and hands the result to a logger. The trainer
-callbacks live in `inloop_eval.integrations.hf` (Hugging Face `Trainer`), `.lightning` (Lightning) and
+callbacks live in `inloop_eval.integrations.hf.callback` (Hugging Face `Trainer`), `.lightning` (Lightning) and
 `.olmo_core` (OLMo-core), each deciding when to evaluate with `EvalSchedule`; torchtitan's validator slot in
 `.torchtitan` (torchtitan decides when). `.olmo_core_perplexity` turns OLMo-core's perplexity callback config
 (`LMEvaluatorCallbackConfig`) into a perplexity evaluator config; `.callback_config` holds the fields and
 checks the OLMo-core and torchtitan callback configs share. `.megatron` scores a Megatron-core `GPTModel` in
-its training layout (Megatron-LM's loop makes the two calls itself).
+its training parallelism (Megatron-LM's loop makes the two calls itself).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def run_and_log(
     `eval/tokens_forwarded` counts the tokens of every batch sent through the model once, padding and dummies
     included: the sum over the data-parallel group. The ranks of a model-parallel group (tensor or context
     parallel peers) forward the same batches together, so it is not summed over them: each batch counts
-    once, whatever the layout, and the figure is that of one process forwarding the same batches.
+    once, whatever the parallelism, and the figure is that of one process forwarding the same batches.
     prefix: the first part of every key (`eval`; `eval/merged` for OLMo-core's merged weights).
     dp_group: the data-parallel group of a model split over ranks (`InLoopEvaluator.run`'s); None: the world.
     progress: called with the requests of each batch scored (`InLoopEvaluator.run`'s)."""

@@ -213,7 +213,7 @@ def find_tokenizer_config(data: Any) -> dict[str, Any] | None:
 def evaluated_in_loop(checkpoint: Checkpoint) -> bool:
     """Whether the training loop evaluated this checkpoint's step before saving it: an OLMo-core checkpoint
     whose trainer state holds an evaluator callback's `last_evaluated_step` equal to its step (the in-loop
-    callback of `inloop_eval.integrations.olmo_core` evaluates before the checkpointer saves). False for the
+    callback of `inloop_eval.integrations.olmo_core.callback` evaluates before the checkpointer saves). False for the
     other formats, whose checkpoints do not say (their in-loop figures are found in `metrics.jsonl`)."""
     if checkpoint.format != OLMO_CORE:
         return False

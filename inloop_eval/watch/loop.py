@@ -38,7 +38,7 @@ from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
 from inloop_eval.distributed import all_reduce_max, world
-from inloop_eval.engine.adapters import input_embedding_rows
+from inloop_eval.engine.adapters.logits import input_embedding_rows
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import run_and_log

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from helpers import tiny_neox
 
-from inloop_eval.engine.adapters import LogitsAdapter
-from inloop_eval.engine.registry import make_adapter
+from inloop_eval.engine.adapters.logits import LogitsAdapter
+from inloop_eval.engine.families import make_adapter
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator

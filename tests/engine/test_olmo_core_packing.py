@@ -19,15 +19,15 @@ from olmo_core.nn.attention import GateConfig, SlidingWindowAttentionConfig
 from olmo_core.nn.attention.backend import FlashAttention2Backend
 from olmo_core.nn.transformer import Transformer, TransformerBlockType, TransformerConfig
 
-from inloop_eval.engine import olmo_core_packing
-from inloop_eval.engine.adapters import LogitsAdapter
+from inloop_eval.engine.adapter import TokenCount
+from inloop_eval.engine.adapters.logits import LogitsAdapter
 from inloop_eval.engine.batching import plan_batches
-from inloop_eval.engine.layout import TokenCount
-from inloop_eval.engine.olmo_core_adapter import OLMoCoreAdapter
-from inloop_eval.engine.registry import make_adapter
+from inloop_eval.engine.families import make_adapter
 from inloop_eval.engine.scoring import PairScores, run_batches
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from inloop_eval.integrations.olmo_core import attention as olmo_core_attention
+from inloop_eval.integrations.olmo_core.adapter import OLMoCoreAdapter
 from inloop_eval.requests.table import PairSet, build_requests
 from inloop_eval.tasks import get_task, load_docs
 
@@ -336,7 +336,7 @@ def test_unverified_models_go_one_request_per_row_said_once(monkeypatch, caplog)
     )  # fmt: skip
     for name, (model, why) in refused_models(monkeypatch).items():
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger=olmo_core_packing.__name__):
+        with caplog.at_level(logging.INFO, logger=olmo_core_attention.__name__):
             adapters = [make_adapter(model, MAX_LENGTH) for _ in range(3)]
         assert not any(a.needs.packing for a in adapters), name
         assert len(caplog.records) == 1, name

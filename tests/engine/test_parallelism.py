@@ -118,7 +118,7 @@ def assert_same_samples(samples: list[dict[str, Any]], expected: dict[tuple[str,
 
 
 def test_a_layout_registered_from_outside_the_package_gives_the_unsharded_numbers(single, launched) -> None:
-    """A toy model returning its vocabulary in slices over two ranks, registered with `register_layout` from
+    """A toy model returning its vocabulary in slices over two ranks, registered with `register_model_family` from
     this test's support code (no edit of the engine), scores as the same model unsharded."""
     reference = single["registered_layout"]
     expected = {(s["task"], s["doc_id"], s["cont_id"]): s for s in reference["samples"]}

@@ -21,7 +21,7 @@ from helpers import assert_same_metrics
 from workers import pipeline_checks
 from workers.launch import REPO, torchrun, worker_env
 
-from inloop_eval.engine.pipeline import PipelineAdapter
+from inloop_eval.engine.adapters.pipeline import PipelineAdapter
 from inloop_eval.errors import ConfigError
 
 LAUNCHES: dict[int, list[str]] = {2: ["layouts", "last_stage_failure", "training"], 4: ["layouts"]}

@@ -16,26 +16,26 @@ import torch
 
 from inloop_eval.engine import logprobs
 from inloop_eval.engine import rows as row_layout
-from inloop_eval.engine.adapters import (
-    HF_PACKING_TYPES,
-    HF_PREFIX_REUSE_TYPES,
-    HFCausalLMAdapter,
-    LogitsAdapter,
-    SoftCappedHead,
-)
+from inloop_eval.engine.adapter import ForwardInputs, ModelAdapter, TokenCount
+from inloop_eval.engine.adapters.logits import LogitsAdapter
 from inloop_eval.engine.batching import (
     attention_mask_B1TT,
     minimum_tokens,
     plan_batches,
     row_lengths,
 )
-from inloop_eval.engine.layout import ForwardInputs, ModelAdapter, TokenCount
-from inloop_eval.engine.layouts import projected_head
-from inloop_eval.engine.registry import make_adapter
+from inloop_eval.engine.families import make_adapter
+from inloop_eval.engine.outputs import projected_head
 from inloop_eval.engine.scoring import PairScores, run_batches
 from inloop_eval.errors import ModelOutputError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from inloop_eval.integrations.hf.adapter import (
+    HF_PACKING_TYPES,
+    HF_PREFIX_REUSE_TYPES,
+    HFCausalLMAdapter,
+    SoftCappedHead,
+)
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests.table import PairSet, RequestTable, build_requests
 from inloop_eval.tasks import get_task, load_docs

@@ -13,7 +13,7 @@ import torch
 from helpers import rng_draws, seed_all
 from torch import nn
 
-from inloop_eval.engine.adapters import LogitsAdapter
+from inloop_eval.engine.adapters.logits import LogitsAdapter
 from inloop_eval.engine.training_state import training_untouched
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.config import EvaluatorConfig

@@ -12,7 +12,7 @@ import torch
 from lm_helpers import lm_entry, write_domains
 from torch import Tensor, nn
 
-from inloop_eval.engine.registry import make_adapter
+from inloop_eval.engine.families import make_adapter
 from inloop_eval.errors import LMDataError, ModelOutputError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator

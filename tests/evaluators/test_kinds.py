@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from inloop_eval.engine.adapter import ModelAdapter, TokenCount
 from inloop_eval.engine.batching import BatchShape
-from inloop_eval.engine.layout import ModelAdapter, TokenCount
 from inloop_eval.errors import TaskDataError
 from inloop_eval.evaluators.base import EvalContext, EvalOutput, Evaluator, entry_type
 from inloop_eval.evaluators.config import EvaluatorConfig

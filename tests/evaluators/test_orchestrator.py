@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import REPO, rng_draws, seed_all
 
-from inloop_eval.engine.adapters import LogitsAdapter
+from inloop_eval.engine.adapters.logits import LogitsAdapter
 from inloop_eval.errors import ConfigError, ModelOutputError, RequestError, TaskDataError, UnknownTaskError
 from inloop_eval.evaluators import downstream as downstream_module
 from inloop_eval.evaluators.config import EvaluatorConfig

@@ -20,8 +20,8 @@ from lm_helpers import (
 )
 
 from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
-from inloop_eval.engine.adapters import LogitsAdapter
-from inloop_eval.engine.layouts.projected_head import token_logprobs
+from inloop_eval.engine.adapters.logits import LogitsAdapter
+from inloop_eval.engine.outputs.projected_head import token_logprobs
 from inloop_eval.errors import ConfigError, LMDataError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator

@@ -23,7 +23,7 @@ def token_batches(tokenizer, n: int, seq_len: int = 32) -> torch.Tensor:
 
 def test_hf_trainer_callback_logs_eval_keys(data_root, neox_tokenizer, tmp_path):
     transformers = importlib.import_module("transformers")
-    from inloop_eval.integrations.hf import InLoopEvalCallback
+    from inloop_eval.integrations.hf.callback import InLoopEvalCallback
 
     model = tiny_neox(layers=1, max_positions=256)
     ids = token_batches(neox_tokenizer, 2 * STEPS)
@@ -53,7 +53,7 @@ def test_lightning_callback_logs_eval_keys(data_root, neox_tokenizer, tmp_path):
     L = importlib.import_module("lightning.pytorch")
     from lightning.pytorch.loggers import CSVLogger
 
-    from inloop_eval.integrations.lightning import InLoopEvalCallback
+    from inloop_eval.integrations.lightning.callback import InLoopEvalCallback
 
     class LitGPT(L.LightningModule):
         def __init__(self) -> None:

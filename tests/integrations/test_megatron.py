@@ -25,9 +25,8 @@ from helpers import assert_same_metrics
 from workers.launch import REPO, torchrun, worker_env
 
 from inloop_eval.errors import ConfigError
-from inloop_eval.integrations.megatron import MegatronLayout, read_layout
 from inloop_eval.integrations.megatron.forward import micro_batches
-from inloop_eval.integrations.megatron.layout import unwrap_gpt
+from inloop_eval.integrations.megatron.topology import MegatronTopology, read_topology, unwrap_gpt
 
 WORKER = REPO / "tests" / "support" / "megatron_checks.py"
 LAUNCHES: dict[int, list[str]] = {
@@ -200,16 +199,16 @@ def test_a_module_that_is_not_a_gpt_model_is_refused() -> None:
     with pytest.raises(ConfigError, match="expected a megatron.core GPTModel.*found Linear"):
         unwrap_gpt(torch.nn.Linear(2, 2))
     with pytest.raises(ConfigError, match="no model chunks"):
-        read_layout([])
+        read_topology([])
 
 
-def _layout(**overrides: Any) -> MegatronLayout:
+def _layout(**overrides: Any) -> MegatronTopology:
     fields: dict[str, Any] = dict(
         tp_group=None, tp_size=1, tp_rank=0, pp_group=None, pp_size=1, pp_rank=0, n_chunks=1,
         sequence_parallel=False, microbatch_group=1, vocab_size=VOCAB, max_length=64, hidden_size=32,
         packing_blocker="",
     )
-    return MegatronLayout(**{**fields, **overrides})
+    return MegatronTopology(**{**fields, **overrides})
 
 
 @pytest.mark.parametrize(

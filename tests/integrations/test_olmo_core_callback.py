@@ -19,14 +19,14 @@ from workers.launch import torchrun, worker_env
 from workers.olmo_core_train import INTERVAL, LIMIT, SEQ_LEN, STEPS, TASKS, callback_config, train
 
 from inloop_eval.data.root import TOKENIZER_DIR
-from inloop_eval.engine.adapters import LogitsAdapter
-from inloop_eval.engine.olmo_core_adapter import OLMoCoreAdapter
-from inloop_eval.engine.registry import make_adapter
+from inloop_eval.engine.adapters.logits import LogitsAdapter
+from inloop_eval.engine.families import make_adapter
 from inloop_eval.errors import ConfigError, TokenizerError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY
-from inloop_eval.integrations.olmo_core import (
+from inloop_eval.integrations.olmo_core.adapter import OLMoCoreAdapter
+from inloop_eval.integrations.olmo_core.callback import (
     OLMO_CORE_EVAL_TIME_KEY,
     InLoopEvalCallbackConfig,
     olmo_tokenizer,

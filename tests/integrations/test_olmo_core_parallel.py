@@ -18,8 +18,8 @@ import torch
 from workers.launch import REPO, torchrun, worker_env
 from workers.olmo_core_layouts import LAYOUTS, run_layout
 
-from inloop_eval.engine.sequence_parallel import SequenceLayout, olmo_core_layout
 from inloop_eval.errors import ConfigError, ModelOutputError
+from inloop_eval.integrations.olmo_core.topology import SequenceSplit, read_sequence_split
 
 LAUNCHED = ["tp2", "cp2", "dp2tp2"]
 LAUNCH_TIMEOUT_S = 400
@@ -120,9 +120,9 @@ def test_ddp_over_tensor_parallel_is_refused_before_it_has_trained(launched) -> 
 
 
 def test_a_width_the_layout_cannot_split_is_an_error() -> None:
-    layout = SequenceLayout(tp_size=2, cp_size=2)
+    layout = SequenceSplit(tp_size=2, cp_size=2)
     assert layout.held(8) == (0, 4)
-    assert SequenceLayout(tp_size=2, tp_rank=1, cp_size=2, cp_rank=1).held(8) == (4, 4)
+    assert SequenceSplit(tp_size=2, tp_rank=1, cp_size=2, cp_rank=1).held(8) == (4, 4)
     with pytest.raises(ModelOutputError, match="input width 6 is not a multiple of 4"):
         layout.held(6)
 
@@ -133,8 +133,8 @@ def test_ring_context_parallelism_is_refused() -> None:
     model = torch.nn.Module()
     model._cp_load_balancer = ring
     with pytest.raises(ConfigError, match="ring context parallelism.*Ulysses"):
-        olmo_core_layout(model)
-    assert olmo_core_layout(torch.nn.Module()) is None
+        read_sequence_split(model)
+    assert read_sequence_split(torch.nn.Module()) is None
 
 
 def test_a_max_length_the_sequence_split_cannot_take_is_refused_when_the_callback_is_built(launched) -> None:

@@ -20,13 +20,13 @@ from workers.olmo_core_train import SEQ_LEN, callback_config, train
 
 from inloop_eval.data.perplexity.documents import LoaderSelection, loader_selection
 from inloop_eval.errors import ConfigError
-from inloop_eval.integrations.olmo_core import (
+from inloop_eval.integrations.olmo_core.callback import (
     InLoopPerplexityCallbackConfig,
     recorded,
     replace_callback,
     with_recommended_evals,
 )
-from inloop_eval.integrations.olmo_core_perplexity import loader_batches
+from inloop_eval.integrations.olmo_core.perplexity import loader_batches
 from inloop_eval.keys import is_olmo_core_key
 
 N_DOCUMENTS = sum(n for files in DOCUMENTS.values() for n in files)

@@ -13,7 +13,7 @@ from workers.olmo_core_train import INTERVAL, LIMIT, TASKS, train
 from inloop_eval.data.root import TOKENIZER_DIR
 from inloop_eval.errors import TokenizerError
 from inloop_eval.integrations import SECONDS_KEY
-from inloop_eval.integrations.olmo_core import olmo_tokenizer
+from inloop_eval.integrations.olmo_core.callback import olmo_tokenizer
 
 DOLMA2 = TokenizerConfig.dolma2()
 

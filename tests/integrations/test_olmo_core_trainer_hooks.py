@@ -26,7 +26,7 @@ from workers.olmo_core_train import callback_config, collected, train
 
 from inloop_eval.data.root import TOKENIZER_DIR
 from inloop_eval.errors import ConfigError
-from inloop_eval.integrations.olmo_core import (
+from inloop_eval.integrations.olmo_core.callback import (
     InLoopEvalCallback,
     InLoopEvalCallbackConfig,
     InLoopPerplexityCallbackConfig,

@@ -7,7 +7,7 @@ import torch
 from helpers import small_evaluator
 from lm_helpers import lm_entry, tiny_gpt, write_domains
 
-from inloop_eval.engine.adapters import LogitsAdapter
+from inloop_eval.engine.adapters.logits import LogitsAdapter
 from inloop_eval.engine.batching import BatchShape
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator

@@ -111,7 +111,7 @@ def test_the_trainer_trains_and_logs_the_figures_at_its_validation_steps(launche
 
 
 def test_config_names_tasks_or_a_file() -> None:
-    from inloop_eval.integrations.torchtitan import InLoopValidator
+    from inloop_eval.integrations.torchtitan.validator import InLoopValidator
 
     with pytest.raises(ConfigError, match="either `tasks`"):
         InLoopValidator.Config()
@@ -127,7 +127,7 @@ def test_config_names_tasks_or_a_file() -> None:
 
 
 def test_a_config_file_may_only_lower_the_context(tmp_path) -> None:
-    from inloop_eval.integrations.torchtitan import InLoopValidator
+    from inloop_eval.integrations.torchtitan.validator import InLoopValidator
 
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump({**EVAL_CONFIG, "max_length": 512}))
@@ -140,13 +140,13 @@ def test_a_config_file_may_only_lower_the_context(tmp_path) -> None:
 def test_context_and_pipeline_parallel_layouts_are_refused(degrees: dict[str, int]) -> None:
     from torchtitan.distributed import ParallelDims
 
-    from inloop_eval.integrations.torchtitan import check_layout
+    from inloop_eval.integrations.torchtitan.validator import check_parallel_dims
 
     sizes = {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "ep": 1, **degrees}
     dims = ParallelDims(**sizes, world_size=2)
     name = "context" if "cp" in degrees else "pipeline"
     with pytest.raises(ConfigError, match=f"{name} parallelism .* is not supported yet"):
-        check_layout(dims)
+        check_parallel_dims(dims)
 
 
 def test_batch_widths_stay_multiples_of_the_sequence_divisor_under_a_config_multiple(
@@ -159,7 +159,7 @@ def test_batch_widths_stay_multiples_of_the_sequence_divisor_under_a_config_mult
 
     from inloop_eval.evaluators.config import EvaluatorConfig
     from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-    from inloop_eval.integrations.torchtitan import TorchTitanAdapter
+    from inloop_eval.integrations.torchtitan.adapter import TorchTitanAdapter
     from inloop_eval.models.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)

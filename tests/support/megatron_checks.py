@@ -42,11 +42,11 @@ from workers.dist_checks import Context, draw_random_numbers, params_digest, ref
 from workers.launch import checks_main  # noqa: E402
 
 import inloop_eval.integrations.megatron.forward as megatron_forward  # noqa: E402
-from inloop_eval.engine.layout import ForwardInputs  # noqa: E402
+from inloop_eval.engine.adapter import ForwardInputs  # noqa: E402
 from inloop_eval.errors import ModelOutputError  # noqa: E402
 from inloop_eval.evaluators.config import EvaluatorConfig  # noqa: E402
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator  # noqa: E402
-from inloop_eval.integrations.megatron import MegatronAdapter  # noqa: E402
+from inloop_eval.integrations.megatron.adapter import MegatronAdapter  # noqa: E402
 
 SEQ_LEN = 256  # the model's positions, and the longest request: 5-shot ARC's shots fit, shared by its documents
 VOCAB = 50304  # the NeoX tokenizer's 50277 tokens padded to a multiple of 128
@@ -352,7 +352,7 @@ def check_refusals(ctx: Context) -> dict[str, Any]:
         "fused_softmax": {"bf16": True, "masked_softmax_fusion": True},
     }
     with megatron_cpu.model_parallel(**sizes):
-        blockers = {name: MegatronAdapter(build_model(sizes, False, **kw)[0]).layout.packing_blocker
+        blockers = {name: MegatronAdapter(build_model(sizes, False, **kw)[0]).topology.packing_blocker
                     for name, kw in unpacked.items()}
         (gpt,) = build_model(sizes, False)
         gpt.config = dataclasses.replace(gpt.config, context_parallel_size=2)

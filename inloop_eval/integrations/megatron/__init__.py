@@ -1,19 +1,15 @@
-"""In-loop evaluation of a Megatron-core `GPTModel` in the layout it trains in (tensor, sequence, pipeline
-with virtual stages, and data parallel): `layout` reads how the model is split and refuses what is not
+"""In-loop evaluation of a Megatron-core `GPTModel` as it trains (tensor, sequence, pipeline
+with virtual stages, and data parallel): `topology` reads how the model is split (its parallel state) and refuses what is not
 scored, `forward` runs Megatron's schedule forward only and scores the last stage's vocabulary-sharded
 logits, `adapter` is the evaluator's thin wrapper over both. Megatron-LM's training loop has no callbacks;
 it makes the two calls a plain loop makes:
 
     from megatron.core import parallel_state
-    from inloop_eval.integrations.megatron import MegatronAdapter
+    from inloop_eval.integrations import run_and_log
+    from inloop_eval.integrations.megatron.adapter import MegatronAdapter
 
     adapter = MegatronAdapter(model)  # the chunks setup_model_and_optimizer returned
     ...
     if evaluator.should_run(iteration):
-        metrics = evaluator.run(adapter, step=iteration, dp_group=parallel_state.get_data_parallel_group())
+        metrics = run_and_log(evaluator, adapter, iteration, logger, dp_group=parallel_state.get_data_parallel_group())
 """
-
-from inloop_eval.integrations.megatron.adapter import MegatronAdapter
-from inloop_eval.integrations.megatron.layout import MegatronLayout, read_layout
-
-__all__ = ["MegatronAdapter", "MegatronLayout", "read_layout"]

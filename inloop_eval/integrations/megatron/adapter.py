@@ -1,4 +1,4 @@
-"""The evaluator's adapter for a Megatron-core `GPTModel` in its training layout: a thin wrapper over
+"""The evaluator's adapter for a Megatron-core `GPTModel` in its training topology: a thin wrapper over
 `forward` (the schedule run, the last stage's scoring, the sharing) that the engine calls per batch.
 
 Every rank builds one from the model chunks Megatron trains (`model` as `setup_model_and_optimizer` returns
@@ -14,8 +14,8 @@ from typing import Any
 
 from torch import nn
 
-from inloop_eval.engine.layout import ForwardInputs, LayoutNeeds, ModelAdapter
-from inloop_eval.engine.layouts.pipeline_stage import ScoredTargets
+from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter
+from inloop_eval.engine.outputs.pipeline_stage import ScoredTargets
 from inloop_eval.integrations.megatron.forward import (
     LastStageScores,
     attention_inputs,
@@ -24,7 +24,7 @@ from inloop_eval.integrations.megatron.forward import (
     rng_tracker_untouched,
     share_scores,
 )
-from inloop_eval.integrations.megatron.layout import read_layout
+from inloop_eval.integrations.megatron.topology import read_topology
 
 log = logging.getLogger(__name__)
 
@@ -41,42 +41,42 @@ class MegatronAdapter(ModelAdapter):
 
     def __init__(self, model: Any, *, micro_batch_size: int | None = None, pad_id: int = 0) -> None:
         chunks = list(model) if isinstance(model, Sequence | nn.ModuleList) else [model]
-        self.layout = read_layout(chunks)
+        self.topology = read_topology(chunks)
         super().__init__(nn.ModuleList(chunks))
         self.chunks = chunks
         self.micro_batch_size = micro_batch_size
         self.pad_id = pad_id
-        self.max_length = self.layout.max_length
-        self.vocab_size = self.layout.vocab_size
-        if self.layout.packing_blocker:
-            log.info("MegatronAdapter: one request per row, not packed: %s", self.layout.packing_blocker)
+        self.max_length = self.topology.max_length
+        self.vocab_size = self.topology.vocab_size
+        if self.topology.packing_blocker:
+            log.info("MegatronAdapter: one request per row, not packed: %s", self.topology.packing_blocker)
 
     @property
-    def needs(self) -> LayoutNeeds:
+    def needs(self) -> AdapterNeeds:
         """Widths a multiple of TP under sequence parallelism; packed rows where the model applies the mask and
-        position ids it is given (`layout.packing_blocker`: under TP, SP and PP alike, since the mask is per
+        position ids it is given (`topology.packing_blocker`: under TP, SP and PP alike, since the mask is per
         position, not per head, sequence parallelism gathers the whole sequence before core attention, and
         every stage is given them); its tensor and pipeline peers fed the same documents."""
-        named = (("tensor", self.layout.tp_group), ("pipeline", self.layout.pp_group))
+        named = (("tensor", self.topology.tp_group), ("pipeline", self.topology.pp_group))
         peers = tuple((name, g) for name, g in named if g is not None)
         # Not packed where the model would not apply the given mask or position ids: RoPE, a sliding window, a
         # fused softmax kernel, an attention other than Megatron's local one (`packing_blocker` says which).
-        packing = not self.layout.packing_blocker
-        return LayoutNeeds(width_multiple=self.layout.sequence_multiple, packing=packing, peer_groups=peers)
+        packing = not self.topology.packing_blocker
+        return AdapterNeeds(width_multiple=self.topology.sequence_multiple, packing=packing, peer_groups=peers)
 
     def tokens_fed(self, inputs: ForwardInputs) -> int:
         """The tokens of the whole micro-batches the schedule runs."""
-        padded_BT, _ = micro_batches(inputs.input_ids_BT, self.layout, self.micro_batch_size, self.pad_id)
+        padded_BT, _ = micro_batches(inputs.input_ids_BT, self.topology, self.micro_batch_size, self.pad_id)
         return int(padded_BT.numel())
 
     def forward(self, inputs: ForwardInputs) -> ScoredTargets:
         """log p(target) [N] and greedy flags [N] on every rank, scored on the last stage."""
-        padded_BT, rows = micro_batches(inputs.input_ids_BT, self.layout, self.micro_batch_size, self.pad_id)
+        padded_BT, rows = micro_batches(inputs.input_ids_BT, self.topology, self.micro_batch_size, self.pad_id)
         scores = LastStageScores(
-            self.layout, inputs.rows_U, inputs.cols_U, inputs.position_N, inputs.target_N, inputs.min_vocab, rows
+            self.topology, inputs.rows_U, inputs.cols_U, inputs.position_N, inputs.target_N, inputs.min_vocab, rows
         )
         attention = attention_inputs(inputs, padded_BT)
         with rng_tracker_untouched():
-            failure = forward_only(self.chunks, self.layout, padded_BT, rows, attention, scores)
-        logp_N, greedy_N = share_scores(self.layout, scores, failure)
-        return ScoredTargets(logp_N, greedy_N, self.layout.vocab_size)
+            failure = forward_only(self.chunks, self.topology, padded_BT, rows, attention, scores)
+        logp_N, greedy_N = share_scores(self.topology, scores, failure)
+        return ScoredTargets(logp_N, greedy_N, self.topology.vocab_size)

@@ -1,4 +1,4 @@
-"""Target log-probabilities of a Megatron-core `GPTModel` for one planned batch, in the layout it trains in:
+"""Target log-probabilities of a Megatron-core `GPTModel` for one planned batch, in the topology it trains in:
 Megatron's own schedule run forward only, this rank's vocabulary slice of the logits scored with its
 tensor-parallel group, and the scores shared from the last pipeline stage.
 
@@ -10,7 +10,7 @@ position), the width a multiple of TP under sequence parallelism, and one call o
 position ids and Megatron's attention mask (True: masked out): causal for plain rows, the planner's mask
 inverted for packed rows (`attention_inputs`). On the last stage, as each micro-batch's logits arrive,
 the positions it holds are selected (a chunk of at most `HEAD_ELEMENTS` floats at a time) and scored over the
-tensor-parallel group (`layouts.vocab_sharded.sharded_logprobs`: four all-reduces per chunk, the vocabulary never
+tensor-parallel group (`outputs.vocab_sharded.sharded_logprobs`: four all-reduces per chunk, the vocabulary never
 gathered). Then one all-reduce over the pipeline group says whether a stage failed, and the last stage
 broadcasts 2N floats (log-probabilities, greedy flags).
 
@@ -39,10 +39,10 @@ from megatron.core import tensor_parallel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
-from inloop_eval.engine.layout import ForwardInputs
-from inloop_eval.engine.layouts.vocab_sharded import VocabShard, sharded_logprobs
+from inloop_eval.engine.adapter import ForwardInputs
+from inloop_eval.engine.outputs.vocab_sharded import VocabShard, sharded_logprobs
 from inloop_eval.errors import ModelOutputError
-from inloop_eval.integrations.megatron.layout import MegatronLayout, unwrap_gpt
+from inloop_eval.integrations.megatron.topology import MegatronTopology, unwrap_gpt
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +50,16 @@ log = logging.getLogger(__name__)
 HEAD_ELEMENTS = 1 << 24
 
 
-def micro_batches(input_ids_BT: Tensor, layout: MegatronLayout, rows: int | None, pad_id: int) -> tuple[Tensor, int]:
+def micro_batches(input_ids_BT: Tensor, topology: MegatronTopology, rows: int | None, pad_id: int) -> tuple[Tensor, int]:
     """The batch padded to M micro-batches of R rows, and R. R: `rows`, or the batch split over the pipeline's
     stages; M at least the pipeline size and a multiple of the interleaved schedule's group."""
     n_rows, width = input_ids_BT.shape
-    stages = layout.pp_size
+    stages = topology.pp_size
     per_micro = rows or max(1, -(-n_rows // stages))
     count = max(-(-n_rows // per_micro), stages if stages > 1 else 1)
-    multiple = layout.microbatch_multiple()
+    multiple = topology.microbatch_multiple()
     count = -(-count // multiple) * multiple
-    wide = -(-width // layout.sequence_multiple) * layout.sequence_multiple
+    wide = -(-width // topology.sequence_multiple) * topology.sequence_multiple
     padded_BT = torch.full((count * per_micro, wide), pad_id, dtype=input_ids_BT.dtype, device=input_ids_BT.device)
     padded_BT[:n_rows, :width] = input_ids_BT
     return padded_BT, per_micro
@@ -91,7 +91,7 @@ def attention_inputs(inputs: ForwardInputs, padded_BT: Tensor) -> tuple[Tensor, 
 
 def forward_only(
     chunks: Sequence[Any],
-    layout: MegatronLayout,
+    topology: MegatronTopology,
     padded_BT: Tensor,
     rows: int,
     attention: tuple[Tensor, Tensor],
@@ -114,10 +114,10 @@ def forward_only(
                 mask_R1TT = mask_B1TT[micro] if mask_B1TT.shape[0] > 1 else mask_B1TT
                 output = model(padded_BT[micro], position_ids_BT[micro], mask_R1TT)
             except Exception as exc:  # shared after the schedule, so that no stage waits for this one
-                log.exception("Megatron stage %d: the forward of micro-batch %d raised", layout.pp_rank, m)
-                failures.append(f"Megatron stage {layout.pp_rank}: {type(exc).__name__}: {exc}")
+                log.exception("Megatron stage %d: the forward of micro-batch %d raised", topology.pp_rank, m)
+                failures.append(f"Megatron stage {topology.pp_rank}: {type(exc).__name__}: {exc}")
         if output is None:
-            output = _stand_in(gpt, layout, rows, width, padded_BT.device)
+            output = _stand_in(gpt, topology, rows, width, padded_BT.device)
 
         def collect(output_RTL: Tensor, non_loss_data: bool = False) -> None:
             if failures:
@@ -144,10 +144,10 @@ def forward_only(
     return failures[0] if failures else ""
 
 
-def _stand_in(gpt: Any, layout: MegatronLayout, rows: int, width: int, device: torch.device) -> Tensor:
+def _stand_in(gpt: Any, topology: MegatronTopology, rows: int, width: int, device: torch.device) -> Tensor:
     """Zeros of the activation a stage sends on [T / TP under sequence parallelism, R, H]."""
     dtype = getattr(gpt.config, "pipeline_dtype", None) or next(gpt.parameters()).dtype
-    return torch.zeros(width // layout.sequence_multiple, rows, layout.hidden_size, dtype=dtype, device=device)
+    return torch.zeros(width // topology.sequence_multiple, rows, topology.hidden_size, dtype=dtype, device=device)
 
 
 class LastStageScores:
@@ -156,7 +156,7 @@ class LastStageScores:
 
     def __init__(
         self,
-        layout: MegatronLayout,
+        topology: MegatronTopology,
         rows_U: Tensor,
         cols_U: Tensor,
         position_N: Tensor,
@@ -164,7 +164,7 @@ class LastStageScores:
         min_vocab: int,
         rows: int,
     ) -> None:
-        self.layout, self.rows_U, self.cols_U = layout, rows_U, cols_U
+        self.topology, self.rows_U, self.cols_U = topology, rows_U, cols_U
         self.position_N, self.target_N, self.min_vocab, self.rows = position_N, target_N, min_vocab, rows
         self.logp_N = torch.zeros(target_N.shape[0], dtype=torch.float32, device=target_N.device)
         self.greedy_N = torch.zeros(target_N.shape[0], dtype=torch.bool, device=target_N.device)
@@ -187,7 +187,7 @@ class LastStageScores:
         position_M = self.position_N[picked_N]
         target_M = self.target_N[picked_N]
         width = logits_RTL.shape[-1]
-        sharded = width != self.layout.vocab_size
+        sharded = width != self.topology.vocab_size
         chunk = max(1, HEAD_ELEMENTS // max(width, 1))
         starts = torch.unique_consecutive(position_M)
         for c in range(0, starts.shape[0], chunk):
@@ -195,19 +195,19 @@ class LastStageScores:
             in_chunk = (position_M >= positions_C[0]) & (position_M <= positions_C[-1])
             local_M = torch.searchsorted(positions_C, position_M[in_chunk])
             logits_CL = logits_RTL[self.rows_U[positions_C] - first, self.cols_U[positions_C]].float()
-            logp_M, greedy_M = _score(logits_CL, local_M, target_M[in_chunk], self.layout, sharded)
+            logp_M, greedy_M = _score(logits_CL, local_M, target_M[in_chunk], self.topology, sharded)
             self.logp_N[picked_N[in_chunk]] = logp_M
             self.greedy_N[picked_N[in_chunk]] = greedy_M
 
     def _check(self, logits_RTL: Any) -> str:
         """'' when the logits are [R, T, V/TP] (vocabulary-parallel) or [R, T, V] (gathered) over at least the
         tokenizer's vocabulary; else what was found."""
-        layout = self.layout
+        topology = self.topology
         if not isinstance(logits_RTL, Tensor) or logits_RTL.dim() != 3 or logits_RTL.shape[0] != self.rows:
             found = tuple(logits_RTL.shape) if isinstance(logits_RTL, Tensor) else type(logits_RTL).__name__
             return f"Megatron last stage: expected logits [{self.rows}, T, V], found {found}"
         width = int(logits_RTL.shape[-1])
-        vocab = width * layout.tp_size if width * layout.tp_size == layout.vocab_size else width
+        vocab = width * topology.tp_size if width * topology.tp_size == topology.vocab_size else width
         max_target = int(self.target_N.max()) if self.target_N.numel() else -1
         if vocab < self.min_vocab or max_target >= vocab:
             return (
@@ -218,34 +218,34 @@ class LastStageScores:
 
 
 def _score(
-    logits_CL: Tensor, local_M: Tensor, target_M: Tensor, layout: MegatronLayout, sharded: bool
+    logits_CL: Tensor, local_M: Tensor, target_M: Tensor, topology: MegatronTopology, sharded: bool
 ) -> tuple[Tensor, Tensor]:
     """log p(target) [M] and greedy flags [M] of targets predicted by the chunk's positions `local_M`."""
-    if sharded and layout.tp_group is not None:
-        shard = VocabShard(logits_CL, layout.tp_rank * logits_CL.shape[1], layout.tp_group)
+    if sharded and topology.tp_group is not None:
+        shard = VocabShard(logits_CL, topology.tp_rank * logits_CL.shape[1], topology.tp_group)
         return sharded_logprobs(shard, local_M, target_M)
     logp_CL = torch.log_softmax(logits_CL, dim=-1)
     return logp_CL[local_M, target_M], logits_CL.argmax(dim=-1)[local_M] == target_M
 
 
-def share_scores(layout: MegatronLayout, scores: LastStageScores, failure: str) -> tuple[Tensor, Tensor]:
+def share_scores(topology: MegatronTopology, scores: LastStageScores, failure: str) -> tuple[Tensor, Tensor]:
     """(log p [N], greedy [N]) on every rank of the pipeline group, from its last stage; every rank raises
     the first failing stage's error (a forward that raised, or the last stage's scoring)."""
-    failure = failure or (scores.failure if layout.has_last_stage else "")
+    failure = failure or (scores.failure if topology.has_last_stage else "")
     device = scores.target_N.device
-    if layout.pp_group is None:
+    if topology.pp_group is None:
         if failure:
             raise ModelOutputError(failure)
         return scores.logp_N, scores.greedy_N
-    code = torch.tensor([layout.pp_size - layout.pp_rank if failure else 0], dtype=torch.int64, device=device)
-    dist.all_reduce(code, op=dist.ReduceOp.MAX, group=layout.pp_group)
+    code = torch.tensor([topology.pp_size - topology.pp_rank if failure else 0], dtype=torch.int64, device=device)
+    dist.all_reduce(code, op=dist.ReduceOp.MAX, group=topology.pp_group)
     if int(code[0]):
         message = [failure]
-        source = layout.pp_size - int(code[0])
-        dist.broadcast_object_list(message, group=layout.pp_group, group_src=source)
+        source = topology.pp_size - int(code[0])
+        dist.broadcast_object_list(message, group=topology.pp_group, group_src=source)
         raise ModelOutputError(message[0])
     scores_2N = torch.stack([scores.logp_N, scores.greedy_N.float()])
-    dist.broadcast(scores_2N, group=layout.pp_group, group_src=layout.pp_size - 1)
+    dist.broadcast(scores_2N, group=topology.pp_group, group_src=topology.pp_size - 1)
     return scores_2N[0], scores_2N[1] == 1.0
 
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import inloop_eval.evaluators.downstream as downstream_module
-from inloop_eval.engine.pipeline import PipelineAdapter
+from inloop_eval.engine.adapters.pipeline import PipelineAdapter
 from inloop_eval.errors import InLoopEvalError
 from workers.dist_checks import Context, patched, tiny_gpt
 from workers.launch import checks_main

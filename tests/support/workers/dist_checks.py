@@ -25,14 +25,14 @@ import inloop_eval.evaluators.downstream as downstream_module
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer
 from inloop_eval.distributed import TaskFailedOnAnotherRank, world
-from inloop_eval.engine.adapters import LogitsAdapter
-from inloop_eval.engine.layouts.full_logits import FullLogits
-from inloop_eval.engine.olmo_core_adapter import OLMoCoreAdapter
-from inloop_eval.engine.olmo_core_packing import packing_refusal
-from inloop_eval.engine.registry import make_adapter
+from inloop_eval.engine.adapters.logits import LogitsAdapter
+from inloop_eval.engine.families import make_adapter
+from inloop_eval.engine.outputs.full_logits import FullLogits
 from inloop_eval.errors import ConfigError, ModelOutputError, TaskDataError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from inloop_eval.integrations.olmo_core.adapter import OLMoCoreAdapter
+from inloop_eval.integrations.olmo_core.attention import packing_refusal
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests.cache import cache_dir, load_table, save_table
 from inloop_eval.requests.table import build_requests

@@ -32,11 +32,10 @@ from olmo_core.train.train_module import (
     TransformerTensorParallelConfig,
 )
 
-import inloop_eval.engine.layouts.sequence_sharded as sequence_sharded
-from inloop_eval.engine.olmo_core_adapter import OLMoCoreAdapter
-from inloop_eval.engine.sequence_parallel import SequenceLayout
+import inloop_eval.engine.outputs.sequence_sharded as sequence_sharded
 from inloop_eval.errors import ConfigError
 from inloop_eval.integrations.callback_config import DEFAULT_BATCH_TOKENS
+from inloop_eval.integrations.olmo_core.adapter import OLMoCoreAdapter, OLMoCoreSequenceSplitAdapter
 from workers.olmo_core_train import callback_config, collected, model_config, train
 from workers.parallel_checks import LargestTensor
 
@@ -74,7 +73,7 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
 class ScoringMemory:
     """While active, the largest tensor (elements) the evaluator's own code allocates per batch of an
     OLMo-core model splitting the sequence, outside the model's forward: selecting the positions a rank
-    holds (`SequenceLayout.features` less the forward) and scoring them (`sequence_shard_logprobs`), with
+    holds (`OLMoCoreSequenceSplitAdapter.forward` less the model's forward) and scoring them (`sequence_shard_logprobs`), with
     the bound [B, T/TP, V] of that batch (B, T its input shape, V the logits' width)."""
 
     def __init__(self) -> None:
@@ -85,14 +84,16 @@ class ScoringMemory:
         mode = PausableLargest()
         pause = model.register_forward_pre_hook(lambda *_: mode.pause(True))
         resume = model.register_forward_hook(lambda *_: mode.pause(False))
-        features, score = SequenceLayout.features, sequence_sharded.sequence_shard_logprobs
+        adapter_class = OLMoCoreSequenceSplitAdapter
+        features, score = adapter_class.forward, sequence_sharded.sequence_shard_logprobs
 
-        def recording_features(layout: SequenceLayout, model: Any, input_ids_BT: torch.Tensor, *args: Any) -> Any:
+        def recording_features(adapter: OLMoCoreSequenceSplitAdapter, inputs: Any) -> Any:
             mode.largest = 0
             with mode:
-                shard = features(layout, model, input_ids_BT, *args)
+                shard = features(adapter, inputs)
             vocab = int(shard.logits_LV.shape[-1])
-            bound = input_ids_BT.shape[0] * input_ids_BT.shape[1] // layout.tp_size * vocab
+            rows, width = inputs.input_ids_BT.shape
+            bound = rows * width // adapter.split.tp_size * vocab
             self.record.append({"largest": mode.largest, "bound": bound})
             return shard
 
@@ -102,12 +103,12 @@ class ScoringMemory:
             self.record[-1]["largest"] = max(self.record[-1]["largest"], mode.largest)
             return result
 
-        SequenceLayout.features = recording_features  # type: ignore[method-assign]
+        adapter_class.forward = recording_features  # type: ignore[method-assign]
         sequence_sharded.sequence_shard_logprobs = recording_score
         try:
             yield
         finally:
-            SequenceLayout.features = features  # type: ignore[method-assign]
+            adapter_class.forward = features  # type: ignore[method-assign]
             sequence_sharded.sequence_shard_logprobs = score
             pause.remove()
             resume.remove()

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from olmo_core.data import NumpyPaddedFSLDatasetConfig, TokenizerConfig
 from olmo_core.train.callbacks import LMEvaluatorCallbackConfig
 
-from inloop_eval.integrations.olmo_core import InLoopPerplexityCallbackConfig
+from inloop_eval.integrations.olmo_core.callback import InLoopPerplexityCallbackConfig
 from workers.olmo_core_train import SEQ_LEN, train
 
 STEPS = 2

@@ -27,7 +27,7 @@ from olmo_core.train.train_module import (
 )
 
 from inloop_eval.errors import ConfigError
-from inloop_eval.integrations.olmo_core import InLoopEvalCallbackConfig
+from inloop_eval.integrations.olmo_core.callback import InLoopEvalCallbackConfig
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from olmo_core.train.train_module import TransformerDataParallelConfig, Transfor
 from torch.distributed.tensor import DTensor
 
 from inloop_eval.integrations import SECONDS_KEY
-from inloop_eval.integrations.olmo_core import InLoopEvalCallbackConfig
+from inloop_eval.integrations.olmo_core.callback import InLoopEvalCallbackConfig
 
 SEQ_LEN = 128
 STEPS = 4

@@ -30,10 +30,17 @@ from torch.distributed.tensor.parallel import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from inloop_eval import ForwardInputs, LayoutEntry, LayoutNeeds, ModelAdapter, VocabSharded, register_layout
-from inloop_eval.engine.adapters import LogitsAdapter
-from inloop_eval.engine.layouts.projected_head import ProjectedHead
-from inloop_eval.engine.registry import unregister_layout
+from inloop_eval import (
+    AdapterNeeds,
+    ForwardInputs,
+    ModelAdapter,
+    ModelFamily,
+    VocabSharded,
+    register_model_family,
+)
+from inloop_eval.engine.adapters.logits import LogitsAdapter
+from inloop_eval.engine.families import unregister_model_family
+from inloop_eval.engine.outputs.projected_head import ProjectedHead
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -292,8 +299,8 @@ class VocabSlicesAdapter(ModelAdapter):
         self.max_length, self.vocab_size = MAX_LENGTH, GPT_VOCAB
 
     @property
-    def needs(self) -> LayoutNeeds:
-        return LayoutNeeds(peer_groups=(("vocab slices", dist.group.WORLD),))
+    def needs(self) -> AdapterNeeds:
+        return AdapterNeeds(peer_groups=(("vocab slices", dist.group.WORLD),))
 
     def forward(self, inputs: ForwardInputs) -> VocabSharded:
         local_BTL, start = self.model(inputs.input_ids_BT)
@@ -302,19 +309,19 @@ class VocabSlicesAdapter(ModelAdapter):
 
 def check_registered_layout(ctx: Context) -> dict[str, Any]:
     """A layout registered from outside the package (`VocabSlices`, the whole world holding one model's
-    vocabulary in slices) scored through `inloop_eval.register_layout`; at world size 1 the plain model (the
+    vocabulary in slices) scored through `inloop_eval.register_model_family`; at world size 1 the plain model (the
     reference)."""
     if ctx.world_size == 1:
         ev = ctx.evaluator(TASKS, strict=True)
         return {"metrics": ev.run(LogitsAdapter(tiny_gpt(), MAX_LENGTH)), "samples": samples(ev)}
-    entry = LayoutEntry("vocab slices", lambda m: isinstance(m, VocabSlices), lambda m, _: VocabSlicesAdapter(m))
-    register_layout(entry)
+    entry = ModelFamily("vocab slices", lambda m: isinstance(m, VocabSlices), lambda m, _: VocabSlicesAdapter(m))
+    register_model_family(entry)
     try:
         ev = ctx.evaluator(TASKS, strict=True)
         mesh = init_device_mesh("cpu", (1, ctx.world_size), mesh_dim_names=("dp", "tp"))
         metrics = ev.run(VocabSlices(tiny_gpt()), dp_group=mesh["dp"])
     finally:
-        unregister_layout(entry.name)
+        unregister_model_family(entry.name)
     return {"metrics": metrics, "samples": samples(ev)}
 
 

@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-from inloop_eval.engine.pipeline import PipelineAdapter
+from inloop_eval.engine.adapters.pipeline import PipelineAdapter
 from inloop_eval.errors import ModelOutputError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator

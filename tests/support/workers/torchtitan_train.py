@@ -78,7 +78,7 @@ def trainer_config(args: argparse.Namespace) -> Any:
     from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
-    from inloop_eval.integrations.torchtitan import InLoopValidator
+    from inloop_eval.integrations.torchtitan.validator import InLoopValidator
 
     class RandomTokenLoader(ParallelAwareDataloader):
         @dataclass(kw_only=True, slots=True)
@@ -159,7 +159,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torchtitan_cpu.use_cpu()
 
-    from inloop_eval.engine.adapters import LogitsAdapter
+    from inloop_eval.engine.adapters.logits import LogitsAdapter
     from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 
     trainer = trainer_config(args).build()

@@ -1,5 +1,5 @@
 """How a Megatron-core `GPTModel` is split over this rank: read once from the model chunks and their process
-groups, with the layouts the evaluator cannot score refused up front (`ConfigError`, the same on every rank:
+groups, with the set-ups the evaluator cannot score refused up front (`ConfigError`, the same on every rank:
 every rank holds chunks of the same configuration).
 
 Scored: tensor parallelism (the output layer's logits sharded over the vocabulary, `parallel_output=True`, or
@@ -28,12 +28,12 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from inloop_eval.engine.layout import refuse_layout
+from inloop_eval.engine.adapter import refuse_model
 from inloop_eval.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class MegatronLayout:
+class MegatronTopology:
     """This rank's place in the model: its tensor-parallel group and rank, its pipeline group and rank, the
     virtual stages it holds (its chunks), what the schedule needs to size its micro-batches, and why rows
     cannot be packed ('' when they can)."""
@@ -117,9 +117,9 @@ def _size_and_rank(group: ProcessGroup | None) -> tuple[int, int]:
     return dist.get_world_size(group), dist.get_rank(group)
 
 
-def read_layout(chunks: Sequence[Any]) -> MegatronLayout:
-    """The layout of this rank's model chunks (one per virtual pipeline stage, in order); ConfigError for a
-    layout the evaluator does not score."""
+def read_topology(chunks: Sequence[Any]) -> MegatronTopology:
+    """The topology of this rank's model chunks (one per virtual pipeline stage, in order); ConfigError for a
+    topology the evaluator does not score."""
     if not chunks:
         raise ConfigError("MegatronAdapter: no model chunks; pass the model (or list of chunks) Megatron trains")
     gpts = [unwrap_gpt(c) for c in chunks]
@@ -128,20 +128,20 @@ def read_layout(chunks: Sequence[Any]) -> MegatronLayout:
     groups = first.pg_collection
     cp_size = max(_size_and_rank(getattr(groups, "cp", None))[0], getattr(config, "context_parallel_size", 1))
     if cp_size > 1:
-        refuse_layout(
+        refuse_model(
             f"a Megatron-core model under context parallelism ({cp_size} ranks)",
             "Megatron-core runs it only in Transformer Engine's attention (its local DotProductAttention "
             "refuses context_parallel_size > 1), which needs CUDA, so it was never run here",
-            "evaluate a layout without context parallelism",
+            "evaluate a topology without context parallelism",
         )
     if getattr(config, "expert_model_parallel_size", 1) > 1:
-        refuse_layout(
+        refuse_model(
             f"a Megatron-core model under expert parallelism over {config.expert_model_parallel_size} ranks",
             "its all-to-all spans data-parallel ranks, which are fed different batches",
             "evaluate with expert_model_parallel_size=1",
         )
     if getattr(config, "mtp_num_layers", None):
-        refuse_layout(
+        refuse_model(
             "a Megatron-core model with multi-token prediction (mtp_num_layers set)",
             "its forward needs labels",
             "evaluate the model built without MTP layers",
@@ -152,7 +152,7 @@ def read_layout(chunks: Sequence[Any]) -> MegatronLayout:
     pp_group = getattr(groups, "pp", None)
     tp_size, tp_rank = _size_and_rank(tp_group)
     pp_size, pp_rank = _size_and_rank(pp_group)
-    return MegatronLayout(
+    return MegatronTopology(
         tp_group=tp_group if tp_size > 1 else None,
         tp_size=tp_size,
         tp_rank=tp_rank,

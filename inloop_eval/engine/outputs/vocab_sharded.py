@@ -25,9 +25,9 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
-from inloop_eval.engine.layout import ForwardInputs, HeadWorkspace
-from inloop_eval.engine.layouts.full_logits import FullLogits
+from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace
 from inloop_eval.engine.logprobs import check_vocab, chunked_logprobs
+from inloop_eval.engine.outputs.full_logits import FullLogits
 from inloop_eval.errors import ModelOutputError
 
 

@@ -1,4 +1,4 @@
-"""The ways a model returns its outputs, one module each; every one implements `layout.ModelOutputs`.
+"""The ways a model returns its outputs, one module each; every one implements `adapter.ModelOutputs`.
 
 - `full_logits`: logits [U, V] at the positions read (any model returning logits).
 - `projected_head`: hidden states [U, D] and the output head, projected chunk by chunk at the positions read
@@ -9,8 +9,8 @@
   (OLMo-core's tensor and Ulysses context parallelism), completed by one all-reduce.
 - `pipeline_stage`: scores computed on a pipeline's last stage and shared with every stage.
 
-Adding a layout (docs/design.md, "Adding a model layout"): a module with a class implementing
+Adding an output form (docs/design.md, "Adding a model family"): a module with a class implementing
 `ModelOutputs` (here, or in the caller's own package), an adapter whose `forward` returns it and whose
-`needs` declares what the planner must honour, and one `registry.register_layout` call naming how to
+`needs` declares what the planner must honour, and one `families.register_model_family` call naming how to
 recognise the model. `scoring.run_batches` is not touched.
 """

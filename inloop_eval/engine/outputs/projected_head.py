@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from inloop_eval.engine.layout import ForwardInputs, HeadWorkspace
-from inloop_eval.engine.layouts.vocab_sharded import VocabShard, sharded_logprobs, vocab_shard
+from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace
 from inloop_eval.engine.logprobs import check_vocab, chunked_logprobs, plain_logprobs
+from inloop_eval.engine.outputs.vocab_sharded import VocabShard, sharded_logprobs, vocab_shard
 
 Head = Callable[[Tensor], Tensor]
 

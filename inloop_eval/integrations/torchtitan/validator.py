@@ -1,7 +1,7 @@
-"""A torchtitan validator that runs the in-loop evaluator on the model torchtitan is training, in its layout
+"""A torchtitan validator that runs the in-loop evaluator on the model torchtitan is training, as it is parallelised
 (FSDP, HSDP, tensor parallel with the vocabulary-sharded output head).
 
-    from inloop_eval.integrations.torchtitan import InLoopValidator
+    from inloop_eval.integrations.torchtitan.validator import InLoopValidator
 
     config.validator = InLoopValidator.Config(tasks=["piqa", "arc_easy"], freq=1000)
 
@@ -14,7 +14,7 @@ the same documents), and the model called as torchtitan's own validator calls it
 attention masks, under its validation context). A model whose output head is skipped (`ChunkedLossWrapper`
 applies it in the loss) returns hidden states, and only the positions read go through `lm_head`, once per
 forward (FSDP gathers its weights on every call); a tensor-parallel head returns logits sharded on the
-vocabulary, scored without gathering it (engine/layouts/vocab_sharded.py). The figures go to torchtitan's metric
+vocabulary, scored without gathering it (engine/outputs/vocab_sharded.py). The figures go to torchtitan's metric
 logger (TensorBoard, W&B) under our keys, and stay in `last_metrics`. `loss_validation=True` also runs
 torchtitan's own loss validation.
 
@@ -24,7 +24,6 @@ or a schedule this validator does not drive yet).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,19 +31,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
 from torchtitan.components.validate import Validator
 from torchtitan.tools.logging import logger
 
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer, with_special_ids
-from inloop_eval.engine.adapters import input_embedding_rows
-from inloop_eval.engine.layout import ForwardInputs, LayoutNeeds, ModelAdapter, ModelOutputs, refuse_layout
-from inloop_eval.engine.layouts.vocab_sharded import logits_outputs, selected_logits
-from inloop_eval.errors import ConfigError, ModelOutputError
+from inloop_eval.engine.adapter import refuse_model
+from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import run_and_log
 from inloop_eval.integrations.callback_config import TaskCallbackFields
+from inloop_eval.integrations.torchtitan.adapter import TorchTitanAdapter
 from inloop_eval.keys import seconds_key
 
 
@@ -89,7 +86,7 @@ class InLoopValidator(Validator):
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        check_layout(self.parallel_dims)
+        check_parallel_dims(self.parallel_dims)
         self.evaluator = InLoopEvaluator(
             config.evaluator_config(self.seq_len), tokenizer=torchtitan_tokenizer(self.tokenizer)
         )
@@ -129,11 +126,11 @@ class InLoopValidator(Validator):
             return model_parts[0](inputs, **extra)
 
 
-def check_layout(parallel_dims: Any) -> None:
-    """Refuse the layouts the validator cannot evaluate yet: context and pipeline parallel."""
+def check_parallel_dims(parallel_dims: Any) -> None:
+    """Refuse the parallelisms the validator cannot evaluate yet: context and pipeline parallel."""
     for name, enabled in (("context", parallel_dims.cp_enabled), ("pipeline", parallel_dims.pp_enabled)):
         if enabled:
-            refuse_layout(
+            refuse_model(
                 f"a torchtitan model under {name} parallelism",
                 f"{name} parallelism (degree > 1) is not supported yet by InLoopValidator",
                 f"set `parallelism.{name}_parallel_degree = 1`, or evaluate a checkpoint apart",
@@ -159,64 +156,3 @@ def torchtitan_tokenizer(tokenizer: Any) -> Tokenizer:
     return with_special_ids(
         base, bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, name=str(path)
     )
-
-
-class TorchTitanAdapter(ModelAdapter):
-    """A torchtitan decoder (`model_parts[0]`, FSDP- and tensor-parallel-wrapped as trained), called through
-    `forward`. Its output is either hidden states [B, T, D] (the head skipped, `_skip_lm_head`: the selected
-    positions then go through `lm_head` in the same call, a vocabulary-sharded DTensor head under tensor
-    parallelism) or logits [B, T, V], plain or sharded on the vocabulary. Batch widths must be a multiple of
-    `seq_multiple` (sequence parallelism splits the positions over the tensor-parallel ranks)."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        forward: Callable[[Tensor], Any],
-        max_length: int | None,
-        seq_multiple: int = 1,
-    ) -> None:
-        super().__init__(model)
-        self.call = forward
-        self.max_length = max_length
-        self.vocab_size = input_embedding_rows(model)
-        self.seq_multiple = max(1, seq_multiple)
-
-    @property
-    def needs(self) -> LayoutNeeds:
-        return LayoutNeeds(width_multiple=self.seq_multiple)
-
-    def forward(self, inputs: ForwardInputs) -> ModelOutputs:
-        if inputs.packed:
-            raise ValueError(
-                "TorchTitanAdapter: packed rows were planned, but torchtitan models are never packed"
-            )
-        input_ids_BT, rows_U, cols_U = inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
-        out = self.call(input_ids_BT)
-        if getattr(self.model, "_skip_lm_head", False):
-            hidden_BTD = replicated_local(out, input_ids_BT, "hidden states")
-            # Projected here, once per forward on every rank: FSDP gathers the head's weights on each call, so
-            # the number of calls must not depend on how many positions a rank's documents have.
-            return logits_outputs(self.model.lm_head(hidden_BTD[rows_U, cols_U]))
-        if isinstance(out, DTensor) and any(isinstance(p, Shard) for p in out.placements):
-            return selected_logits(out, rows_U, cols_U)
-        return selected_logits(replicated_local(out, input_ids_BT, "logits"), rows_U, cols_U)
-
-
-def replicated_local(out: Any, input_ids_BT: Tensor, what: str) -> Tensor:
-    """`out` as a plain tensor [B, T, X] for the rows `input_ids_BT`: a replicated DTensor's local copy.
-    ModelOutputError for any other output (sharded over the batch or the positions)."""
-    if isinstance(out, DTensor):
-        if not all(isinstance(p, Replicate) for p in out.placements):
-            raise ModelOutputError(
-                f"torchtitan model output: {what} as a DTensor with placements {tuple(out.placements)}; "
-                "expected them replicated (or logits sharded on the vocabulary only)"
-            )
-        out = out.to_local()
-    if not isinstance(out, Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != tuple(input_ids_BT.shape):
-        found = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise ModelOutputError(
-            f"torchtitan model output: expected {what} of shape [{input_ids_BT.shape[0]}, "
-            f"{input_ids_BT.shape[1]}, *], found {found}"
-        )
-    return out

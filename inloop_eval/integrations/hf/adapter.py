@@ -1,13 +1,6 @@
-"""Adapters of the common model families: how to call each, and which layout (`engine/layouts/`) its outputs
-come back in. `registry.make_adapter` picks one for a model.
-
-- `LogitsAdapter`: any module or callable returning logits [B, T, V] (`full_logits`), or a DTensor of them
-  sharded on the vocabulary (`vocab_sharded`).
-- `HiddenStatesAdapter`: a model that shows its hidden states and head (the reference GPT): packed rows,
-  the head projected at the positions read only (`projected_head`).
-- `HFCausalLMAdapter`: a Hugging Face causal LM; hidden states and head where its logits are exactly the
-  head's, packed rows and kept prefixes (its cache) for the verified model types.
-Legend: B batch, T time, U positions read, D width, V vocabulary.
+"""The adapter of Hugging Face causal LMs (`AutoModelForCausalLM`): hidden states and head where its logits are
+exactly the head's, packed rows and kept prefixes (its cache) for the verified model types.
+Legend: B batch, T time, U positions read, S kept prefix, H heads, Dh head width.
 """
 
 from __future__ import annotations
@@ -16,13 +9,11 @@ import inspect
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from inloop_eval.engine.layout import ForwardInputs, LayoutNeeds, ModelAdapter, ModelOutputs
-from inloop_eval.engine.layouts.full_logits import FullLogits
-from inloop_eval.engine.layouts.projected_head import Head, ProjectedHead
-from inloop_eval.engine.layouts.vocab_sharded import selected_logits
-from inloop_eval.errors import ConfigError, ModelOutputError
+from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter, ModelOutputs
+from inloop_eval.engine.outputs.full_logits import FullLogits
+from inloop_eval.engine.outputs.projected_head import Head, ProjectedHead
 
 # Hugging Face model types whose logits are exactly lm_head(final hidden state): no soft-capping or
 # scaling after the projection, so projecting only the selected positions gives the same numbers.
@@ -47,64 +38,10 @@ HF_PREFIX_REUSE_TYPES = HF_PACKING_TYPES
 _HF_PACKING_ATTENTION = frozenset({"sdpa", "eager"})
 
 
-class LogitsAdapter(ModelAdapter):
-    """Any module or callable mapping input_ids [B, T] to logits [B, T, V] (or an object with `.logits`), or
-    to a DTensor of them sharded on the vocabulary (a tensor-parallel head, scored without gathering it).
-    A module's vocabulary is the size of its input embedding (`input_embedding_rows`); a plain callable's
-    is unknown, and `ModelAdapter.logits_width` measures its logits instead."""
-
-    def __init__(self, model: Any, max_length: int | None = None) -> None:
-        super().__init__(model)
-        self.max_length = max_length
-        self.vocab_size = input_embedding_rows(model)
-
-    def forward(self, inputs: ForwardInputs) -> ModelOutputs:
-        input_ids_BT = inputs.input_ids_BT
-        out = self.model(input_ids_BT)
-        logits_BTV = getattr(out, "logits", out)
-        if (
-            not isinstance(logits_BTV, Tensor)
-            or logits_BTV.dim() != 3
-            or tuple(logits_BTV.shape[:2]) != tuple(input_ids_BT.shape)
-        ):
-            found = tuple(logits_BTV.shape) if isinstance(logits_BTV, Tensor) else type(logits_BTV).__name__
-            raise ModelOutputError(
-                f"model output: expected logits of shape [B, T, V] = [{input_ids_BT.shape[0]}, "
-                f"{input_ids_BT.shape[1]}, V] (a tensor or an object with .logits), found {found}"
-            )
-        return selected_logits(logits_BTV, inputs.rows_U, inputs.cols_U)
-
-
-class HiddenStatesAdapter(ModelAdapter):
-    """A model that takes packed rows and shows its hidden states (the reference GPT, or any module with
-    the same three members): `hidden_states(input_ids [B, T], attention_mask bool [B, 1, T, T] or None,
-    position_ids [B, T] or None) -> [B, T, D]`, the output head `lm_head` ([N, D] -> [N, V]), and
-    `config.max_seq_len`, `config.vocab_size`. The head runs on the selected positions only. Where
-    `hidden_states` also takes `kv_out` and `kv_prefix` (the reference GPT), a prefix many rows begin with
-    is forwarded once and its keys and values kept (`layout.SharedPrefix`)."""
-
-    def __init__(self, model: Any) -> None:
-        super().__init__(model)
-        self.max_length = model.config.max_seq_len
-        self.vocab_size = model.config.vocab_size
-        parameters = inspect.signature(model.hidden_states).parameters
-        self.prefix_reuse = "kv_prefix" in parameters and "kv_out" in parameters
-
-    @property
-    def needs(self) -> LayoutNeeds:
-        return LayoutNeeds(packing=True, prefix_reuse=self.prefix_reuse)
-
-    def forward(self, inputs: ForwardInputs) -> ModelOutputs:
-        ids, mask, positions = inputs.input_ids_BT, inputs.attention_mask_B1TT, inputs.position_ids_BT
-        if inputs.keeps_prefix and inputs.prefix is not None:
-            kept: list[tuple[Tensor, Tensor]] = []
-            hidden_BTD = self.model.hidden_states(ids, kv_out=kept)
-            inputs.prefix.states = kept
-        elif inputs.prefix is not None:
-            hidden_BTD = self.model.hidden_states(ids, mask, positions, kv_prefix=inputs.prefix.states)
-        else:
-            hidden_BTD = self.model.hidden_states(ids, mask, positions)
-        return ProjectedHead(hidden_BTD[inputs.rows_U, inputs.cols_U], self.model.lm_head)
+def build_adapter(model: Any, max_length: int | None) -> ModelAdapter:
+    """The adapter of a Hugging Face causal LM (its context length is its config's; `max_length` is checked
+    against it by the caller)."""
+    return HFCausalLMAdapter(model)
 
 
 class HFCausalLMAdapter(ModelAdapter):
@@ -129,8 +66,8 @@ class HFCausalLMAdapter(ModelAdapter):
         self.vocab_size = model.get_input_embeddings().num_embeddings
 
     @property
-    def needs(self) -> LayoutNeeds:
-        return LayoutNeeds(packing=self.packing, prefix_reuse=self.prefix_reuse)
+    def needs(self) -> AdapterNeeds:
+        return AdapterNeeds(packing=self.packing, prefix_reuse=self.prefix_reuse)
 
     def forward(self, inputs: ForwardInputs) -> ModelOutputs:
         kwargs: dict[str, Any] = {"use_cache": inputs.keeps_prefix}
@@ -171,21 +108,6 @@ class SoftCappedHead:
         return torch.tanh(self.head(x) / self.cap) * self.cap
 
 
-def input_embedding_rows(model: Any) -> int | None:
-    """The number of token ids `model` can embed: the rows of `get_input_embeddings()` where the model has
-    one, else of its first `nn.Embedding` (in registration order the token embedding, ahead of position
-    embeddings, in the common GPT layouts); None for a callable that is not a module."""
-    get = getattr(model, "get_input_embeddings", None)
-    try:
-        embedding = get() if callable(get) else None
-    except NotImplementedError:  # Hugging Face's base class, for a model that does not say
-        embedding = None
-    if embedding is None and isinstance(model, nn.Module):
-        embedding = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
-    rows = getattr(embedding, "num_embeddings", None)
-    return rows if isinstance(rows, int) else None
-
-
 def hf_supports_packing(config: Any) -> bool:
     """Whether a Hugging Face model of this config may be fed packed rows: a verified model type, an
     attention implementation that applies a 4D mask as given, and no sliding window (which a custom mask
@@ -218,17 +140,3 @@ def prefix_cache(config: Any, kept: list[tuple[Tensor, Tensor]], rows: int) -> A
         layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)
     return cache
-
-
-def check_max_length(max_length: int, positions: int | None, model_name: str) -> None:
-    """ConfigError when the configured `max_length` is longer than the model's own context (`positions`,
-    where its adapter knows it): such an input would index past the position table (on a GPU a device-side
-    assert that kills the process), so it is refused before any forward, the same way on every rank."""
-    if positions is not None and max_length > positions:
-        raise ConfigError(
-            f"evaluator: max_length {max_length} is longer than the {positions} positions the model "
-            f"{model_name} was built for; set `max_length:` (or --max-length) to at most {positions}, or leave "
-            "it unset to use the model's own"
-        )
-
-

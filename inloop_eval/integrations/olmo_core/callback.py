@@ -10,7 +10,7 @@ A trainer config that already holds OLMo-core's `downstream_evaluator` swaps it 
 sets are `task_set="fast"` (or `with_recommended_evals(trainer_config, tokenizer, task_set="fast")`).
 OLMo-core's perplexity callback is replaced the same way by `InLoopPerplexityCallbackConfig` (OLMo-core's
 `LMEvaluatorCallbackConfig` fields; `.from_olmo_core(config)`), its figures OLMo-core's under OLMo-core's
-keys `eval/lm/<label>/CE loss` and `PPL` (`inloop_eval.integrations.olmo_core_perplexity`). To
+keys `eval/lm/<label>/CE loss` and `PPL` (`inloop_eval.integrations.olmo_core.perplexity`). To
 OLMo-core the callback is an `EvaluatorCallback`: `Trainer.eval_checkpoints()` and `ModelMergeCallback` (the
 merged weights' figures under `eval/merged/...`) run it, `no_evals=True` switches it off, and the last step it
 evaluated is saved in OLMo-core's checkpoints, so a resumed run evaluates no step twice.
@@ -47,19 +47,19 @@ from inloop_eval.config_fields import one_of
 from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import Tokenizer, with_special_ids
 from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
-from inloop_eval.engine.layout import refuse_layout
-from inloop_eval.engine.sequence_parallel import olmo_core_layout
+from inloop_eval.engine.adapter import refuse_model
 from inloop_eval.errors import ConfigError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import EvalSchedule, run_and_log
 from inloop_eval.integrations.callback_config import TaskCallbackFields
-from inloop_eval.integrations.olmo_core_perplexity import (
+from inloop_eval.integrations.olmo_core.perplexity import (
     OLMO_CORE_PERPLEXITY_CALLBACK,
     SHARED_FIELDS,
     PerplexityCallbackFields,
     validation_mix_dataset,
 )
+from inloop_eval.integrations.olmo_core.topology import read_sequence_split
 from inloop_eval.keys import (
     KEY_STYLES,
     OLMO_CORE_EVAL_TIME_KEY,
@@ -195,7 +195,7 @@ class InLoopEvalCallbackConfig(InLoopCallbackBuild, TaskCallbackFields):
 @dataclass
 class InLoopPerplexityCallbackConfig(InLoopCallbackBuild, PerplexityCallbackFields):
     """OLMo-core's `LMEvaluatorCallbackConfig`, the same fields, evaluated by this project's perplexity
-    evaluator with OLMo-core's figures and keys (`inloop_eval.integrations.olmo_core_perplexity`):
+    evaluator with OLMo-core's figures and keys (`inloop_eval.integrations.olmo_core.perplexity`):
 
         olmo = trainer_config.callbacks["lm_evaluator"]
         trainer_config = replace_callback(
@@ -308,16 +308,16 @@ class InLoopEvalCallback(EvaluatorCallback):
 
 
 def check_train_module(train_module: Any) -> None:
-    """Refused (`refuse_layout`), when the trainer is built, for a train module the callback cannot evaluate:
+    """Refused (`refuse_model`), when the trainer is built, for a train module the callback cannot evaluate:
     OLMo-core's pipeline-parallel one, whose model exists only as stages that its own schedule runs (its
     `model` raises, its `eval_batch` does not support inference)."""
     if isinstance(train_module, TransformerPipelineTrainModule):
-        refuse_layout(
+        refuse_model(
             "an OLMo-core TransformerPipelineTrainModule (pipeline parallel)",
             "InLoopEvalCallback does not evaluate yet: its model exists only as stages run by OLMo-core's "
             "own schedules, which need CUDA",
             "leave the callback out of pipeline-parallel runs, or evaluate from your own loop with "
-            "inloop_eval.engine.pipeline.PipelineAdapter over a torch.distributed.pipelining schedule",
+            "inloop_eval.engine.adapters.pipeline.PipelineAdapter over a torch.distributed.pipelining schedule",
         )
 
 
@@ -325,15 +325,15 @@ def check_sequence_split(max_length: int | None, model: Any) -> None:
     """ConfigError, when the trainer is built, for a `max_length` that the model's split of the sequence over
     tensor- and context-parallel ranks cannot take (every batch must be a multiple of TP x CP wide, and
     none may be wider than `max_length`), naming the lengths that can."""
-    layout = olmo_core_layout(model) if model is not None else None
-    if layout is None or max_length is None or max_length % layout.multiple == 0:
+    split = read_sequence_split(model) if model is not None else None
+    if split is None or max_length is None or max_length % split.multiple == 0:
         return
-    lower = max_length - max_length % layout.multiple
+    lower = max_length - max_length % split.multiple
     raise ConfigError(
-        f"InLoopEvalCallback: max_length {max_length} is not a multiple of {layout.multiple} (tensor parallel "
-        f"{layout.tp_size} x context parallel {layout.cp_size}), which the model's split of the sequence needs; "
+        f"InLoopEvalCallback: max_length {max_length} is not a multiple of {split.multiple} (tensor parallel "
+        f"{split.tp_size} x context parallel {split.cp_size}), which the model's split of the sequence needs; "
         f"set the evaluator's max_length to {lower}, or train with a max_sequence_length that is a multiple of "
-        f"{layout.multiple}"
+        f"{split.multiple}"
     )
 
 

@@ -1,6 +1,6 @@
 """Scores made on a pipeline's last stage: that stage alone holds logits, scores the targets there and
 broadcasts a status, the log-probabilities and the greedy flags over the pipeline group (2N + 1 floats per
-batch), so every stage returns the same scores, or raises the same error (engine/pipeline.py runs the
+batch), so every stage returns the same scores, or raises the same error (engine/adapters/pipeline.py runs the
 schedule).
 Legend: N targets.
 """
@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from inloop_eval.engine.layout import ForwardInputs, HeadWorkspace
+from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace
 from inloop_eval.errors import ModelOutputError
 
 

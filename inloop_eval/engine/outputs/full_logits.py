@@ -1,4 +1,4 @@
-"""Full logits at the positions read: the layout of any model that returns logits [B, T, V] (or an object
+"""Full logits at the positions read: the output of any model that returns logits [B, T, V] (or an object
 with `.logits`).
 Legend: U positions read, V vocabulary, N targets.
 """
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from inloop_eval.engine.layout import ForwardInputs, HeadWorkspace
+from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace
 from inloop_eval.engine.logprobs import check_vocab, chunked_logprobs, plain_logprobs
 
 

@@ -1,7 +1,7 @@
 """The one seam between the scoring loop and a model: how a model is called, and how what it returns becomes
 log p(target) and greedy flags for a planned batch.
 
-What every layout promises, and `scoring.run_batches` relies on (it has one path for every model):
+What every adapter promises, and `scoring.run_batches` relies on (it has one path for every model):
 - `ModelAdapter.forward(inputs)` runs the model on one planned batch and returns `ModelOutputs`; every rank of
   the adapter's peer groups calls it for the same batch, dummies included, in the same order.
 - `ModelOutputs.target_logprobs(inputs, workspace)` returns log p(target) [N] (float32) and whether each target
@@ -9,7 +9,7 @@ What every layout promises, and `scoring.run_batches` relies on (it has one path
   (target n at position `inputs.position_N[n]`). It checks the logits' width against `inputs.min_vocab` and
   every target, the same way on every rank of a peer group, before any collective of its own, so that every
   peer raises alike or joins. It is skipped for batches without targets (dummies) on every peer alike.
-- `ModelAdapter.needs` (`LayoutNeeds`) is declared once by the adapter and honoured by the planner: a width
+- `ModelAdapter.needs` (`AdapterNeeds`) is declared once by the adapter and honoured by the planner: a width
   every batch must be a multiple of, whether rows may be packed (the model takes a 4D mask and position
   ids), whether it keeps a prefix's keys and values for the batches after it (`SharedPrefix`), and the
   groups of model-parallel peers that must be fed the same documents.
@@ -18,12 +18,13 @@ What every layout promises, and `scoring.run_batches` relies on (it has one path
   in `inputs.prefix.states`. The batches after it carry the same `inputs.prefix`, position ids from its
   length on, and a mask [B, 1, T, S + T] whose first S columns (the prefix) every real position sees; the
   adapter attends to the kept keys and values there instead of forwarding the prefix again.
-- A layout that cannot be scored is refused before any forward, by `refuse_layout`, with one message shape.
+- A model that cannot be scored as it is run is refused before any forward, by `refuse_model`, with one
+  message shape.
 
-The ways a model returns its outputs are in `engine/layouts/` (full logits, hidden states and a head, logits
+The ways a model returns its outputs are in `engine/outputs/` (full logits, hidden states and a head, logits
 sharded on the vocabulary or on the sequence, a pipeline's last stage), one module each; the adapters of the
-model families that produce them, and the registry that picks one for a model, are in `engine/adapters.py`,
-`engine/olmo_core_adapter.py`, `engine/pipeline.py` and `engine/registry.py`.
+model families that produce them, and the registry that picks one for a model, are in `engine/adapters/`,
+`integrations/olmo_core/adapter.py`, `engine/adapters/pipeline.py` and `engine/families.py`.
 Legend: B rows, T time, U distinct positions read, N targets.
 """
 
@@ -40,8 +41,8 @@ from inloop_eval.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class LayoutNeeds:
-    """What a layout needs from the planner.
+class AdapterNeeds:
+    """What an adapter needs from the planner.
 
     width_multiple: every batch's width must be a multiple of this (a sequence split over TP x CP ranks).
     packing: rows may be packed: the model takes a boolean attention mask [B, 1, T, T] and position ids [B, T].
@@ -98,7 +99,7 @@ class ForwardInputs:
 
 
 class ModelOutputs(Protocol):
-    """What a model returned for one batch, in the layout it returned it."""
+    """What a model returned for one batch, in the form it returned it (`engine/outputs/`)."""
 
     @property
     def width(self) -> int:
@@ -140,9 +141,9 @@ class ModelAdapter:
         self._logits_width: int | None = None
 
     @property
-    def needs(self) -> LayoutNeeds:
-        """What this model's layout needs from the planner; plain causal rows by default."""
-        return LayoutNeeds()
+    def needs(self) -> AdapterNeeds:
+        """What this adapter needs from the planner; plain causal rows by default."""
+        return AdapterNeeds()
 
     @property
     def device(self) -> torch.device:
@@ -187,11 +188,24 @@ class TokenCount:
         self.total += int(n)
 
 
-class LayoutRefused(ConfigError):
-    """A model layout the evaluator cannot score; raised before any forward."""
+class ModelRefused(ConfigError):
+    """A model, as it is run (its parallelism, its attention), that the evaluator cannot score; raised before
+    any forward."""
 
 
-def refuse_layout(layout: str, reason: str, fix: str) -> NoReturn:
-    """Refuse a layout, in the one shape every refusal has: what layout, why it cannot be scored, and what to
-    do instead."""
-    raise LayoutRefused(f"evaluator: {layout} cannot be evaluated: {reason}; {fix}")
+def refuse_model(what: str, reason: str, fix: str) -> NoReturn:
+    """Refuse a model as it is run, in the one shape every refusal has: what, why it cannot be scored, and
+    what to do instead."""
+    raise ModelRefused(f"evaluator: {what} cannot be evaluated: {reason}; {fix}")
+
+
+def check_max_length(max_length: int, positions: int | None, model_name: str) -> None:
+    """ConfigError when the configured `max_length` is longer than the model's own context (`positions`,
+    where its adapter knows it): such an input would index past the position table (on a GPU a device-side
+    assert that kills the process), so it is refused before any forward, the same way on every rank."""
+    if positions is not None and max_length > positions:
+        raise ConfigError(
+            f"evaluator: max_length {max_length} is longer than the {positions} positions the model "
+            f"{model_name} was built for; set `max_length:` (or --max-length) to at most {positions}, or leave "
+            "it unset to use the model's own"
+        )

@@ -31,10 +31,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
-from inloop_eval.engine.adapters import input_embedding_rows
-from inloop_eval.engine.layout import ForwardInputs, HeadWorkspace, LayoutNeeds, ModelAdapter, ModelOutputs
-from inloop_eval.engine.layouts.pipeline_stage import ScoredTargets, share_from_last_stage
-from inloop_eval.engine.layouts.projected_head import token_logprobs
+from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, HeadWorkspace, ModelAdapter, ModelOutputs
+from inloop_eval.engine.adapters.logits import input_embedding_rows
+from inloop_eval.engine.outputs.pipeline_stage import ScoredTargets, share_from_last_stage
+from inloop_eval.engine.outputs.projected_head import token_logprobs
 from inloop_eval.errors import ConfigError, ModelOutputError
 
 
@@ -100,8 +100,8 @@ class PipelineAdapter(ModelAdapter):
         return last_rank, vocab_size if vocab_size is not None else rows
 
     @property
-    def needs(self) -> LayoutNeeds:
-        return LayoutNeeds(peer_groups=(("pipeline", self.group),))
+    def needs(self) -> AdapterNeeds:
+        return AdapterNeeds(peer_groups=(("pipeline", self.group),))
 
     def tokens_fed(self, inputs: ForwardInputs) -> int:
         """Every schedule step carries `batch_rows` x `seq_len` tokens, however narrow the batch."""

@@ -11,7 +11,7 @@ on exit whether the body returns or raises; modules compiled with `Module.compil
 `apply_compile`) run uncompiled meanwhile, so no compiled graph traces an override and training never
 recompiles. Parameters, buffers, hooks and classes are never touched.
 
-A kept prefix (`layout.SharedPrefix`): `keeping_prefix(model, kept)` is open while the prefix's one causal
+A kept prefix (`adapter.SharedPrefix`): `keeping_prefix(model, kept)` is open while the prefix's one causal
 row [1, S] is forwarded as any row is, and each torch backend records its keys and values (after RoPE,
 before GQA's head repetition) in `kept`. `packed_attention(model, mask, positions, kept)` then attends, for
 each row of a later batch, to those keys and values before the batch's own, under a mask [B, 1, T, S + T];

@@ -1,5 +1,5 @@
 """Logits sharded on the sequence: each rank holds the logits of some of the positions read (OLMo-core's
-tensor and Ulysses context parallelism, engine/olmo_core_adapter.py), scores the targets its positions predict
+tensor and Ulysses context parallelism, integrations/olmo_core/adapter.py), scores the targets its positions predict
 with a local log-softmax over the full vocabulary, contributes zeros for the others, and one all-reduce (SUM)
 of [2, N] per batch over each model-parallel group completes every target's score, exactly.
 Legend: U positions read, L of them this rank holds, V vocabulary, N targets, M this rank's targets.
@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from inloop_eval.engine.layout import ForwardInputs, HeadWorkspace
-from inloop_eval.engine.layouts.projected_head import token_logprobs
+from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace
 from inloop_eval.engine.logprobs import check_vocab
+from inloop_eval.engine.outputs.projected_head import token_logprobs
 
 
 @dataclass

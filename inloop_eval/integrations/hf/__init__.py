@@ -1,0 +1,3 @@
+"""Everything Hugging Face needs: `adapter` (causal LMs: the head at the positions read, packed rows and kept
+prefixes through its cache for the verified model types) and `callback` (the `Trainer` hook,
+`InLoopEvalCallback`). docs/hf_lightning.md shows the set-up."""

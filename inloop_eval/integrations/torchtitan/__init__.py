@@ -1,0 +1,4 @@
+"""Everything torchtitan needs: `adapter` (its decoders as trained under FSDP, HSDP and TP: hidden states then
+`lm_head` at the positions read, or logits sharded on the vocabulary) and `validator` (the trainer hook:
+`InLoopValidator`, torchtitan's validator slot, with its parallelism checks and tokenizer). docs/torchtitan.md
+shows the set-up."""
