@@ -6,5 +6,6 @@ model's outputs come back in (`outputs/`: full logits, hidden states and a head,
 sequence-sharded, a pipeline's last stage), the framework-neutral adapters (`adapters/`: logits callables,
 the reference GPT's hidden states, torch pipeline schedules), the model families that pick an adapter for a
 model (`families`; each framework's adapter lives in `inloop_eval/integrations/<framework>/`), the scoring
-loop (`scoring`, the shared arithmetic in `logprobs`), and leaving training untouched (`training_state`). The
+loop (`scoring`, the shared arithmetic in `logprobs`), the one scoring call every evaluator makes and the
+context it is given (`evaluation`), and leaving training untouched (`training_state`). The
 collectives every layer relies on are one level up, in `inloop_eval.distributed`."""

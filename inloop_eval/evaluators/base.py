@@ -3,9 +3,11 @@ and answering with bare figure names per label (`EvalOutput`). The orchestrator
 (`inloop_eval.evaluators.orchestrator.InLoopEvaluator`) only loops over them and names the figures' keys
 (`inloop_eval.keys`); `inloop_eval.evaluators.kinds` maps each config `type:` to its evaluator class.
 
-What one evaluation hands every evaluator is in the open, in one `EvalContext`: the model's adapter, the
-data-parallel group documents are sharded and metrics reduced over, the batch shape the planner must honour,
-the count of tokens forwarded, `strict` and the progress callback. Nothing is read from a global.
+What one evaluation hands every evaluator is in the open, in one `EvalContext` (`engine/evaluation.py`): the
+model's adapter, the data-parallel group documents are sharded and metrics reduced over, the batch shape the
+planner must honour, the count of tokens forwarded, `strict` and the progress callback. Nothing is read from a
+global. Every kind scores through the one call `engine.evaluation.score_share` (deal, plan, equalize, run,
+agree), so a kind is only what it scores and how it reduces the scores.
 
 What a kind promises, and the orchestrator relies on:
 - `run` is called by every rank, with the same config, in the same order as the other evaluators; it makes
@@ -20,17 +22,13 @@ What a kind promises, and the orchestrator relies on:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from torch.distributed import ProcessGroup
-
 from inloop_eval.config_fields import shown
 from inloop_eval.data.tokenizer import TokenizerLike
-from inloop_eval.distributed import TaskAgreement, data_parallel_in, run_agreed
-from inloop_eval.engine.adapter import ModelAdapter, TokenCount
-from inloop_eval.engine.batching import BatchShape
+from inloop_eval.distributed import TaskAgreement, run_agreed
+from inloop_eval.engine.evaluation import EvalContext
 from inloop_eval.errors import ConfigError
 from inloop_eval.keys import FAILED, OlmoCoreNames
 from inloop_eval.metrics.icl import DocumentOutcomes
@@ -90,42 +88,6 @@ class EvalOutput:
     outcomes: dict[str, DocumentOutcomes] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class EvalContext:
-    """What one evaluation hands every evaluator (made by the orchestrator for each run).
-
-    adapter: the model.
-    max_length: the longest input: the config's `max_length`, else the model's own (None: unknown).
-    dp_group: the data-parallel group documents are sharded and metrics reduced over; None: the world.
-    shape: what every planned batch must be (packing, width multiple), from the adapter's needs and the config.
-    tokens: the tokens forwarded in this run, added to at each forward.
-    strict: raise a failure rather than reporting `failed = 1`.
-    progress: called with the number of requests (or sequences) of each batch scored.
-    """
-
-    adapter: ModelAdapter
-    max_length: int | None
-    dp_group: ProcessGroup | None
-    shape: BatchShape
-    tokens: TokenCount
-    strict: bool = False
-    progress: Callable[[int], None] | None = None
-
-    @property
-    def data_parallel(self) -> tuple[int, int]:
-        """(size, rank) of this rank in the data-parallel group."""
-        return data_parallel_in(self.dp_group)
-
-    def logits_width(self) -> int:
-        """The model's vocabulary bound: its input embedding's rows where known, else its logits' width from
-        a one-row probe (every rank makes it alike, as wide as the batch shape needs)."""
-        adapter = self.adapter
-        if adapter.vocab_size is not None:
-            return adapter.vocab_size
-        width = min(self.shape.width_multiple, self.max_length or self.shape.width_multiple)
-        return adapter.logits_width(width, self.tokens)
-
-
 ConfigT = TypeVar("ConfigT", bound=KindConfig)
 PreparedT = TypeVar("PreparedT")
 
@@ -175,13 +137,6 @@ class Evaluator(Generic[ConfigT, PreparedT]):
         if output is None:
             return EvalOutput({label: {FAILED: 1.0} for label in self.labels})
         return output
-
-    def start_progress(self, progress: Callable[[int], None] | None, total: int) -> None:
-        """Tell a progress display that shows totals (one with a `start(title, total)` method, e.g. the
-        CLI's) that this entry is about to score `total` requests (or sequences) on this rank."""
-        start = getattr(progress, "start", None)
-        if start is not None:
-            start(self.title(), total)
 
     def title(self) -> str:
         """The entry as logs and errors name it, e.g. `task 'piqa'`."""

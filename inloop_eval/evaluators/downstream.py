@@ -18,12 +18,12 @@ import torch
 from inloop_eval.config_fields import AtLeast, check_fields, check_label, shown
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.distributed import TaskAgreement, world
-from inloop_eval.engine.batching import Batch, BatchShape, equalize_forward_calls, plan_batches
-from inloop_eval.engine.scoring import PairScores, run_batches
+from inloop_eval.engine.batching import Batch, BatchShape, plan_batches
+from inloop_eval.engine.evaluation import EvalContext, Share, score_share
+from inloop_eval.engine.scoring import PairScores
 from inloop_eval.engine.sharding import ICLMultiChoiceTaskDataset, rank_rows, shard_documents, subset_size
 from inloop_eval.errors import ConfigError, ModelOutputError
 from inloop_eval.evaluators.base import (
-    EvalContext,
     EvalOutput,
     Evaluator,
     Settings,
@@ -208,23 +208,22 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         the task's agreement points (planning, between forward passes, before the metric sync). Logits
         narrower than the tokenizer's vocabulary are an error (`run_batches`)."""
         min_vocab = int(getattr(self.tokenizer, "vocab_size", 0) or 0)
-        rows, uncond_ids = rank_share(prepared, *context.data_parallel)
-        pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
-        check_vocabulary(context, prepared, pair_ids, min_vocab=min_vocab)
-        planned = plan(prepared, pair_ids, context.shape, context.data_parallel)
-        self.start_progress(context.progress, len(pair_ids))
-        scores = run_batches(
-            context.adapter,
-            equalize_forward_calls(planned, agreement, context.shape.width_multiple),
-            len(pair_ids),
-            context.tokens,
-            describe=lambda p: describe_pair(prepared, int(pair_ids[p])),
-            progress=context.progress,
-            min_vocab=min_vocab,
-        )
+
+        def deal(dp_size: int, dp_rank: int) -> Share[tuple[np.ndarray, np.ndarray]]:
+            rows, uncond_ids = rank_share(prepared, dp_size, dp_rank)
+            pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
+            check_vocabulary(context, prepared, pair_ids, min_vocab=min_vocab)
+            return Share(
+                (rows, uncond_ids),
+                len(pair_ids),
+                plan=lambda shape: plan(prepared, pair_ids, shape, (dp_size, dp_rank)),
+                describe=lambda p: describe_pair(prepared, int(pair_ids[p])),
+                min_vocab=min_vocab,
+            )
+
+        (rows, uncond_ids), scores = score_share(context, agreement, self.title(), deal)
         metric = ICLMetric(prepared.metrics, prepared.task.olmo_metric_type, process_group=context.dp_group)
         update_metric(metric.to(context.adapter.device), prepared.table, rows, uncond_ids, scores)
-        agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
         result = TaskResult(metric.compute(), rows, uncond_ids, scores, prepared)
         check_finite_documents(self.title(), result.metrics, strict=context.strict)
         label, olmo_type = self.config.label, prepared.task.olmo_metric_type

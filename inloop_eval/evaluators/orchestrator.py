@@ -21,9 +21,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.distributed import agreed_data_parallel, check_data_parallel
 from inloop_eval.engine.adapter import TokenCount
+from inloop_eval.engine.evaluation import EvalContext
 from inloop_eval.engine.families import make_adapter
 from inloop_eval.engine.training_state import training_untouched
-from inloop_eval.evaluators.base import EvalContext, EvalOutput, Evaluator
+from inloop_eval.evaluators.base import EvalOutput, Evaluator
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.kinds import KINDS
 from inloop_eval.evaluators.suites import SuiteAverages

@@ -28,11 +28,11 @@ from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
 from inloop_eval.data.root import home
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank
-from inloop_eval.engine.batching import Batch, BatchShape, equalize_forward_calls, plan_sequence_batches
-from inloop_eval.engine.scoring import run_batches
+from inloop_eval.engine.batching import Batch, BatchShape, plan_sequence_batches
+from inloop_eval.engine.evaluation import EvalContext, Share, score_share
 from inloop_eval.engine.sharding import deal_longest_first
 from inloop_eval.errors import ConfigError, LMDataError
-from inloop_eval.evaluators.base import EvalContext, EvalOutput, Evaluator, Settings, check_entry_type
+from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings, check_entry_type
 from inloop_eval.keys import FAILED, PERPLEXITY, OlmoCoreNames
 from inloop_eval.metrics.perplexity import FIGURES, OLMO_CORE_FIGURES, PerplexityMetric, olmo_core_perplexity
 
@@ -239,20 +239,18 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
     def evaluate(self, context: EvalContext, prepared: PreparedDomains, agreement: TaskAgreement) -> EvalOutput:
         """Score this rank's share of every domain the model can take and compute each label's figures over
         the data-parallel group."""
-        domains, failed = usable_domains(context, prepared)
-        shard = rank_share(domains, *context.data_parallel)
-        planned = plan_sequences(domains, shard, prepared.config, context.shape)
-        self.start_progress(context.progress, len(shard.seq_S))
-        scores = run_batches(
-            context.adapter,
-            equalize_forward_calls(planned, agreement, context.shape.width_multiple),
-            len(shard.seq_S),
-            context.tokens,
-            describe=lambda p: domains[int(shard.domain_S[p])].describe(int(shard.seq_S[p])),
-            progress=context.progress,
-        )
+        def deal(dp_size: int, dp_rank: int) -> Share[tuple[list[DomainSet], dict[str, str], Shard]]:
+            domains, failed = usable_domains(context, prepared)
+            shard = rank_share(domains, dp_size, dp_rank)
+            return Share(
+                (domains, failed, shard),
+                len(shard.seq_S),
+                plan=lambda shape: plan_sequences(domains, shard, prepared.config, shape),
+                describe=lambda p: domains[int(shard.domain_S[p])].describe(int(shard.seq_S[p])),
+            )
+
+        (domains, failed, shard), scores = score_share(context, agreement, self.title(), deal)
         nll_S = -scores.ll
-        agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
         olmo_core_labels = set(prepared.config.documents_labels())
         figures, totals = domain_figures(context, domains, shard, nll_S, olmo_core_labels)
         result = DomainsResult(figures, totals, domains, failed, shard, nll_S, scores.tokens_forwarded)

@@ -9,8 +9,9 @@ import pytest
 
 from inloop_eval.engine.adapter import ModelAdapter, TokenCount
 from inloop_eval.engine.batching import BatchShape
+from inloop_eval.engine.evaluation import EvalContext
 from inloop_eval.errors import TaskDataError
-from inloop_eval.evaluators.base import EvalContext, EvalOutput, Evaluator, entry_type
+from inloop_eval.evaluators.base import EvalOutput, Evaluator, entry_type
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import DownstreamEvaluator, TaskEvalConfig
 from inloop_eval.evaluators.kinds import KINDS

@@ -1,0 +1,115 @@
+"""What one evaluation hands every evaluator (`EvalContext`), and the one scoring call every evaluator makes
+(`score_share`): deal the work to this rank, plan its batches, equalize forward calls across ranks, run the
+model, and agree that every rank got through. An evaluator is then only what it scores (its `Share`) and how
+it reduces the scores (its metric).
+
+What `score_share` promises, on every rank of the data-parallel group alike: it calls `deal` once, makes the
+same number of forward calls (dummies where a rank has fewer batches, `batching.equalize_forward_calls`),
+and joins the task's agreement points at the same places (planning, between forwards, after the last one),
+so that a rank that fails anywhere stops every rank before the metric sync (`inloop_eval.distributed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from torch.distributed import ProcessGroup
+
+from inloop_eval.distributed import TaskAgreement, data_parallel_in
+from inloop_eval.engine.adapter import ModelAdapter, TokenCount
+from inloop_eval.engine.batching import Batch, BatchShape, equalize_forward_calls
+from inloop_eval.engine.scoring import PairScores, run_batches
+
+ItemsT = TypeVar("ItemsT")
+
+
+@dataclass(frozen=True)
+class EvalContext:
+    """What one evaluation hands every evaluator (made by the orchestrator for each run).
+
+    adapter: the model.
+    max_length: the longest input: the config's `max_length`, else the model's own (None: unknown).
+    dp_group: the data-parallel group documents are sharded and metrics reduced over; None: the world.
+    shape: what every planned batch must be (packing, width multiple), from the adapter's needs and the config.
+    tokens: the tokens forwarded in this run, added to at each forward.
+    strict: raise a failure rather than reporting `failed = 1`.
+    progress: called with the number of requests (or sequences) of each batch scored.
+    """
+
+    adapter: ModelAdapter
+    max_length: int | None
+    dp_group: ProcessGroup | None
+    shape: BatchShape
+    tokens: TokenCount
+    strict: bool = False
+    progress: Callable[[int], None] | None = None
+
+    @property
+    def data_parallel(self) -> tuple[int, int]:
+        """(size, rank) of this rank in the data-parallel group."""
+        return data_parallel_in(self.dp_group)
+
+    def logits_width(self) -> int:
+        """The model's vocabulary bound: its input embedding's rows where known, else its logits' width from
+        a one-row probe (every rank makes it alike, as wide as the batch shape needs)."""
+        adapter = self.adapter
+        if adapter.vocab_size is not None:
+            return adapter.vocab_size
+        width = min(self.shape.width_multiple, self.max_length or self.shape.width_multiple)
+        return adapter.logits_width(width, self.tokens)
+
+
+@dataclass(frozen=True)
+class Share(Generic[ItemsT]):
+    """The items one rank scores (requests or sequences), as an evaluator deals them.
+
+    items: what the evaluator reads back after scoring (e.g. its request rows).
+    n_items: how many items are scored; the batches' `pair_N` index them, 0..n_items-1.
+    plan: this rank's batches of the items, in the batch shape given.
+    describe: an item as an error names it (e.g. `task 'piqa' doc 17 choice 2`).
+    min_vocab: the tokenizer's vocabulary, which the model's logits must cover (0: unchecked).
+    """
+
+    items: ItemsT
+    n_items: int
+    plan: Callable[[BatchShape], list[Batch]]
+    describe: Callable[[int], str]
+    min_vocab: int = 0
+
+
+def score_share(
+    context: EvalContext,
+    agreement: TaskAgreement,
+    title: str,
+    deal: Callable[[int, int], Share[ItemsT]],
+) -> tuple[ItemsT, PairScores]:
+    """This rank's share of an evaluator's work, scored: `deal(dp_size, dp_rank)` gives the share, which is
+    planned in `context.shape`, forwarded with every rank making as many calls, and agreed after the last
+    forward. Returns the share's items and their scores (loglikelihood sums and greedy flags per item).
+
+    title: the evaluator as a progress display names it (e.g. `task 'piqa'`).
+    """
+    share = deal(*context.data_parallel)
+    start_progress(context.progress, title, share.n_items)
+    planned = share.plan(context.shape)
+    scores = run_batches(
+        context.adapter,
+        equalize_forward_calls(planned, agreement, context.shape.width_multiple),
+        share.n_items,
+        context.tokens,
+        describe=share.describe,
+        progress=context.progress,
+        min_vocab=share.min_vocab,
+    )
+    agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
+    return share.items, scores
+
+
+def start_progress(progress: Callable[[int], None] | None, title: str, total: int) -> None:
+    """Tell a progress display that shows totals (one with a `start(title, total)` method, e.g. the CLI's)
+    that `title` is about to score `total` requests (or sequences) on this rank."""
+    start = getattr(progress, "start", None)
+    if start is not None:
+        start(title, total)

@@ -1,0 +1,91 @@
+"""The one scoring call every evaluator makes (`engine.evaluation.score_share`): it deals once with this rank's
+data-parallel size and rank, plans in the context's batch shape, gives the scores `run_batches` gives for the
+same batches, counts the tokens it forwards, agrees after the last forward, and tells a progress display the
+total. No evaluator module scores by itself."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from inloop_eval.distributed import TaskAgreement
+from inloop_eval.engine.adapter import TokenCount
+from inloop_eval.engine.batching import BatchShape, plan_batches
+from inloop_eval.engine.evaluation import EvalContext, Share, score_share
+from inloop_eval.engine.families import make_adapter
+from inloop_eval.engine.scoring import run_batches
+from inloop_eval.models.gpt import GPT, GPTConfig
+from inloop_eval.requests.table import PairSet
+
+EVALUATORS = Path(__file__).resolve().parents[2] / "inloop_eval" / "evaluators"
+
+
+def five_pairs() -> PairSet:
+    """Two documents: context [11 12 13] with three continuations, context [51 52] with two."""
+    return PairSet(
+        ctx_tokens=np.array([11, 12, 13, 51, 52]),
+        ctx_offsets=np.array([0, 3, 5]),
+        ctx_id=np.array([0, 0, 0, 1, 1]),
+        ctx_start=np.zeros(5, dtype=np.int64),
+        ctx_end=np.array([3, 3, 3, 2, 2]),
+        cont_tokens=np.array([21, 22, 31, 32, 33, 41, 61, 62, 63, 71, 72]),
+        cont_offsets=np.array([0, 2, 5, 6, 9, 11]),
+    )
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.started: list[tuple[str, int]] = []
+        self.done = 0
+
+    def start(self, title: str, total: int) -> None:
+        self.started.append((title, total))
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+
+
+def test_the_share_is_dealt_planned_and_scored_as_run_batches_scores_it():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)).eval()
+    adapter = make_adapter(model)
+    pairs, pair_ids = five_pairs(), np.array([4, 0, 2, 3, 1])
+    shape = BatchShape.of(adapter.needs)
+    dealt: list[tuple[int, int]] = []
+    planned_in: list[BatchShape] = []
+
+    def deal(dp_size: int, dp_rank: int) -> Share[str]:
+        dealt.append((dp_size, dp_rank))
+
+        def plan(batch_shape: BatchShape) -> list:
+            planned_in.append(batch_shape)
+            return plan_batches(pairs, pair_ids, 16, packing=batch_shape.packing, max_length=32)
+
+        return Share("my items", len(pair_ids), plan=plan, describe=lambda p: f"pair {p}")
+
+    progress, tokens = Progress(), TokenCount()
+    context = EvalContext(adapter, 32, None, shape, tokens, progress=progress)
+    agreement = TaskAgreement("toy task")
+    with torch.no_grad():
+        items, scores = score_share(context, agreement, "toy task", deal)
+        expected = run_batches(
+            adapter, plan_batches(pairs, pair_ids, 16, packing=shape.packing, max_length=32), 5, TokenCount()
+        )
+    assert items == "my items" and dealt == [(1, 0)] and planned_in == [shape]
+    np.testing.assert_array_equal(scores.ll, expected.ll)
+    np.testing.assert_array_equal(scores.greedy, expected.greedy)
+    assert tokens.total == expected.tokens_forwarded > 0
+    assert progress.started == [("toy task", 5)] and progress.done == 5
+
+
+def test_no_evaluator_module_runs_batches_itself():
+    calls = []
+    for path in sorted(EVALUATORS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = getattr(node, "id", None) or getattr(node, "attr", None)
+            if name in ("run_batches", "equalize_forward_calls"):
+                calls.append(f"{path.name}:{node.lineno} {name}")
+    assert calls == []
