@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from radon.complexity import cc_rank, cc_visit
 from test_imports import PACKAGE, import_graph, modules
 
 REPO = PACKAGE.parent
@@ -96,3 +97,15 @@ def test_no_benchmark_or_script_is_too_long():
     paths = [*REPO.glob("benchmarks/*.py"), *REPO.glob("scripts/*.py")]
     long = {str(p.relative_to(REPO)): line_count(p) for p in paths if line_count(p) > MAX_SCRIPT_LINES}
     assert long == {}
+
+
+def test_no_function_is_rated_d_or_worse_for_complexity():
+    """radon's cyclomatic complexity: every function and method of the package rated A to C (at most 20
+    branches), so each can be read whole."""
+    worse = [
+        f"{path.relative_to(REPO)}:{block.lineno} {block.name} {cc_rank(block.complexity)} ({block.complexity})"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for block in cc_visit(path.read_text())
+        if cc_rank(block.complexity) not in "ABC"
+    ]
+    assert worse == []
