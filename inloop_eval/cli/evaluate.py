@@ -20,7 +20,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from inloop_eval.cli.progress import EvaluationProgress
 from inloop_eval.cli.summary import summary_table
 from inloop_eval.config_fields import read_config_file
 from inloop_eval.data.files import write_text_atomically
@@ -31,6 +30,7 @@ from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.keys import failed_labels
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
+from inloop_eval.loggers.progress import EvaluationProgress
 
 
 def evaluate(args: argparse.Namespace) -> int:
