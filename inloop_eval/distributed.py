@@ -262,6 +262,32 @@ def init_from_env() -> torch.device:
     return torch.device("cpu")
 
 
+def usable_device(name: str, flag: str) -> torch.device:
+    """The device `name` names, checked present by placing an empty tensor on it, so that a device this
+    machine lacks (`cuda` on a CPU-only torch) is one error naming `flag` rather than a traceback at the
+    first forward. ConfigError naming the flag, what was found and the devices this machine has."""
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"{flag} {name!r} is not a device this machine has ({reason}); expected one of: "
+            f"{', '.join(present_devices())}"
+        ) from None
+    return device
+
+
+def present_devices() -> list[str]:
+    """The devices this process can use: cpu, then each GPU (`cuda`, `cuda:0`, ...) or `mps` when present."""
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices += ["cuda", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))]
+    if torch.backends.mps.is_available():
+        devices.append("mps")
+    return devices
+
+
 def all_reduce_sum(value: int, group: ProcessGroup | None = None) -> int:
     """`value` summed over the ranks of `group` (None: the world; every rank of it calls this)."""
     if data_parallel_in(group)[0] == 1:

@@ -22,6 +22,7 @@ from inloop_eval.engine.batching import row_lengths
 from inloop_eval.engine.sharding import ICLMultiChoiceTaskDataset, subset_size
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.downstream import TaskEvalConfig
+from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
 from inloop_eval.requests.table import build_requests
 from inloop_eval.tasks import get_task, load_docs
 
@@ -279,7 +280,8 @@ def test_cli_under_torchrun_writes_the_single_process_numbers(
     cli_single, hf_model_dir, data_root, tmp_path, nproc, entry
 ):
     """`torchrun -m inloop_eval.cli evaluate` and the `inloop-eval` script under torchrun: rank 0 alone
-    writes the results and samples, with the numbers of one process."""
+    writes the results and samples, with the numbers of one process (and the run's own cost: its time and
+    the tokens all ranks forwarded, padding and dummy batches included)."""
     if "--no-python" in entry and not CONSOLE_SCRIPT.exists():
         pytest.fail(f"the console script {CONSOLE_SCRIPT} is not installed (pip install -e .)")
     out = tmp_path / "out"
@@ -293,6 +295,8 @@ def test_cli_under_torchrun_writes_the_single_process_numbers(
     found = json.loads((out / "results.json").read_text())
     expected = json.loads((cli_single / "results.json").read_text())
     assert found["world_size"] == nproc and expected["world_size"] == 1
+    for metrics in (found["metrics"], expected["metrics"]):
+        assert metrics.pop(SECONDS_KEY) > 0 and metrics.pop(TOKENS_KEY) > 0
     assert_same_metrics(found["metrics"], expected["metrics"], f"cli world size {nproc}")
     assert found["metrics"]["eval/downstream/copa/n_docs"] == 7
 

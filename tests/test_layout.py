@@ -22,7 +22,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("evaluators",),
     ("loggers",),
     ("report", "compare"),
-    ("integrations", "cli", "demo", "watch"),
+    ("integrations", "demo", "watch"),
+    ("cli",),
 ]
 # Public entry points that re-export names from every layer: above them all.
 PUBLIC = ("inloop_eval", "inloop_eval.config")
@@ -56,6 +57,21 @@ def test_the_layer_check_finds_an_upward_import():
     graph = {"inloop_eval.data.root": {"inloop_eval.tasks.base"}, "inloop_eval.tasks.base": {"inloop_eval.errors"}}
     assert upward_imports(graph) == [
         "inloop_eval.data.root (layer 2) imports inloop_eval.tasks.base (layer 3)"
+    ]
+
+
+def test_the_layer_check_finds_a_module_that_imports_the_command_line():
+    """The command line is the top: what it runs (the demo, the watcher, the trainer hooks) cannot import it."""
+    graph = {
+        "inloop_eval.demo.run": {"inloop_eval.cli.progress"},
+        "inloop_eval.watch.command": {"inloop_eval.cli.summary"},
+        "inloop_eval.integrations.hf.callback": {"inloop_eval.cli.main"},
+        "inloop_eval.cli.main": {"inloop_eval.demo.run", "inloop_eval.watch.command"},
+    }
+    assert upward_imports(graph) == [
+        "inloop_eval.demo.run (layer 9) imports inloop_eval.cli.progress (layer 10)",
+        "inloop_eval.integrations.hf.callback (layer 9) imports inloop_eval.cli.main (layer 10)",
+        "inloop_eval.watch.command (layer 9) imports inloop_eval.cli.summary (layer 10)",
     ]
 
 

@@ -1,7 +1,9 @@
-"""The `inloop-eval` command line (`python -m inloop_eval.cli`): `main` parses and dispatches the
-commands, each importing its own modules when it runs; `evaluate` is the `evaluate` command in phases;
-`progress` shows an evaluation's progress per task (also the demo's); `summary` is the table `evaluate`
-ends with; `describe` renders `tasks --describe`."""
+"""The `inloop-eval` command line (`python -m inloop_eval.cli`): `main` holds the table of commands (name,
+help, the module that declares and runs it, named by import path and imported only when that command runs)
+and dispatches; each command's module has `add_arguments(parser)` and `run(args) -> int`. Here: `tasks`
+(`tasks`, with `describe` rendering `tasks --describe`), `lint`, `evaluate` (its flags and the command in
+phases, with `summary`, the table it ends with) and `data` (fetch, verify, make-lm); `demo`, `report`,
+`compare` and `watch` live in their own packages."""
 
 from inloop_eval.cli.main import main
 

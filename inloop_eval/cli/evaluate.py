@@ -1,14 +1,17 @@
 """`inloop-eval evaluate`: a saved Hugging Face model evaluated on tasks, alone or under torchrun.
 
-In phases, each a function: the config (built once, with the command's overrides), the output files checked
-writable before anything is evaluated, the model loaded, the evaluation with its progress per task
-(rank 0), then on rank 0 the summary table, the files written and where they are.
+Its flags (`add_arguments`), then the command in phases, each a function: the config (built once, with the
+flags' overrides), the output files checked writable before anything is evaluated, the device checked and the
+model loaded, the evaluation with its progress per task (rank 0) through `run_and_log`, the path a training
+loop takes (so the figures carry `eval/seconds` and `eval/tokens_forwarded`), then on rank 0 the summary
+table, the files written and where they are.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -20,21 +23,64 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from inloop_eval.cli.progress import EvaluationProgress
 from inloop_eval.cli.summary import summary_table
 from inloop_eval.config_fields import read_config_file
 from inloop_eval.data.files import write_text_atomically
-from inloop_eval.distributed import all_reduce_max, init_from_env, world
+from inloop_eval.distributed import all_reduce_max, init_from_env, usable_device, world
 from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from inloop_eval.integrations import run_and_log
 from inloop_eval.keys import failed_labels
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
+from inloop_eval.loggers.progress import EvaluationProgress
 
 
-def evaluate(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="Hugging Face model directory (AutoModelForCausalLM)")
+    parser.add_argument(
+        "--tokenizer",
+        help="tokenizers JSON file, HF tokenizer directory, or a repository fetched or in the local HF hub "
+        "cache (default: --model)",
+    )
+    parser.add_argument("--tasks", help="comma-separated task ids (see `inloop-eval tasks`)")
+    parser.add_argument(
+        "--config", help="YAML evaluator config; --tasks, --limit and --batch-tokens override it"
+    )
+    parser.add_argument("--limit", type=int, help="first N documents of each task")
+    parser.add_argument(
+        "--spread",
+        action="store_true",
+        help="with --limit (or a config's limits): the N documents evenly spaced over each split, not its first "
+        "N (the config's `spread: true`)",
+    )
+    parser.add_argument("--batch-tokens", type=int, help="token budget of one forward pass (default 8192)")
+    parser.add_argument("--max-length", type=int, help="longest input in tokens (default: the model's)")
+    parser.add_argument("--data-root", help="task data root (default $INLOOP_EVAL_DATA or the cache)")
+    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--output", help="write the metrics and the config as JSON here (rank 0)")
+    parser.add_argument("--samples", help="write one JSON line per request here (rank 0)")
+    parser.add_argument(
+        "--outcomes",
+        metavar="DIR",
+        help="write per-document outcomes to DIR/outcomes/step_<STEP>.npz (rank 0), for `inloop-eval compare`",
+    )
+    parser.add_argument("--step", type=step_number, help="with --outcomes: the step to file them under (0)")
+    parser.add_argument("--strict", action="store_true", help="stop at the first failing task")
+
+
+def step_number(text: str) -> int:
+    """`--step`'s value: a training step, a whole number >= 0 (a negative one names no step file)."""
+    if not text.isascii() or not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a step, a whole number >= 0, found {text!r}")
+    return int(text)
+
+
+def run(args: argparse.Namespace) -> int:
     """The command: 0 when every evaluation gave its figures, 1 when any failed (each named)."""
+    # The table shows the figures; the evaluator's own line per step is for a training loop's log.
+    logging.getLogger("inloop_eval.evaluators.orchestrator").setLevel(logging.WARNING)
     init_from_env()
     world_size, rank = world()
     config = evaluate_config(args)
@@ -44,7 +90,7 @@ def evaluate(args: argparse.Namespace) -> int:
     evaluator = InLoopEvaluator(config)
     progress = EvaluationProgress(len(evaluator.evaluators), enabled=rank == 0)
     try:
-        metrics = evaluator.run(model, progress=progress)
+        metrics = run_and_log(evaluator, model, args.step or 0, progress=progress)
     finally:
         progress.close()
     samples = gather_samples(evaluator) if args.samples else None
@@ -86,13 +132,21 @@ def settings_overrides(args: argparse.Namespace, data: dict[str, Any]) -> dict[s
 
 
 def entry_overrides(entry: Any, args: argparse.Namespace) -> Any:
-    """One `evaluators:` entry with --limit (tasks only) and --batch-tokens applied; an entry that is not a
-    mapping is left for the config's own check to report."""
+    """One `evaluators:` entry with --limit and --spread (tasks only) and --batch-tokens applied; an entry that
+    is not a mapping is left for the config's own check to report."""
     if not isinstance(entry, dict):
         return entry
     entry = dict(entry)
-    if args.limit is not None and entry.get("type", TaskEvalConfig.type) == TaskEvalConfig.type:
-        entry["limit"] = args.limit
+    if entry.get("type", TaskEvalConfig.type) == TaskEvalConfig.type:
+        if args.limit is not None:
+            entry["limit"] = args.limit
+        if args.spread:
+            entry["spread"] = True
+            if entry.get("limit") is None:
+                raise ConfigError(
+                    f"evaluate --spread: task {entry.get('task')!r} has no limit, and --spread spreads a limit's "
+                    "documents over the split; add --limit N (or a `limit:` in the config)"
+                )
     if args.batch_tokens is not None:
         entry["batch_tokens"] = args.batch_tokens
     return entry
@@ -145,8 +199,11 @@ def check_outputs_writable(outputs: dict[str, Path], rank: int) -> None:
 
 
 def pick_device(name: str | None, world_size: int) -> torch.device:
-    """`--device`, else cuda when there is one (this rank's `LOCAL_RANK` GPU under torchrun), else cpu."""
-    device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    """`--device` (ConfigError when this machine has no such device), else cuda when there is one (this
+    rank's `LOCAL_RANK` GPU under torchrun), else cpu."""
+    device = usable_device(name, "evaluate: --device") if name else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu"
+    )
     if device.type == "cuda" and world_size > 1:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return device
@@ -156,7 +213,7 @@ def load_hf_model(path: str, device: torch.device) -> Any:
     """The saved model at `path` (AutoModelForCausalLM, float32) on `device`, in eval mode."""
     try:
         from transformers import AutoModelForCausalLM
-    except ImportError as exc:  # installed (`cmd_evaluate` checked) but broken
+    except ImportError as exc:  # installed (`main` checked) but broken
         raise ConfigError(f"evaluate --model: transformers does not import ({exc}); reinstall it") from None
     if not Path(path).is_dir():
         raise ConfigError(f"evaluate: --model {path!r} is not a directory holding a saved Hugging Face model")

@@ -6,23 +6,27 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from inloop_eval.keys import DOWNSTREAM, FAILED, PERPLEXITY, SUITE, split_key
+from inloop_eval.keys import DOWNSTREAM, FAILED, PERPLEXITY, SUITE, TOKENS_KEY, split_key
 
 # Figures shown in their own column of their task's rows, not as rows.
 STDERR_SUFFIX = "_stderr"
 DOCS = "n_docs"
 HEADER = ("kind", "label", "figure", "value", "stderr", "docs")
+# Figures that count something, shown whole like the `n_*` ones: the tokens forwarded (`run_and_log`'s key).
+COUNTS = (TOKENS_KEY.rpartition("/")[2],)
 
 
 def number(value: float | None, figure: str = "") -> str:
-    """A figure as the table shows it: perplexities to 4 significant digits (1,869; 12.35), counts whole,
-    others to 4 decimals; `nan`/`inf` as they are, a dash for none."""
+    """A figure as the table shows it: perplexities to 4 significant digits (1,869; 12.35), counts (`n_*`,
+    tokens forwarded) whole, others to 4 decimals; `nan`/`inf` as they are, a dash for none."""
     if value is None:
         return "–"
     if not math.isfinite(value):
         return str(value)
-    if figure in ("ppl", "PPL") or figure.startswith("n_"):
-        return f"{value:,.0f}" if abs(value) >= 1000 or figure.startswith("n_") else f"{value:.4g}"
+    if figure.startswith("n_") or figure in COUNTS:
+        return f"{value:,.0f}"
+    if figure in ("ppl", "PPL"):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return f"{value:.4f}"
 
 
@@ -37,7 +41,7 @@ def table_rows(metrics: Mapping[str, float]) -> list[tuple[str, ...]]:
             if parts is not None:
                 break
         if parts is None:
-            others.append(("", "", key, number(value), "", ""))
+            others.append(("", "", key, number(value, key.rpartition("/")[2]), "", ""))
             continue
         label, figure = parts
         if figure.endswith(STDERR_SUFFIX) or figure == DOCS:

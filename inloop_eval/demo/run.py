@@ -28,7 +28,6 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from inloop_eval.cli.progress import EvaluationProgress
 from inloop_eval.config_fields import build_dataclass
 from inloop_eval.data.fetch import fetch
 from inloop_eval.data.files import write_text_atomically
@@ -41,6 +40,7 @@ from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import run_and_log
 from inloop_eval.keys import DOWNSTREAM, PERPLEXITY, SECONDS_KEY, TOKENS_KEY, TRAIN_LOSS_KEY, split_key
 from inloop_eval.loggers import JSONLLogger, MetricsLogger, MultiLogger, WandbLogger, is_rank_zero
+from inloop_eval.loggers.progress import EvaluationProgress, TrainingProgress
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.report import write_report
 from inloop_eval.tasks.splits import standard_splits
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 # it as configs/demo.yaml (a link to this file).
 DEFAULT_CONFIG = Path(__file__).resolve().with_name("demo.yaml")
 HELDOUT_DIR = "heldout"
+# torch.manual_seed takes an unsigned 64-bit seed; NumPy's generator takes none below 0.
+MAX_SEED = 2**64 - 1
 
 # Source name -> oe-eval request file and the field of its `doc` holding a passage.
 CORPUS_FILES: dict[str, tuple[str, str]] = {
@@ -73,7 +75,7 @@ class TrainConfig:
     lr: float = 3e-3
     """AdamW learning rate (cosine decay to 10%)."""
     seed: int = 0
-    """Seeds the model's initialisation and the order of training windows."""
+    """Seeds the model's initialisation and the order of training windows (0 to 2**64 - 1, as torch takes)."""
     heldout_passages: int = 40
     """Passages of each source kept out of training: the perplexity domains (0: none held out)."""
     log_every: int = 20
@@ -85,6 +87,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "seq_len", "log_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, found {getattr(self, name)}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"train.seed must be a whole number from 0 to 2**64 - 1, found {self.seed}")
         if self.heldout_passages < 0:
             raise ConfigError(f"train.heldout_passages must be >= 0, found {self.heldout_passages}")
 
@@ -249,13 +253,15 @@ def train(config: DemoConfig, data_root: Path) -> list[dict[str, float]]:
     rng = np.random.default_rng([tc.seed, rank])
     per_rank = tc.batch_size // world_size
     evaluations: list[dict[str, float]] = []
+    training_progress = TrainingProgress(tc.steps, filter(evaluator.should_run, range(tc.steps + 1)))
     try:
         for step in range(tc.steps + 1):
             if evaluator.should_run(step):
                 metrics = evaluate_step(evaluator, trained, step, logger)
                 evaluations.append(metrics)
+                training_progress.evaluated(metrics[SECONDS_KEY])
                 if is_rank_zero():
-                    print(summary(step, metrics), flush=True)
+                    print(summary(training_progress.step_text(step), metrics), flush=True)
             if step == tc.steps:
                 break
             starts = rng.integers(0, len(stream) - tc.seq_len - 1, size=per_rank)
@@ -272,7 +278,7 @@ def train(config: DemoConfig, data_root: Path) -> list[dict[str, float]]:
                 mean_loss = mean_over_ranks(loss.detach())
                 logger.log({TRAIN_LOSS_KEY: mean_loss, "train/lr": schedule.get_last_lr()[0]}, step)
                 if is_rank_zero():
-                    print(f"step {step:5d}  train loss {mean_loss:.3f}", flush=True)
+                    print(training_progress.line(step, mean_loss), flush=True)
     finally:
         logger.finish()
     return evaluations
@@ -310,8 +316,9 @@ def mean_over_ranks(value: torch.Tensor) -> float:
     return float(value.item())
 
 
-def summary(step: int, metrics: dict[str, float]) -> str:
-    parts = [f"step {step:5d}  eval"]
+def summary(step_text: str, metrics: dict[str, float]) -> str:
+    """An evaluation's line: `step_text` (`step  50/150`), then accuracies, perplexities, time and tokens."""
+    parts = [f"{step_text}  eval"]
     for key, value in metrics.items():
         task, domain = split_key(key, DOWNSTREAM), split_key(key, PERPLEXITY)
         if task is not None and task[1] in ("acc", "acc_norm"):
@@ -331,8 +338,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="override train.steps")
     parser.add_argument("--out", help="override train.out_dir (the run directory)")
     parser.add_argument(
-        "--seed", type=int, help="override train.seed (the model's initialisation and the order of training windows)"
+        "--seed",
+        type=seed_number,
+        help="override train.seed (the model's initialisation and the order of training windows)",
     )
+
+
+def seed_number(text: str) -> int:
+    """`--seed`'s value: a whole number from 0 to 2**64 - 1 (torch's seeds; a traceback past them)."""
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = None
+    if seed is None or not 0 <= seed <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed, a whole number from 0 to 2**64 - 1, found {text!r}")
+    return seed
 
 
 def run(args: argparse.Namespace) -> int:

@@ -77,3 +77,14 @@ def test_report_references_every_task_and_domain_plot(demo_run):
     assert stdout.startswith("demo: training the reference GPT (n_layers 1, d_model 32, seed 0) for 4 steps on 2 ")
     assert all((out / "report" / name).is_file() for name in images)
     assert "not reported" in page  # mmlu_mc's letter keys
+
+
+def test_training_prints_the_step_of_the_total_with_the_time_left(demo_run):
+    _, stdout = demo_run
+    train = DemoConfig.from_yaml(TINY).train
+    lines = [line for line in stdout.splitlines() if "train loss" in line]
+    assert [line.split("/")[0] for line in lines] == [f"step {s}" for s in range(0, train.steps, train.log_every)]
+    for line in lines:
+        assert re.fullmatch(rf"step \d/{train.steps}  train loss \d+\.\d{{3}}  \(\d+\.\d steps/s, ETA \d\d:\d\d\)", line), line
+    evaluations = [line for line in stdout.splitlines() if "  eval  " in line]
+    assert [line.split("  eval")[0] for line in evaluations] == [f"step {s}/{train.steps}" for s in (0, 2, 4)]

@@ -1,5 +1,6 @@
-"""What `evaluate` and the demo show while an evaluation runs, built on the `progress=` callable that
-`InLoopEvaluator.run` takes.
+"""What `evaluate` and the demo show while they run: an evaluation's progress, built on the `progress=` callable
+that `InLoopEvaluator.run` takes (`EvaluationProgress`), and the demo's training line with its ETA
+(`TrainingProgress`).
 
 Each evaluator, before it scores, says how many requests (or sequences) this rank will score
 (`Evaluator.start_progress` calls `start(title, total)`); every batch scored then calls the display with
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable, Iterable
 from typing import TextIO
 
 from tqdm import tqdm
@@ -94,3 +96,51 @@ def finished_line(index: int, n_evaluators: int, title: str, done: int, seconds:
     """One evaluator's line, e.g. `[2/5] task 'piqa': 160 requests in 3.2 s (50 req/s)`."""
     rate = f" ({done / seconds:.0f} req/s)" if seconds > 0 and done else ""
     return f"[{index}/{n_evaluators}] {title}: {done} requests in {seconds:.1f} s{rate}"
+
+
+class TrainingProgress:
+    """The training loop's line every few steps, `step  20/150  train loss 3.456  (4.1 steps/s, ETA 00:42)`,
+    and the step part of each evaluation's line.
+
+    The ETA is the training steps left at the rate seen so far (evaluations not counted) plus the evaluations
+    left, each at the mean time of those done so far (none counted before the first has run).
+
+    steps: the last training step (steps 0 .. steps - 1 train; evaluations may run at 0 .. steps).
+    eval_steps: the steps at which an evaluation runs.
+    clock: seconds, monotonic (a test passes its own).
+    """
+
+    def __init__(
+        self, steps: int, eval_steps: Iterable[int], *, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self.steps = steps
+        self.eval_steps = sorted(set(eval_steps))
+        self.clock = clock
+        self.started = clock()
+        self.eval_seconds = 0.0
+        self.evaluations = 0
+
+    def evaluated(self, seconds: float) -> None:
+        """An evaluation took `seconds` (its `eval/seconds`): left out of the training rate, counted in the ETA."""
+        self.eval_seconds += seconds
+        self.evaluations += 1
+
+    def step_text(self, step: int) -> str:
+        """`step  20/150`, the step right-aligned to the total's width."""
+        return f"step {step:>{len(str(self.steps))}d}/{self.steps}"
+
+    def line(self, step: int, loss: float) -> str:
+        """The line after training step `step` (0-based), its loss `loss`."""
+        done = step + 1
+        train_seconds = max(self.clock() - self.started - self.eval_seconds, 0.0)
+        rate = done / train_seconds if train_seconds > 0 else 0.0
+        return f"{self.step_text(step)}  train loss {loss:.3f}  ({rate:.1f} steps/s, ETA {self.eta(step, rate)})"
+
+    def eta(self, step: int, rate: float) -> str:
+        """The time left after training step `step` at `rate` steps per second, as tqdm shows it (`01:23`)."""
+        if rate <= 0:
+            return "?"
+        evaluations_left = sum(s > step for s in self.eval_steps)
+        mean_eval = self.eval_seconds / self.evaluations if self.evaluations else 0.0
+        seconds = (self.steps - step - 1) / rate + evaluations_left * mean_eval
+        return tqdm.format_interval(seconds)
