@@ -2,14 +2,20 @@
 complete, with the in-loop evaluator's config, and logs its figures at the checkpoint's training step.
 
 Modules (each a role, in the order a checkpoint meets them):
-- `discovery`: which folders are checkpoints, of which format, at which step (`discover`, `Checkpoint`,
-  `WatchError`);
+- `discovery`: which folders are checkpoints, of which format, at which step, one per step (`discover`,
+  `Checkpoint`, `WatchError`);
 - `completion`: each format's completion evidence and the settle time (`missing_evidence`, `Settling`);
 - `loading`: one checkpoint's model per format, the vocabulary it records, whether the loop evaluated it;
 - `ledger`: the run directory's record of what was done, for exactly once across restarts (`Ledger`);
+- `run_directory`: the check that the run directory is still the one opened (`RunDirectory`);
 - `config`: the watcher's settings (`WatchConfig`);
-- `loop`: the watch loop (`Watcher`);
+- `planning`: one pass's decisions: what to evaluate, record, wait for (`Planner`, `Plan`);
+- `loop`: the watch loop, evaluating one checkpoint at a time (`Watcher`);
+- `summary`: the lines it prints: a step's headline figures, what a run did;
 - `command`: `inloop-eval watch` (`add_arguments`, `run`).
+
+The rule: a step is done when its metrics line is in `metrics.jsonl`; anything else is tried again or
+recorded failed with the reason, and one bad checkpoint never stops the others.
 """
 
 from inloop_eval.watch.config import WatchConfig

@@ -27,6 +27,7 @@ from inloop_eval.loggers import MetricsLogger, WandbLogger
 from inloop_eval.watch.config import POLICIES, WatchConfig
 from inloop_eval.watch.discovery import NAME_PATTERNS
 from inloop_eval.watch.loop import Watcher
+from inloop_eval.watch.summary import closing_line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settle", type=float, default=10.0, help="seconds unchanged before reading (10)")
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between looks (5)")
     parser.add_argument("--once", action="store_true", help="evaluate what is there, then exit")
-    parser.add_argument("--until-step", type=int, help="exit once this step's checkpoint is handled")
+    parser.add_argument(
+        "--until-step",
+        type=int,
+        help="training's last step: evaluate none past it, exit once those up to it are handled",
+    )
     parser.add_argument(
         "--redo-in-loop", action="store_true", help="evaluate steps the training loop evaluated, again"
     )
@@ -62,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build the watcher from the arguments and run it; 0 when it exits normally."""
+    """Build the watcher from the arguments and run it: 0 when it exits with every checkpoint it met
+    evaluated (or done before), 1 when one failed (the others evaluated; its reason printed)."""
     init_from_env()
     config = WatchConfig(
         checkpoint_dir=args.checkpoint_dir,
@@ -98,12 +104,15 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     try:
-        steps = Watcher(config, evaluator_config, tokenizer=tokenizer, loggers=loggers).run()
+        watcher = Watcher(config, evaluator_config, tokenizer=tokenizer, loggers=loggers)
+        if world()[1] == 0:
+            print(f"watch: {args.checkpoint_dir} -> run directory {watcher.run_dir}", flush=True)
+        steps = watcher.run()
     finally:
         for logger in loggers:
             logger.finish()
     if world()[1] == 0:
-        print(f"watch: evaluated {len(steps)} checkpoints: steps {steps}", flush=True)
+        print(closing_line(steps, watcher.planner.before or {}, watcher.failures), flush=True)
     if world()[0] > 1 and os.environ.get("RANK") is not None:
         dist.destroy_process_group()
-    return 0
+    return 1 if watcher.failures else 0

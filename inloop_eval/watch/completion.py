@@ -23,8 +23,9 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from inloop_eval.watch.discovery import HF, OLMO_CORE, TORCHTITAN, Checkpoint
+from inloop_eval.watch.discovery import HF, OLMO_CORE, TORCHTITAN, Checkpoint, CheckpointDamaged
 
 HF_INDEX = "model.safetensors.index.json"
 HF_SINGLE = "model.safetensors"
@@ -54,7 +55,8 @@ def fingerprint(path: Path) -> Fingerprint | None:
 
 
 def safetensors_shortfall(path: Path) -> str | None:
-    """Why a safetensors file is not complete (missing, shorter than its header says); None when it is."""
+    """Why a safetensors file is not complete (missing, shorter than its header says); None when it is.
+    CheckpointDamaged for a whole header that gives no offsets; OSError for a file that cannot be read."""
     try:
         with path.open("rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -71,11 +73,29 @@ def safetensors_shortfall(path: Path) -> str | None:
         tensors = json.loads(header)
     except ValueError:
         return f"{path.name}: its header is not JSON yet"
-    end = max((t["data_offsets"][1] for k, t in tensors.items() if k != "__metadata__"), default=0)
-    expected = 8 + header_len + end
+    expected = 8 + header_len + data_end(tensors, path)
     if size < expected:
         return f"{path.name} has {size} of its {expected} bytes"
     return None
+
+
+def data_end(tensors: Any, path: Path) -> int:
+    """Where the last tensor's data bytes end, by a safetensors header read whole (`tensors`);
+    CheckpointDamaged when the header does not say: a header of its full length is not being written."""
+    if not isinstance(tensors, dict):
+        raise CheckpointDamaged(f"{path}: its header is {type(tensors).__name__}, not a table of tensors")
+    end = 0
+    for name, entry in tensors.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            raise CheckpointDamaged(
+                f"{path}: its header gives tensor {name!r} no data_offsets [begin, end] (found {offsets!r}): "
+                "the file is damaged; save the checkpoint again"
+            )
+        end = max(end, offsets[1])
+    return end
 
 
 def hf_missing(path: Path) -> str | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from inloop_eval.config_fields import one_of
 from inloop_eval.errors import ConfigError
 from inloop_eval.watch.discovery import NAME_PATTERNS
@@ -31,7 +33,8 @@ class WatchConfig:
     """Evaluate the checkpoints there now (waiting out their settle time) and exit; one that is incomplete
     is named and left."""
     until_step: int | None = None
-    """Exit once the checkpoint of this step (or a later one) is handled: training's last step."""
+    """Training's last step: no checkpoint past it is evaluated, and the watch ends once a checkpoint at or
+    past it has landed and every one up to it is handled (evaluated, skipped or failed)."""
     redo_in_loop: bool = False
     """Evaluate steps the training loop already evaluated (a metrics line in the run directory, or the
     in-loop callback's state in an OLMo-core checkpoint) again."""
@@ -41,7 +44,8 @@ class WatchConfig:
     """`module:function` building the model to load weights into: required for torchtitan, optional for
     OLMo-core (default: the checkpoint's `config.json`)."""
     device: str | None = None
-    """torch device to evaluate on (default cuda if available, else cpu; under torchrun `cuda:<LOCAL_RANK>`)."""
+    """torch device to evaluate on (default cuda if available, else cpu; under torchrun `cuda:<LOCAL_RANK>`);
+    one this torch cannot use is refused at the start, not found out at every checkpoint."""
 
     def __post_init__(self) -> None:
         one_of(self.policy, POLICIES, "watch: policy")
@@ -51,3 +55,32 @@ class WatchConfig:
             raise ConfigError(
                 f"watch: settle_s must be >= 0 and poll_s > 0, found settle_s={self.settle_s}, poll_s={self.poll_s}"
             )
+        if self.device is not None:
+            check_device(self.device)
+
+
+def check_device(name: str) -> None:
+    """ConfigError for a device name torch does not know, or a device this torch or machine does not have."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ConfigError(
+            f"watch: device {name!r} is not a torch device ({exc}); e.g. cpu, cuda, cuda:1"
+        ) from None
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu, ...
+    if device.type == "cpu" or not callable(getattr(backend, "is_available", None)):
+        return
+    if not backend.is_available():
+        built = ""
+        if device.type == "cuda":
+            built = f", built with CUDA {torch.version.cuda}" if torch.version.cuda else ", a CPU-only build"
+        raise ConfigError(
+            f"watch: device {name!r}, but this torch ({torch.__version__}{built}) sees no {device.type} "
+            "device; "
+            "pass --device cpu, or run where one is (with a torch built for it)"
+        )
+    count = backend.device_count() if callable(getattr(backend, "device_count", None)) else None
+    if device.index is not None and count is not None and device.index >= count:
+        raise ConfigError(
+            f"watch: device {name!r}, but this machine has {count} {device.type} device(s) (0 to {count - 1})"
+        )

@@ -7,7 +7,9 @@ A checkpoint is a sub-folder of the watched folder named as its framework names 
 - torchtitan's `CheckpointManager`: `step-<N>` (a torch.distributed.checkpoint).
 
 Temporary folders the frameworks write first (OLMo-core's `step<N>-tmp`) match no pattern, so they are never
-taken for a checkpoint. The step is the number in the name: the training step the weights are from.
+taken for a checkpoint. The step is the number in the name: the training step the weights are from. Two
+folders naming one step (`checkpoint-10` and `checkpoint-00010`) are one step: `one_per_step` keeps the one
+named as its framework names it (no leading zeros), else the first by name.
 """
 
 from __future__ import annotations
@@ -31,8 +33,18 @@ EXPECTED_NAMES = "checkpoint-<N> (Hugging Face), step<N> (OLMo-core) or step-<N>
 
 
 class WatchError(InLoopEvalError):
-    """The watcher cannot go on: no checkpoint of a known format, a tokenizer that does not fit the
-    checkpoint, a run directory another watcher holds."""
+    """The watcher cannot go on: no checkpoint of a known format, a run directory another watcher holds,
+    one it cannot write or that was deleted under it."""
+
+
+class CheckpointUnfit(InLoopEvalError):
+    """One checkpoint the config cannot take (a tokenizer that does not fit it, no tokenizer to evaluate it
+    with): recorded failed, not tried again under the same config; the watcher goes on to the others."""
+
+
+class CheckpointDamaged(InLoopEvalError):
+    """One checkpoint whose files say something impossible (a safetensors header without the offsets of a
+    tensor): recorded failed, tried again once its files change; the watcher goes on to the others."""
 
 
 @dataclass(frozen=True, order=True)
@@ -62,6 +74,11 @@ def discover(folder: Path, formats: tuple[str, ...] | None = None) -> list[Check
         entries = sorted(p for p in folder.iterdir() if p.is_dir())
     except FileNotFoundError:
         return []
+    except OSError as exc:  # unreadable, or not a folder: waiting would not mend it
+        raise WatchError(
+            f"watch: cannot list the checkpoint folder {folder} ({type(exc).__name__}: {exc}); pass a folder "
+            "this user can read"
+        ) from exc
     found = []
     for entry in entries:
         parsed = parse_name(entry.name)
@@ -74,6 +91,27 @@ def discover(folder: Path, formats: tuple[str, ...] | None = None) -> list[Check
             "checkpoints of one format: watch each run's own checkpoint folder, or pick one with --format"
         )
     return sorted(found)
+
+
+def one_per_step(found: list[Checkpoint]) -> tuple[list[Checkpoint], list[list[Checkpoint]]]:
+    """One checkpoint per step, and each group of folders naming one step (the one kept first): the one named
+    as its framework names it (the step without leading zeros), else the first by name."""
+    by_step: dict[int, list[Checkpoint]] = {}
+    for checkpoint in found:
+        by_step.setdefault(checkpoint.step, []).append(checkpoint)
+    kept, groups = [], []
+    for _, named in sorted(by_step.items()):
+        named.sort(key=lambda c: (not unpadded(c), c.path.name))
+        kept.append(named[0])
+        if len(named) > 1:
+            groups.append(named)
+    return kept, groups
+
+
+def unpadded(checkpoint: Checkpoint) -> bool:
+    """Whether the folder's name carries its step without leading zeros, as every framework writes it."""
+    digits = re.search(r"\d+$", checkpoint.path.name)
+    return digits is not None and digits.group() == str(checkpoint.step)
 
 
 def no_checkpoint_error(folder: Path) -> WatchError:

@@ -1,20 +1,26 @@
 """The run directory's record of what the watcher did, so that a restarted watcher evaluates no step twice
 and skips none.
 
-What counts as evaluated is what the run directory holds: a step has been evaluated when `metrics.jsonl`
-has a line of `eval/...` figures at it. That line is one whole-line append (`JSONLLogger`), written after
+The rule: a step is done when `metrics.jsonl` holds its line of `eval/...` figures; anything else is tried
+again, or recorded failed with the reason. That line is one whole-line append (`JSONLLogger`), written after
 the step's per-document outcomes and W&B figures, so it is the commit of an evaluation: a watcher killed
-before it re-evaluates the step, one killed after it does not.
+before it re-evaluates the step, one killed after it does not, and a line that could not be written (a full
+disk) or that was cleaned away since leaves the step to be evaluated again, whatever the ledger says.
 
-Beside it, `<run_dir>/watch/ledger.jsonl` holds one JSON line per event, appended whole in one write:
+Beside it, `<run_dir>/watch/ledger.jsonl` holds one JSON line per event, appended whole in one write (after
+a newline when the last line was cut off, so a cut-off line never swallows the next):
 - `started`: about to read a checkpoint. A step with `started` and a metrics line was evaluated by a
   watcher; a metrics line without one was evaluated by someone else: the training loop (in-loop);
-- `evaluated`: its figures are logged;
+- `evaluated`: its figures are logged and its metrics line is in `metrics.jsonl` (a record for the reader:
+  the metrics line alone decides);
 - `skipped`: never evaluated by choice (policy `latest` moved past it; `reason` says);
 - `in_loop`: not evaluated because the training loop already had (unless asked to redo it);
 - `vanished`: deleted or rewritten while being read: nothing logged; a new checkpoint at that step is
   evaluated when it lands;
-- `failed`: could not be read for another reason (`reason`); tried again by a restarted watcher.
+- `failed`: not evaluated, `reason` says why. With `retry: false` the config cannot take the checkpoint
+  (`config` is the evaluator config's fingerprint): a restarted watcher with that config does not try it
+  again, one with another config does; otherwise (unreadable, damaged, a metrics line not written) it is
+  tried again by a restarted watcher.
 
 `<run_dir>/watch/lock` is held (`flock`) while a watcher runs: a second watcher on one run directory would
 evaluate the same steps, and is refused.
@@ -23,6 +29,7 @@ evaluate the same steps, and is refused.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -31,12 +38,15 @@ from typing import Any
 
 from inloop_eval.keys import PREFIX
 from inloop_eval.loggers import METRICS_FILE
+from inloop_eval.loggers.jsonl import ends_a_line
 from inloop_eval.watch.discovery import Checkpoint, WatchError
 
 try:
     import fcntl
 except ImportError:  # not POSIX: no lock
     fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
 
 WATCH_DIR = "watch"
 LEDGER_FILE = "ledger.jsonl"
@@ -82,17 +92,31 @@ def metrics_steps(run_dir: Path) -> dict[int, int]:
 class History:
     """What the run directory says about each step.
 
-    by_watcher: evaluated by a watcher (its `started` entry and a metrics line, or `evaluated`).
+    by_watcher: evaluated by a watcher (its `started` entry and a metrics line).
     in_loop: evaluated by someone else (a metrics line and no `started`), or recorded `in_loop`.
-    skipped: recorded `skipped` (policy `latest`)."""
+    skipped: recorded `skipped` (policy `latest`).
+    refused: recorded `failed` with `retry: false` under the current config (it cannot take them)."""
 
     by_watcher: set[int] = field(default_factory=set)
     in_loop: set[int] = field(default_factory=set)
     skipped: set[int] = field(default_factory=set)
+    refused: set[int] = field(default_factory=set)
 
     def done(self, step: int, *, redo_in_loop: bool) -> bool:
         """Whether `step` needs no evaluation."""
-        return step in self.by_watcher or step in self.skipped or (step in self.in_loop and not redo_in_loop)
+        return self.why_done(step, redo_in_loop=redo_in_loop) is not None
+
+    def why_done(self, step: int, *, redo_in_loop: bool) -> str | None:
+        """Why `step` needs no evaluation, in a few words; None when it needs one."""
+        if step in self.by_watcher:
+            return f"in {METRICS_FILE}"
+        if step in self.in_loop and not redo_in_loop:
+            return "evaluated in the training loop"
+        if step in self.skipped:
+            return "skipped (policy latest)"
+        if step in self.refused:
+            return "failed: the config cannot take it"
+        return None
 
 
 class Ledger:
@@ -101,8 +125,11 @@ class Ledger:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.folder = run_dir / WATCH_DIR
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise unwritable(run_dir, exc) from exc
         if fcntl is not None:
             try:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -112,14 +139,20 @@ class Ledger:
                     f"watch: another watcher holds {self.folder / LOCK_FILE}: two watchers on one run "
                     "directory would evaluate the same steps; stop it or pass another --run-dir"
                 ) from None
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            # Read as well as written: whether the last line was cut off, only its last byte says.
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            raise unwritable(run_dir, exc) from exc
 
     @property
     def path(self) -> Path:
         return self.folder / LEDGER_FILE
 
     def record(self, status: str, checkpoint: Checkpoint | int, **extra: Any) -> None:
-        """Append one entry: `status` for a checkpoint (or a bare step), with `extra` fields."""
+        """Append one entry: `status` for a checkpoint (or a bare step), with `extra` fields. A write that
+        fails (a full disk) is warned about and left: `metrics.jsonl` alone says what is done."""
         if isinstance(checkpoint, Checkpoint):
             entry: dict[str, Any] = {
                 "step": checkpoint.step,
@@ -130,14 +163,22 @@ class Ledger:
             entry = {"step": int(checkpoint), "status": status}
         entry |= {**extra, "time": time.time()}
         data = (json.dumps(entry, sort_keys=True) + "\n").encode("utf-8")
-        os.write(self._fd, data)
-        os.fsync(self._fd)
+        try:
+            if not ends_a_line(self._fd, os.fstat(self._fd).st_size):  # a line cut off before
+                data = b"\n" + data
+            os.write(self._fd, data)
+            os.fsync(self._fd)
+        except OSError as exc:
+            log.warning(
+                "watch: %s entry for step %d not written to %s (%s)", status, entry["step"], self.path, exc
+            )
 
     def entries(self) -> list[dict[str, Any]]:
         return read_jsonl(self.path)
 
-    def history(self) -> History:
-        """What is done, from the ledger and `metrics.jsonl` together (see the module docstring)."""
+    def history(self, config_id: str | None = None) -> History:
+        """What is done, from the ledger and `metrics.jsonl` together (see the module docstring); `config_id`:
+        the current evaluator config's fingerprint, under which checkpoints it could not take stay failed."""
         history = History()
         started: set[int] = set()
         for entry in self.entries():
@@ -146,8 +187,8 @@ class Ledger:
                 continue
             if status == STARTED:
                 started.add(step)
-            elif status == EVALUATED:
-                history.by_watcher.add(step)
+            elif status == FAILED and entry.get("retry") is False and entry.get("config") == config_id:
+                history.refused.add(step)
             elif status == SKIPPED:
                 history.skipped.add(step)
             elif status == IN_LOOP:
@@ -163,3 +204,12 @@ class Ledger:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def unwritable(run_dir: Path, exc: OSError) -> WatchError:
+    """The error for a run directory the watcher cannot create or write."""
+    return WatchError(
+        f"watch: cannot write the run directory {run_dir} ({type(exc).__name__}: {exc}); pass a --run-dir "
+        "this "
+        "user can create and write"
+    )

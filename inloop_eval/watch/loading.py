@@ -108,6 +108,15 @@ def olmo_core_model_config(checkpoint: Checkpoint) -> Any:
     return TransformerConfig.from_dict(entry)
 
 
+def require_builder(checkpoint: Checkpoint, model_builder: str | None) -> None:
+    """ConfigError for a checkpoint of a format that holds no model config (torchtitan) and no `model_builder`."""
+    if checkpoint.format == TORCHTITAN and not model_builder:
+        raise ConfigError(
+            f"watch: {checkpoint.path} is a torchtitan checkpoint, which holds no model config; pass "
+            "--model-builder module:function (e.g. your torchtitan config_registry function)"
+        )
+
+
 def load_model(checkpoint: Checkpoint, device: torch.device, model_builder: str | None = None) -> nn.Module:
     """The checkpoint's model with its weights, in eval mode on `device`."""
     if checkpoint.format == HF:
@@ -122,12 +131,8 @@ def load_model(checkpoint: Checkpoint, device: torch.device, model_builder: str 
         load_model_and_optim_state(str(checkpoint.path / OLMO_CORE_WEIGHTS), model)
         return model.to(device).eval()
     if checkpoint.format == TORCHTITAN:
-        if not model_builder:
-            raise ConfigError(
-                f"watch: {checkpoint.path} is a torchtitan checkpoint, which holds no model config; pass "
-                "--model-builder module:function (e.g. your torchtitan config_registry function)"
-            )
-        model = build_from(model_builder)
+        require_builder(checkpoint, model_builder)
+        model = build_from(str(model_builder))
         state = model.state_dict()
         dcp.load(state, checkpoint_id=str(checkpoint.path))
         model.load_state_dict(state)

@@ -4,13 +4,20 @@ figures at its training step, remember what was done; again every `poll_s` secon
     Watcher(WatchConfig(checkpoint_dir=..., run_dir=...), evaluator_config).run()
 
 What it promises:
+- a step is done when its metrics line is in `metrics.jsonl`; anything else is tried again or recorded
+  failed with the reason, and one bad checkpoint never stops the others: one that cannot be read (a missing
+  shard, a damaged header, no read permission) is recorded failed and tried again once its files change or
+  by a restarted watcher; one the config cannot take (a model of fewer positions than `max_length`, another
+  vocabulary: checked at every checkpoint) is recorded failed and not tried again under the same config; a
+  metrics line that could not be written (a full disk) leaves the step failed, to be evaluated again;
 - never a partial checkpoint: only one whose completion evidence is there and which has stayed unchanged
-  for `settle_s` (`completion`); one deleted or rewritten while being read (an exception while loading, or
-  its files changed between before and after) is logged and skipped, nothing logged for it;
+  for `settle_s` (`completion`); one deleted or rewritten while being read is logged and skipped, nothing
+  logged for it;
 - exactly once: what is done is read back from the run directory at start (`ledger`), so a restarted
   watcher evaluates no step twice and skips none (policy `all`); policy `latest` evaluates the newest and
   records the ones it passes over as skipped; a step the training loop evaluated is not redone unless
-  `redo_in_loop`;
+  `redo_in_loop`; two folders naming one step are one step (`planning`);
+- never a write into a run directory deleted under it: it stops with a `WatchError` (`run_directory`);
 - the same figures and files as in the loop: the same `InLoopEvaluator` config, `run_and_log`'s figures
   (with `eval/seconds` and `eval/tokens_forwarded`), `metrics.jsonl` and `outcomes/step_<N>.npz` through
   `JSONLLogger`, W&B through `WandbLogger`, keyed by the checkpoint's step. The order is outcomes, then
@@ -19,48 +26,76 @@ What it promises:
 - under torchrun every rank loads the checkpoint and the evaluator shards the documents over the ranks;
   rank 0 decides what to evaluate (its decisions are broadcast) and alone writes; a load that fails on any
   rank is skipped by all.
+Errors of the config or the task data, whatever the checkpoint (a task that does not exist, its data
+missing, a model builder that cannot be imported), stop the watcher: no checkpoint could be evaluated.
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
 from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
 from inloop_eval.distributed import all_reduce_max, world
 from inloop_eval.engine.adapters.logits import input_embedding_rows
+from inloop_eval.errors import (
+    ConfigError,
+    InLoopEvalError,
+    LMDataError,
+    ModelOutputError,
+    RequestError,
+    TaskDataError,
+    TokenizerError,
+)
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import run_and_log
 from inloop_eval.keys import SECONDS_KEY
 from inloop_eval.loggers import CONFIG_FILE, JSONLLogger, MetricsLogger
-from inloop_eval.watch.completion import Settling, fingerprint
+from inloop_eval.watch.completion import Fingerprint, fingerprint
 from inloop_eval.watch.config import WatchConfig
-from inloop_eval.watch.discovery import HF, Checkpoint, WatchError, discover, no_checkpoint_error
-from inloop_eval.watch.ledger import EVALUATED, FAILED, IN_LOOP, SKIPPED, STARTED, VANISHED, History, Ledger
-from inloop_eval.watch.loading import evaluated_in_loop, load_model, recorded_vocabulary, vocabulary_mismatch
+from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError
+from inloop_eval.watch.ledger import EVALUATED, FAILED, STARTED, VANISHED, History, Ledger, metrics_steps
+from inloop_eval.watch.loading import load_model, recorded_vocabulary, resolve_builder, vocabulary_mismatch
+from inloop_eval.watch.planning import Plan, Planner, describe
+from inloop_eval.watch.run_directory import RunDirectory
+from inloop_eval.watch.summary import headline
 
 log = logging.getLogger(__name__)
 
+# What reading or evaluating one checkpoint may raise that stops only that checkpoint: anything a partial,
+# damaged or unreadable file raises, and torch.distributed.checkpoint's CheckpointException (raised where
+# OLMo-core's loader and torchtitan's read a DCP checkpoint), which derives from BaseException and so is not
+# an Exception. Never KeyboardInterrupt or SystemExit.
+READ_ERRORS = (Exception, CheckpointException)
+# The config cannot take this checkpoint (its positions, its vocabulary): not tried again under this config.
+UNFIT_ERRORS = (CheckpointUnfit, ConfigError, ModelOutputError, RequestError)
+# The config or the task data is wrong whatever the checkpoint: the watcher stops.
+STOP_ERRORS = (WatchError, TaskDataError, TokenizerError, LMDataError)
 
-@dataclass
-class Plan:
-    """One pass's decisions (rank 0's, broadcast): what to evaluate, what to record as not evaluated, and
-    whether the watcher is done."""
 
-    evaluate: list[Checkpoint] = field(default_factory=list)
-    skip: list[tuple[Checkpoint, str, str]] = field(default_factory=list)  # (checkpoint, status, reason)
-    finished: bool = False
+def config_fingerprint(evaluator_config: EvaluatorConfig, model_builder: str | None) -> str:
+    """A short hash of what decides whether a checkpoint can be evaluated: the evaluator config and the
+    model builder. A checkpoint one config could not take is tried again under another."""
+    text = json.dumps(
+        {"evaluation": evaluator_config.to_dict(), "model_builder": model_builder},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 class Watcher:
@@ -70,6 +105,7 @@ class Watcher:
         counts). tokenizer: passed to `InLoopEvaluator`; None: the config's `tokenizer:`, else a Hugging
         Face checkpoint's own. loggers: more loggers (e.g. a `WandbLogger`), each called before the
         `metrics.jsonl` line; the caller finishes them.
+    evaluated: the steps evaluated by `run`; failures: step -> why, for those that failed in it.
     """
 
     def __init__(
@@ -83,20 +119,29 @@ class Watcher:
         self.config = config
         self.evaluator_config = evaluator_config
         self.tokenizer = tokenizer
-        self.evaluator: InLoopEvaluator | None = None
-        self.folder = Path(config.checkpoint_dir)
         self.run_dir = Path(config.run_dir)
         self.rank0 = world()[1] == 0
         self.device = torch.device(config.device) if config.device else default_device()
-        self.settling = Settling(config.settle_s)
+        if config.model_builder:
+            resolve_builder(config.model_builder)  # a name that cannot be imported stops the watch at once
+        self.config_id = config_fingerprint(evaluator_config, config.model_builder)
+        # Built now when the tokenizer is known: a wrong task or tokenizer stops the watch before any read.
+        self.evaluator = self.build_evaluator(tokenizer) if tokenizer or evaluator_config.tokenizer else None
         self.ledger = Ledger(self.run_dir) if self.rank0 else None
-        self.history = self.ledger.history() if self.ledger else History()
-        self.jsonl = JSONLLogger(self.run_dir)
+        try:
+            self.jsonl = JSONLLogger(self.run_dir)
+        except InLoopEvalError:
+            if self.ledger is not None:
+                self.ledger.close()
+            raise
+        self.run_directory = (
+            RunDirectory(self.run_dir, [self.ledger.path, self.jsonl.path]) if self.ledger else None
+        )
+        self.history = self.ledger.history(self.config_id) if self.ledger else History()
+        self.planner = Planner(config, self.history)
         self.loggers = list(loggers or [])
-        self.failed: set[tuple[int, str]] = set()  # (step, path) that failed to load in this process
-        self.vocab_checked = False
-        self.said_waiting = False
         self.evaluated: list[int] = []
+        self.failures: dict[int, str] = {}
         if self.rank0 and not (self.run_dir / CONFIG_FILE).is_file():
             self.jsonl.log_config(evaluator_config)  # an in-loop run's own config.json stays as it is
 
@@ -105,11 +150,16 @@ class Watcher:
         try:
             while True:
                 plan = self.broadcast(self.plan() if self.rank0 else None)
+                if plan.error is not None:
+                    raise WatchError(plan.error)
                 for checkpoint, status, reason in plan.skip:
-                    self.record(status, checkpoint, reason=reason)
-                    log.info(
-                        "watch: step %d (%s) not evaluated: %s", checkpoint.step, checkpoint.path, reason
-                    )
+                    if status == FAILED:
+                        self.fail(checkpoint, reason, retry=True)
+                    else:
+                        self.record(status, checkpoint, reason=reason)
+                        log.info(
+                            "watch: step %d (%s) not evaluated: %s", checkpoint.step, checkpoint.path, reason
+                        )
                 for checkpoint in plan.evaluate:
                     self.evaluate(checkpoint)
                 # Finished only after a pass with nothing to evaluate: what this pass evaluated (or found
@@ -122,83 +172,14 @@ class Watcher:
             self.close()
 
     def plan(self) -> Plan:
-        """Rank 0: what this pass evaluates and records, from the folder and the run directory."""
-        found = self.discovered()
-        plan = Plan()
-        pending = [c for c in found if not self.history.done(c.step, redo_in_loop=self.config.redo_in_loop)]
-        ready, waiting = self.ready_among(pending, plan)
-        plan.evaluate = self.by_policy(ready, pending, plan)
-        self.finish(plan, found, pending, waiting)
-        return plan
-
-    def discovered(self) -> list[Checkpoint]:
-        """The checkpoints in the folder; an error for a folder that cannot hold any (or none with `once`)."""
-        config = self.config
-        found = discover(self.folder, (config.format,) if config.format else None)
-        if not found:
-            error = no_checkpoint_error(self.folder)
-            # Watching, an empty folder is training that has not saved yet; one whose sub-folder holds the
-            # checkpoints is the wrong folder, which waiting would never mend.
-            if config.once or "watch that folder" in str(error):
-                raise error
-            if not self.said_waiting:
-                log.info("watch: no checkpoint in %s yet; looking every %g s", self.folder, config.poll_s)
-                self.said_waiting = True
-        return found
-
-    def ready_among(self, pending: list[Checkpoint], plan: Plan) -> tuple[list[Checkpoint], bool]:
-        """The pending checkpoints complete and settled, and whether one is still being written; those the
-        training loop evaluated itself go to `plan.skip`."""
-        config, now = self.config, time.monotonic()
-        ready: list[Checkpoint] = []
-        waiting = False
-        for checkpoint in pending:
-            if (checkpoint.step, str(checkpoint.path)) in self.failed:
-                continue
-            if not config.redo_in_loop and evaluated_in_loop(checkpoint):
-                self.history.in_loop.add(checkpoint.step)
-                plan.skip.append(
-                    (checkpoint, IN_LOOP, "the training loop evaluated this step (its checkpoint says so)")
-                )
-                continue
-            is_ready, why = self.settling.ready(checkpoint, now, needs_config=not config.model_builder)
-            if is_ready:
-                ready.append(checkpoint)
-            else:
-                waiting |= why.startswith(("changed", "unchanged"))
-                log.debug("watch: step %d not ready: %s", checkpoint.step, why)
-        return ready, waiting
-
-    def by_policy(self, ready: list[Checkpoint], pending: list[Checkpoint], plan: Plan) -> list[Checkpoint]:
-        """What to evaluate of `ready`: all of it (policy `all`), or the newest, the older ones recorded as
-        skipped (policy `latest`)."""
-        if self.config.policy != "latest" or not ready:
-            return ready
-        newest = ready[-1]
-        for checkpoint in pending:
-            if checkpoint.step < newest.step and checkpoint not in [s[0] for s in plan.skip]:
-                reason = f"policy latest: step {newest.step} was ready, evaluated instead"
-                plan.skip.append((checkpoint, SKIPPED, reason))
-                self.history.skipped.add(checkpoint.step)
-        return [newest]
-
-    def finish(self, plan: Plan, found: list[Checkpoint], pending: list[Checkpoint], waiting: bool) -> None:
-        """Whether the watch ends after this pass: `until_step` handled with nothing before it left, or
-        `once` with nothing still being written."""
-        config = self.config
-        handled = {c.step for c in found if self.history.done(c.step, redo_in_loop=config.redo_in_loop)}
-        handled |= {c.step for c in plan.evaluate} | {c.step for c, _, _ in plan.skip} | {s for s, _ in self.failed}
-        if config.until_step is not None and any(step >= config.until_step for step in handled):
-            # Done when the last step is handled and nothing before it is left (policy `all` may evaluate
-            # a later checkpoint while an earlier one is still settling).
-            plan.finished = all(c.step in handled for c in found if c.step <= config.until_step)
-        if config.once and not waiting:
-            left = [c for c in pending if c.step not in handled]
-            for checkpoint in left if not plan.evaluate else []:
-                log.warning(
-                    "watch --once: step %d at %s is incomplete, not evaluated", checkpoint.step, checkpoint.path
-                )
-            plan.finished = True
+        """Rank 0: this pass's plan. Under torchrun an error that stops the watch goes to every rank in it."""
+        try:
+            self.check_run_directory()
+            return self.planner.plan()
+        except InLoopEvalError as exc:
+            if world()[0] == 1:
+                raise
+            return Plan(error=str(exc))
 
     def broadcast(self, plan: Plan | None) -> Plan:
         if world()[0] == 1:
@@ -210,55 +191,127 @@ class Watcher:
 
     def record(self, status: str, checkpoint: Checkpoint, **extra: Any) -> None:
         if self.ledger is not None:
+            self.check_run_directory()
             self.ledger.record(status, checkpoint, **extra)
 
+    def check_run_directory(self) -> None:
+        if self.run_directory is not None:
+            self.run_directory.check()
+
     def evaluate(self, checkpoint: Checkpoint) -> None:
-        """Load, check, evaluate and log one checkpoint; a checkpoint that vanishes or fails is skipped."""
+        """Load, check, evaluate and log one checkpoint; one that vanishes or fails is recorded and left."""
         self.record(STARTED, checkpoint)
         log.info("watch: evaluating step %d from %s", checkpoint.step, checkpoint.path)
         before = fingerprint(checkpoint.path)
-        model, error = None, None
-        try:
-            model = load_model(checkpoint, self.device, self.config.model_builder)
-        except WatchError:
-            raise
-        except Exception as exc:  # a partial or vanished read raises anything: OSError, DCP's, safetensors'
-            error = exc
+        model, error = self.load(checkpoint)
         after = fingerprint(checkpoint.path)
-        vanished = all_reduce_max(int(after is None or after != before))
-        failed = all_reduce_max(int(error is not None))
-        if vanished or failed:
+        if all_reduce_max(int(after is None or after != before)):
             del model
-            gc.collect()
-            self.settling.forget(checkpoint)
-            if vanished:
-                log.warning(
-                    "watch: step %d: %s was deleted or rewritten while being read (%s); skipped, nothing logged",
-                    checkpoint.step,
-                    checkpoint.path,
-                    error or "its files changed",
-                )
-                self.record(VANISHED, checkpoint, reason=str(error or "files changed while read"))
-            else:
-                log.error(
-                    "watch: step %d: cannot load %s (%s: %s); skipped",
-                    checkpoint.step,
-                    checkpoint.path,
-                    type(error).__name__,
-                    error,
-                )
-                self.failed.add((checkpoint.step, str(checkpoint.path)))
-                self.record(FAILED, checkpoint, reason=f"{type(error).__name__}: {error}")
+            self.planner.settling.forget(checkpoint)
+            log.warning(
+                "watch: step %d: %s was deleted or rewritten while being read (%s); skipped, nothing logged",
+                checkpoint.step,
+                checkpoint.path,
+                describe(error) if error else "its files changed",
+            )
+            self.record(VANISHED, checkpoint, reason=describe(error) if error else "files changed while read")
             return
-        evaluator = self.evaluator_for(checkpoint)
-        self.check_vocabulary(checkpoint, model, evaluator)
-        metrics = run_and_log(evaluator, model, checkpoint.step)
+        if all_reduce_max(int(error is not None)):
+            reason = f"cannot load it: {describe(error)}" if error else "cannot load it on another rank"
+            self.fail(checkpoint, reason, retry=not isinstance(error, InLoopEvalError), files=before)
+            return
+        assert model is not None
+        metrics = self.evaluate_model(checkpoint, model, before)
         del model
         gc.collect()
-        self.log(evaluator, metrics, checkpoint.step)
-        self.record(EVALUATED, checkpoint, files=len(before or {}), seconds=metrics.get(SECONDS_KEY))
-        self.history.by_watcher.add(checkpoint.step)
-        self.evaluated.append(checkpoint.step)
+        if metrics is not None:
+            self.commit(checkpoint, metrics, before)
+
+    def load(self, checkpoint: Checkpoint) -> tuple[nn.Module | None, BaseException | None]:
+        """The checkpoint's model, or the error its read raised (a partial or vanished read raises
+        anything)."""
+        try:
+            return load_model(checkpoint, self.device, self.config.model_builder), None
+        except READ_ERRORS as exc:
+            return None, exc
+
+    def evaluate_model(
+        self, checkpoint: Checkpoint, model: nn.Module, files: Fingerprint | None
+    ) -> dict[str, float] | None:
+        """The checkpoint's figures; None, the failure recorded, when the config cannot take it or its
+        evaluation fails."""
+        try:
+            evaluator = self.evaluator_for(checkpoint)
+            self.check_vocabulary(checkpoint, model, evaluator)
+            return run_and_log(evaluator, model, checkpoint.step)
+        except STOP_ERRORS:
+            raise
+        except UNFIT_ERRORS as exc:
+            self.fail(checkpoint, f"the config cannot take it: {describe(exc)}", retry=False)
+        except READ_ERRORS as exc:
+            reason = f"its evaluation failed: {describe(exc)}"
+            self.fail(checkpoint, reason, retry=True, files=files, trace=exc)
+        return None
+
+    def commit(self, checkpoint: Checkpoint, metrics: dict[str, float], files: Fingerprint | None) -> None:
+        """Outcomes, then the other loggers, then the `metrics.jsonl` line, which alone makes the step done:
+        a line that did not land (a full disk, a file size limit) leaves the step failed, tried again."""
+        step = checkpoint.step
+        evaluator = self.evaluator
+        assert evaluator is not None
+        if not self.rank0:
+            self.log(evaluator, metrics, step)
+            self.evaluated.append(step)
+            return
+        self.check_run_directory()
+        lines_before = metrics_steps(self.run_dir).get(step, 0)
+        self.log(evaluator, metrics, step)
+        if metrics_steps(self.run_dir).get(step, 0) <= lines_before:
+            reason = (
+                f"its metrics line was not written to {self.jsonl.path} (a full disk or a file size limit? "
+                "see "
+                f"the warning above); its figures: {headline(metrics)}"
+            )
+            self.fail(checkpoint, reason, retry=True, files=files)
+            return
+        self.record(EVALUATED, checkpoint, files=len(files or {}), seconds=metrics.get(SECONDS_KEY))
+        self.history.by_watcher.add(step)
+        self.evaluated.append(step)
+        log.info("watch: step %d in %s: %s", step, self.jsonl.path, headline(metrics))
+
+    def fail(
+        self,
+        checkpoint: Checkpoint,
+        reason: str,
+        *,
+        retry: bool,
+        files: Fingerprint | None = None,
+        trace: BaseException | None = None,
+    ) -> None:
+        """Record `checkpoint` failed: with `retry`, tried again once its files (`files` when read) change or
+        by a restarted watcher; without, not again under this config. trace: an error whose traceback the
+        log shows (an evaluation that failed unexpectedly; a read's failure is its message)."""
+        self.planner.settling.forget(checkpoint)
+        self.failures[checkpoint.step] = reason
+        if retry:
+            self.planner.failed.setdefault(checkpoint.path, files)
+        else:
+            self.history.refused.add(checkpoint.step)
+        then = (
+            "tried again when its files change or by a restarted watcher"
+            if retry
+            else "not tried again under this config"
+        )
+        log.error(
+            "watch: step %d (%s) failed, %s: %s",
+            checkpoint.step,
+            checkpoint.path,
+            then,
+            reason,
+            exc_info=trace,
+        )
+        extra = {} if retry else {"config": self.config_id}
+        self.record(FAILED, checkpoint, reason=reason, retry=retry, **extra)
 
     def log(self, evaluator: InLoopEvaluator, metrics: dict[str, float], step: int) -> None:
         """Outcomes, then the other loggers, then the `metrics.jsonl` line that commits the step."""
@@ -267,34 +320,34 @@ class Watcher:
             self.jsonl.log_outcomes(outcomes, step)
         for logger in self.loggers:
             logger.log(metrics, step)
+        self.check_run_directory()
         self.jsonl.log(metrics, step)
 
+    def build_evaluator(self, tokenizer: TokenizerLike | None) -> InLoopEvaluator:
+        return InLoopEvaluator(self.evaluator_config, tokenizer=tokenizer)
+
     def evaluator_for(self, checkpoint: Checkpoint) -> InLoopEvaluator:
-        """The evaluator, built at the first checkpoint (a Hugging Face checkpoint's tokenizer when the config
-        names none), reused for every later one (requests tokenized once)."""
+        """The evaluator, built at the first checkpoint when the config names no tokenizer (a Hugging Face
+        checkpoint's own), reused for every later one (requests tokenized once)."""
         if self.evaluator is None:
-            tokenizer = self.tokenizer
-            if tokenizer is None and not self.evaluator_config.tokenizer:
-                if checkpoint.format != HF or not (checkpoint.path / "tokenizer.json").is_file():
-                    raise WatchError(
-                        f"watch: the evaluator config names no `tokenizer:` and {checkpoint.path} holds none; "
-                        "set `tokenizer:` in the config or pass --tokenizer"
-                    )
-                root = Path(self.evaluator_config.data_root or default_data_root()).expanduser()
-                tokenizer = find_and_load_tokenizer(checkpoint.path, root)
-            self.evaluator = InLoopEvaluator(self.evaluator_config, tokenizer=tokenizer)
+            if checkpoint.format != HF or not (checkpoint.path / "tokenizer.json").is_file():
+                raise CheckpointUnfit(
+                    f"watch: the evaluator config names no `tokenizer:` and {checkpoint.path} holds none; "
+                    "set `tokenizer:` in the config or pass --tokenizer"
+                )
+            root = Path(self.evaluator_config.data_root or default_data_root()).expanduser()
+            self.evaluator = self.build_evaluator(find_and_load_tokenizer(checkpoint.path, root))
         return self.evaluator
 
     def check_vocabulary(self, checkpoint: Checkpoint, model: Any, evaluator: InLoopEvaluator) -> None:
-        """WatchError, before the first forward, for a tokenizer that does not fit the checkpoint: ids past
-        the model's embedding, or another vocabulary size than the tokenizer the checkpoint records."""
-        if self.vocab_checked:
-            return
+        """CheckpointUnfit, before any forward, for a tokenizer that does not fit this checkpoint: ids past
+        the model's embedding, or another vocabulary than the tokenizer the checkpoint records. Every
+        checkpoint is checked: a later one may come from another tokenizer."""
         size = getattr(evaluator.tokenizer, "vocab_size", None)
         rows = input_embedding_rows(model)
         name = getattr(evaluator.tokenizer, "name", None) or self.evaluator_config.tokenizer
         if isinstance(size, int) and rows is not None and size > rows:
-            raise WatchError(
+            raise CheckpointUnfit(
                 f"watch: the tokenizer {name} has {size} tokens but the model of {checkpoint.path} embeds "
                 f"{rows}: ids past {rows - 1} cannot be fed to it; set the config's `tokenizer:` to the one "
                 "the model was trained with"
@@ -302,14 +355,14 @@ class Watcher:
         recorded = recorded_vocabulary(checkpoint)
         mismatch = vocabulary_mismatch(evaluator.tokenizer, recorded) if recorded is not None else None
         if mismatch:
-            raise WatchError(
+            raise CheckpointUnfit(
                 f"watch: the tokenizer {name} does not match the one {checkpoint.path} was trained with: "
                 f"{mismatch}; set the config's `tokenizer:` to the checkpoint's"
             )
-        self.vocab_checked = True
 
     def close(self) -> None:
-        """Close the run directory's files; the `loggers` passed in stay open (their creator finishes them)."""
+        """Close the run directory's files; the `loggers` passed in stay open (their creator finishes
+        them)."""
         self.jsonl.finish()
         if self.ledger is not None:
             self.ledger.close()

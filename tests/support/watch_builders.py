@@ -31,3 +31,15 @@ def olmo_core_model_changing_a_checkpoint() -> nn.Module:
             shard = sorted((target / "model_and_optim").glob("*.distcp"))[0]
             shard.write_bytes(shard.read_bytes())
     return olmo_core_model()
+
+
+def tiny_neox_model() -> nn.Module:
+    """The tiny GPT-NeoX of tests/support/helpers.py, to load `watch_support.dcp_checkpoints` into."""
+    from helpers import tiny_neox
+
+    return tiny_neox()
+
+
+def interrupted() -> nn.Module:
+    """A model builder interrupted (Ctrl-C) while the watcher loads a checkpoint."""
+    raise KeyboardInterrupt

@@ -4,8 +4,13 @@ evaluator config the in-loop callback runs, so that the watcher's figures can be
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import shutil
+import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -110,3 +115,92 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not after {timeout_s:.0f} s"
         time.sleep(0.1)
+
+
+def single_file_checkpoints(
+    folder: Path, data_root: Path, steps: list[int], *, positions: dict[int, int] | None = None
+) -> Path:
+    """`<folder>/checkpoint-<N>` for each step: a tiny GPT-NeoX (seeded by its step) saved with
+    `save_pretrained` in one `model.safetensors`, with its tokenizer; `positions`: step -> the model's
+    `max_position_embeddings` where not 512."""
+    from helpers import tiny_neox
+
+    for step in steps:
+        out = folder / f"checkpoint-{step}"
+        tiny_neox(seed=step, max_positions=(positions or {}).get(step, 512)).save_pretrained(out)
+        shutil.copy(neox_tokenizer_path(data_root), out / "tokenizer.json")
+    return folder
+
+
+def dcp_checkpoints(folder: Path, steps: list[int]) -> Path:
+    """`<folder>/step-<N>` for each step: a tiny GPT-NeoX's state dict (seeded by its step) saved with
+    torch.distributed.checkpoint by one process (`__0_0.distcp` and `.metadata`), as torchtitan names them;
+    `watch_builders:tiny_neox_model` builds the model to load them into."""
+    import torch.distributed.checkpoint as dcp
+    from helpers import tiny_neox
+
+    for step in steps:
+        dcp.save(tiny_neox(seed=step).state_dict(), checkpoint_id=str(folder / f"step-{step}"))
+    return folder
+
+
+def drop_data_offsets(path: Path) -> str:
+    """Rewrite a safetensors file's header without its first tensor's `data_offsets`, padded to its length
+    (a damaged file, not one still being written); the tensor's name."""
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    name = next(k for k in header if k != "__metadata__")
+    del header[name]["data_offsets"]
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= length
+    path.write_bytes(data[:8] + text.ljust(length) + data[8 + length :])
+    return name
+
+
+def without_permission_override() -> None:
+    """For `subprocess.Popen(preexec_fn=...)`: the child, even as root, obeys file permissions. Root reads
+    and writes any file through two capabilities (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH); dropped from the
+    bounding set before `exec`, the program run has neither. A user that is not root needs nothing."""
+    if os.geteuid() != 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+        if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+PR_CAPBSET_DROP = 24  # <linux/prctl.h>
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 1, 2  # <linux/capability.h>
+
+# `inloop-eval <args>` under a file-size limit (its first argument, in bytes): a disk that fills, for files
+# past that size; SIGXFSZ ignored so that a write fails (EFBIG) instead of killing the process.
+FILE_SIZE_LIMIT = """
+import resource, signal, sys
+from inloop_eval.cli.main import main
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def watch_cli(
+    *args: str, file_size_limit: int | None = None, obey_permissions: bool = False, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """`inloop-eval watch <args>` in another process, as a user runs it; with `file_size_limit`, under that
+    limit (FILE_SIZE_LIMIT); with `obey_permissions`, unable to read or write what file permissions forbid,
+    even as root (`without_permission_override`)."""
+    from workers.launch import REPO, worker_env
+
+    command = [sys.executable, "-m", "inloop_eval.cli", "watch", *args]
+    if file_size_limit is not None:
+        command = [sys.executable, "-c", FILE_SIZE_LIMIT, str(file_size_limit), "watch", *args]
+    return subprocess.run(
+        command,
+        cwd=REPO,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=without_permission_override if obey_permissions else None,
+    )
