@@ -263,19 +263,40 @@ def init_from_env() -> torch.device:
 
 
 def usable_device(name: str, flag: str) -> torch.device:
-    """The device `name` names, checked present by placing an empty tensor on it, so that a device this
-    machine lacks (`cuda` on a CPU-only torch) is one error naming `flag` rather than a traceback at the
-    first forward. ConfigError naming the flag, what was found and the devices this machine has."""
-    try:
-        device = torch.device(name)
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError, ValueError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    """The device `name` names, checked present before anything is placed on it, so that a device this
+    machine lacks (`cuda` on a CPU-only torch, `cuda:7` on a one-GPU machine) is one error naming `flag`
+    rather than a traceback at the first forward. ConfigError naming the flag, what was found, why, and the
+    devices this machine has."""
+    reason = _device_absence(name)
+    if reason is not None:
         raise ConfigError(
             f"{flag} {name!r} is not a device this machine has ({reason}); expected one of: "
             f"{', '.join(present_devices())}"
-        ) from None
-    return device
+        )
+    return torch.device(name)
+
+
+def _device_absence(name: str) -> str | None:
+    """Why this process cannot use the device `name` (None: it can)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        return f"not a torch device: {str(exc).strip().splitlines()[0]}"
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu, ...
+    if device.type != "cpu" and callable(getattr(backend, "is_available", None)):
+        if not backend.is_available():
+            built = ""
+            if device.type == "cuda":
+                built = f", built with CUDA {torch.version.cuda}" if torch.version.cuda else ", a CPU-only build"
+            return f"this torch ({torch.__version__}{built}) sees no {device.type} device"
+        count = backend.device_count() if callable(getattr(backend, "device_count", None)) else None
+        if device.index is not None and count is not None and device.index >= count:
+            return f"this machine has {count} {device.type} device(s), 0 to {count - 1}"
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, ValueError) as exc:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return None
 
 
 def present_devices() -> list[str]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from inloop_eval.config_fields import one_of
+from inloop_eval.distributed import usable_device
 from inloop_eval.errors import ConfigError
 from inloop_eval.watch.discovery import NAME_PATTERNS
 
@@ -56,31 +55,4 @@ class WatchConfig:
                 f"watch: settle_s must be >= 0 and poll_s > 0, found settle_s={self.settle_s}, poll_s={self.poll_s}"
             )
         if self.device is not None:
-            check_device(self.device)
-
-
-def check_device(name: str) -> None:
-    """ConfigError for a device name torch does not know, or a device this torch or machine does not have."""
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ConfigError(
-            f"watch: device {name!r} is not a torch device ({exc}); e.g. cpu, cuda, cuda:1"
-        ) from None
-    backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu, ...
-    if device.type == "cpu" or not callable(getattr(backend, "is_available", None)):
-        return
-    if not backend.is_available():
-        built = ""
-        if device.type == "cuda":
-            built = f", built with CUDA {torch.version.cuda}" if torch.version.cuda else ", a CPU-only build"
-        raise ConfigError(
-            f"watch: device {name!r}, but this torch ({torch.__version__}{built}) sees no {device.type} "
-            "device; "
-            "pass --device cpu, or run where one is (with a torch built for it)"
-        )
-    count = backend.device_count() if callable(getattr(backend, "device_count", None)) else None
-    if device.index is not None and count is not None and device.index >= count:
-        raise ConfigError(
-            f"watch: device {name!r}, but this machine has {count} {device.type} device(s) (0 to {count - 1})"
-        )
+            usable_device(self.device, "watch: --device")
