@@ -2,7 +2,7 @@
 help, the module that declares and runs it, named by import path and imported only when that command runs)
 and dispatches; each command's module has `add_arguments(parser)` and `run(args) -> int`. Here: `tasks`
 (`tasks`, with `describe` rendering `tasks --describe`), `lint`, `evaluate` (its flags and the command in
-phases, with `summary`, the table it ends with) and `data` (fetch, verify, make-lm); `demo`, `report`,
+phases, ending with `loggers.summary`'s table) and `data` (fetch, verify, make-lm); `demo`, `report`,
 `compare` and `watch` live in their own packages."""
 
 from inloop_eval.cli.main import main

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from inloop_eval.cli.summary import summary_table
 from inloop_eval.config_fields import read_config_file
 from inloop_eval.data.files import write_text_atomically
 from inloop_eval.distributed import all_reduce_max, init_from_env, usable_device, world
@@ -35,6 +34,7 @@ from inloop_eval.integrations import run_and_log
 from inloop_eval.keys import failed_labels
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
 from inloop_eval.loggers.progress import EvaluationProgress
+from inloop_eval.loggers.summary import summary_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

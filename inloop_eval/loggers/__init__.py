@@ -10,6 +10,7 @@ Modules:
   file member by member, each header checked before its data.
 - `wandb`: `WandbLogger`, a W&B run (W&B imported only when one starts on rank 0).
 - `wandb_file`: reading a W&B run back from its `.wandb` file, offline.
+- `summary`: the table of figures a command ends with (`evaluate`, `watch`): a row per task and figure.
 - `progress`: what a run shows while it goes: an evaluation's bars or lines (`EvaluationProgress`) and the
   demo's training line with its ETA (`TrainingProgress`); used by the command line and the demo, not
   re-exported here (it loads tqdm).

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from inloop_eval.cli.summary import number
 from inloop_eval.keys import DOWNSTREAM, FAILED, PERPLEXITY, PREFIX, SECONDS_KEY, SUITE, split_key
+from inloop_eval.loggers.summary import number
 
 # Each label's figure shown in its headline, the first of these it has.
 HEADLINE_FIGURES = ("acc", "acc_greedy", "ppl", "centered_acc", "bpb")

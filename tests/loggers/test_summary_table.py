@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inloop_eval.cli.summary import summary_table, table_rows
+from inloop_eval.loggers.summary import summary_table, table_rows
 
 METRICS = {
     "eval/downstream/piqa/acc": 0.5,
