@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from helpers import two_documents
 
 from inloop_eval.distributed import TaskAgreement
 from inloop_eval.engine.adapter import TokenCount
@@ -18,22 +19,8 @@ from inloop_eval.engine.evaluation import EvalContext, Share, score_share
 from inloop_eval.engine.families import make_adapter
 from inloop_eval.engine.scoring import run_batches
 from inloop_eval.models.gpt import GPT, GPTConfig
-from inloop_eval.requests.table import PairSet
 
 EVALUATORS = Path(__file__).resolve().parents[2] / "inloop_eval" / "evaluators"
-
-
-def five_pairs() -> PairSet:
-    """Two documents: context [11 12 13] with three continuations, context [51 52] with two."""
-    return PairSet(
-        ctx_tokens=np.array([11, 12, 13, 51, 52]),
-        ctx_offsets=np.array([0, 3, 5]),
-        ctx_id=np.array([0, 0, 0, 1, 1]),
-        ctx_start=np.zeros(5, dtype=np.int64),
-        ctx_end=np.array([3, 3, 3, 2, 2]),
-        cont_tokens=np.array([21, 22, 31, 32, 33, 41, 61, 62, 63, 71, 72]),
-        cont_offsets=np.array([0, 2, 5, 6, 9, 11]),
-    )
 
 
 class Progress:
@@ -52,7 +39,7 @@ def test_the_share_is_dealt_planned_and_scored_as_run_batches_scores_it():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)).eval()
     adapter = make_adapter(model)
-    pairs, pair_ids = five_pairs(), np.array([4, 0, 2, 3, 1])
+    pairs, pair_ids = two_documents(), np.array([4, 0, 2, 3, 1])
     shape = BatchShape.of(adapter.needs)
     dealt: list[tuple[int, int]] = []
     planned_in: list[BatchShape] = []

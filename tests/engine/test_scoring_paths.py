@@ -13,6 +13,7 @@ import importlib
 import numpy as np
 import pytest
 import torch
+from helpers import two_documents
 
 from inloop_eval.engine import logprobs
 from inloop_eval.engine import rows as row_layout
@@ -208,20 +209,6 @@ def test_tokens_forwarded_are_near_the_minimum(tables, task, batch_tokens):
         assert all(b.n_tokens <= batch_tokens or len(b.input_ids_BT) == 1 for b in batches)
         targets = np.concatenate([b.pair_N for b in batches])
         np.testing.assert_array_equal(np.bincount(targets, minlength=len(ids)), pairs.cont_len[ids])
-
-
-def two_documents() -> PairSet:
-    """Document A: context [11 12 13], continuations [21 22], [31 32 33], [41]; document B: context
-    [51 52], continuations [61 62 63], [71 72]."""
-    return PairSet(
-        ctx_tokens=np.array([11, 12, 13, 51, 52]),
-        ctx_offsets=np.array([0, 3, 5]),
-        ctx_id=np.array([0, 0, 0, 1, 1]),
-        ctx_start=np.zeros(5, dtype=np.int64),
-        ctx_end=np.array([3, 3, 3, 2, 2]),
-        cont_tokens=np.array([21, 22, 31, 32, 33, 41, 61, 62, 63, 71, 72]),
-        cont_offsets=np.array([0, 2, 5, 6, 9, 11]),
-    )
 
 
 @pytest.mark.parametrize("share_prefixes", [True, False])

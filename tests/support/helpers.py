@@ -15,6 +15,7 @@ import torch
 
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from inloop_eval.requests.table import PairSet
 
 REPO = Path(__file__).resolve().parents[2]
 # Figures that count documents: equal exactly across layouts and world sizes.
@@ -74,3 +75,16 @@ def small_evaluator(data_root: Path, tokenizer: Any, tasks: tuple[str, ...] = ("
     entries = [{"task": t, "limit": 4, "batch_tokens": 1024} for t in tasks]
     return InLoopEvaluator(EvaluatorConfig(evaluators=entries, eval_interval=2, data_root=str(data_root)), tokenizer=tokenizer)
 
+
+def two_documents() -> PairSet:
+    """Document A: context [11 12 13], continuations [21 22], [31 32 33], [41]; document B: context
+    [51 52], continuations [61 62 63], [71 72]."""
+    return PairSet(
+        ctx_tokens=np.array([11, 12, 13, 51, 52]),
+        ctx_offsets=np.array([0, 3, 5]),
+        ctx_id=np.array([0, 0, 0, 1, 1]),
+        ctx_start=np.zeros(5, dtype=np.int64),
+        ctx_end=np.array([3, 3, 3, 2, 2]),
+        cont_tokens=np.array([21, 22, 31, 32, 33, 41, 61, 62, 63, 71, 72]),
+        cont_offsets=np.array([0, 2, 5, 6, 9, 11]),
+    )
