@@ -33,7 +33,7 @@ import torch.multiprocessing as mp
 from benchmarks.common import naive_accuracy, task_requests
 from inloop_eval.data.root import default_data_root, neox_tokenizer_path
 from inloop_eval.data.tokenizer import load_tokenizer
-from inloop_eval.metrics.icl import ICLMetric
+from inloop_eval.metrics.icl_metric import ICLMetric
 from inloop_eval.metrics.registry import needs_uncond
 from inloop_eval.requests.table import RequestTable
 from inloop_eval.tasks import get_task
