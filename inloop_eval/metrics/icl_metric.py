@@ -87,7 +87,8 @@ def split_rows(int_rows_NF: Tensor, ll_N: Tensor) -> tuple[dict[str, Tensor], Te
     """(the requests' REQUEST_FIELDS [R] each, unconditional ids [U], their loglikelihoods [U]) of rows."""
     int_rows_NF, ll_N = int_rows_NF.cpu(), ll_N.cpu().to(torch.float64)
     is_request_N = int_rows_NF[:, INT_FIELDS.index("doc_id")] != UNCONDITIONAL
-    requests = {name: int_rows_NF[is_request_N, i] for i, name in enumerate(INT_FIELDS)}
+    columns_FR = int_rows_NF[is_request_N].t().contiguous()  # one field after another, each contiguous
+    requests = dict(zip(INT_FIELDS, columns_FR, strict=True))
     for name in BOOL_FIELDS:
         requests[name] = requests[name] > 0
     requests["ll"] = ll_N[is_request_N]

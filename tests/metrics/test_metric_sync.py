@@ -1,5 +1,5 @@
 """The metrics synced by torchmetrics on real gloo ranks (tests/support/metric_sync.py): a task in two gathered
-states (one per dtype) and a perplexity label in three, every rank the figures of all the data, with ranks
+states (one per dtype) and a perplexity label in one, every rank the figures of all the data, with ranks
 holding different numbers of rows and a rank that never updates; alone in a process group, a metric with
 `sync_on_compute=False` (as the evaluators make it for a data-parallel group of one) gathers nothing and
 computes from its own rows."""
@@ -51,9 +51,9 @@ def test_three_ranks_of_different_lengths_and_one_that_never_updates_give_every_
         assert_perplexity(out["ppl"], expected_perplexity(3), f"world size 3 rank {rank}")
 
 
-def test_a_task_gathers_two_states_and_a_perplexity_label_three(ranks):
+def test_a_task_gathers_two_states_and_a_perplexity_label_one(ranks):
     for rank, out in enumerate(ranks[3]):
-        assert (out["icl_states_gathered"], out["ppl_states_gathered"]) == (2, 3), rank
+        assert (out["icl_states_gathered"], out["ppl_states_gathered"]) == (2, 1), rank
         assert out["icl_keeps_its_own_rows"], rank  # synced states are put back: it can keep accumulating
 
 
