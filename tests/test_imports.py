@@ -3,7 +3,8 @@ imports sit at the top of modules (inside functions only for the optional depend
 CLI's table names each command's module by import path and imports it when that command runs, an edge of
 the graph like any import). And what importing costs,
 counted in modules loaded (run in a fresh interpreter), never timed: `import inloop_eval` and
-`inloop-eval --help` load no heavy dependency, the training loop's names load torch but none of the others.
+`inloop-eval --help` load no heavy dependency (no torchmetrics, transformers, scipy or matplotlib), the
+training loop's names load torch and torchmetrics (the metrics' base) but nothing only a command needs.
 
 Every `import` statement counts, wherever it stands (inside functions and `if TYPE_CHECKING:` too). An import
 of a package (its `__init__.py`) is not an edge: a package's `__init__` imports its own modules, and each of
@@ -27,6 +28,10 @@ PACKAGE = Path(inloop_eval.__file__).parent
 OPTIONAL = ("wandb", "matplotlib", "transformers", "lightning", "olmo_core", "datasets")
 # What neither the package nor its command line may load before a command needs it.
 HEAVY = ("transformers", "scipy", "matplotlib", "pandas", "datasets", "pyarrow", "torchmetrics", "wandb", "lightning")
+# torchmetrics, and what its package import pulls in where installed: loaded with the metric modules only.
+METRICS_BASE = ("torchmetrics", "transformers", "scipy", "matplotlib")
+# What only a command needs (reading a split, logging to W&B, Lightning's callback): never the training loop's.
+COMMAND_ONLY = ("pandas", "datasets", "pyarrow", "wandb", "lightning")
 
 
 def modules() -> dict[str, Path]:
@@ -127,18 +132,32 @@ def modules_loaded(code: str) -> set[str]:
 
 def test_importing_the_package_loads_no_dependency():
     loaded = modules_loaded("import inloop_eval")
-    assert not loaded & {*HEAVY, "torch", "numpy", "yaml", "tokenizers"}
+    assert not loaded & {*HEAVY, *METRICS_BASE, "torch", "numpy", "yaml", "tokenizers"}
 
 
 def test_the_command_lines_help_loads_no_dependency():
     code = "from inloop_eval.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
     loaded = modules_loaded(code)
-    assert not loaded & {*HEAVY, "torch", "numpy", "yaml"}
+    assert not loaded & {*HEAVY, *METRICS_BASE, "torch", "numpy", "yaml"}
 
 
-def test_the_training_loops_names_load_torch_but_no_heavy_dependency():
+def test_the_metric_modules_load_torchmetrics():
+    """What the two tests above keep out is what the metrics' modules bring in (so they can fail)."""
+    loaded = modules_loaded("import inloop_eval.metrics.icl_metric, inloop_eval.metrics.perplexity_metric")
+    assert "torchmetrics" in loaded
+
+
+def test_the_training_loops_names_load_torch_and_torchmetrics_but_nothing_only_a_command_needs():
+    """The evaluators build their metrics on torchmetrics, so their modules import it (with transformers,
+    scipy and matplotlib where installed: docs/design.md says what that costs)."""
     loaded = modules_loaded("from inloop_eval import InLoopEvaluator, EvaluatorConfig, run_and_log")
-    assert "torch" in loaded and not loaded & set(HEAVY)
+    assert {"torch", "torchmetrics"} <= loaded and not loaded & set(COMMAND_ONLY)
+
+
+def test_the_per_document_outcomes_load_no_torchmetrics():
+    """The loggers and the report and compare commands read `DocumentOutcomes` without the metrics' base."""
+    loaded = modules_loaded("import inloop_eval.metrics.icl, inloop_eval.loggers.outcomes, inloop_eval.compare.pairing")
+    assert "torch" in loaded and not loaded & set(METRICS_BASE)
 
 
 def test_every_public_name_is_importable_from_the_package():
@@ -152,7 +171,7 @@ def test_the_report_and_compare_commands_load_no_heavy_dependency():
         "from inloop_eval.cli.main import build_parser\n"
         "build_parser('report'); build_parser('compare')"
     )
-    assert not modules_loaded(code) & {"matplotlib", "transformers", "scipy", "pandas", "datasets"}
+    assert not modules_loaded(code) & {*METRICS_BASE, "pandas", "datasets"}
 
 
 def test_a_missing_hf_extra_is_reported_before_torch_is_imported():

@@ -30,7 +30,7 @@ from inloop_eval.evaluators.base import (
     check_entry_type,
 )
 from inloop_eval.keys import DOWNSTREAM, OlmoCoreNames
-from inloop_eval.metrics.icl import ICLMetric
+from inloop_eval.metrics.icl_metric import ICLMetric
 from inloop_eval.metrics.olmo import olmo_figures
 from inloop_eval.metrics.registry import ALL_METRICS, comparing_choices, needs_uncond, unknown_metrics
 from inloop_eval.requests.cache import cache_path, read_request_cache, table_fingerprint, write_request_cache
@@ -222,7 +222,12 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
             )
 
         (rows, uncond_ids), scores = score_share(context, agreement, self.title(), deal)
-        metric = ICLMetric(prepared.metrics, prepared.task.olmo_metric_type, process_group=context.dp_group)
+        metric = ICLMetric(
+            prepared.metrics,
+            prepared.task.olmo_metric_type,
+            process_group=context.dp_group,
+            sync_on_compute=context.data_parallel[0] > 1,  # alone, no barrier or gather to make
+        )
         update_metric(metric.to(context.adapter.device), prepared.table, rows, uncond_ids, scores)
         result = TaskResult(metric.compute(), rows, uncond_ids, scores, prepared)
         check_finite_documents(self.title(), result.metrics, strict=context.strict)

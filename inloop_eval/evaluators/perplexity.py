@@ -34,7 +34,8 @@ from inloop_eval.engine.sharding import deal_longest_first
 from inloop_eval.errors import ConfigError, LMDataError
 from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings, check_entry_type
 from inloop_eval.keys import FAILED, PERPLEXITY, OlmoCoreNames
-from inloop_eval.metrics.perplexity import FIGURES, OLMO_CORE_FIGURES, PerplexityMetric, olmo_core_perplexity
+from inloop_eval.metrics.perplexity import FIGURES, OLMO_CORE_FIGURES, olmo_core_perplexity
+from inloop_eval.metrics.perplexity_metric import PerplexityMetric
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +287,10 @@ def domain_figures(
     for d, domain in enumerate(domains):
         mine = shard.domain_S == d
         seqs = shard.seq_S[mine]
-        metric = PerplexityMetric(process_group=context.dp_group).to(context.adapter.device)
+        metric = PerplexityMetric(
+            process_group=context.dp_group,
+            sync_on_compute=context.data_parallel[0] > 1,  # alone, no barrier or gather to make
+        ).to(context.adapter.device)
         metric.update(
             torch.from_numpy(nll_S[mine]),
             torch.from_numpy(domain.length_S[seqs] - 1),

@@ -1,7 +1,9 @@
-"""Multiple-choice metrics from per-request loglikelihoods: pure tensor functions and a thin Metric.
+"""Multiple-choice metrics from per-request loglikelihoods, as pure tensor functions.
 
-The requests of a task are kept as flat tensors (synced across ranks by concatenation), deduplicated and laid
-out per document; the figures themselves are defined in `inloop_eval.metrics.registry`.
+The requests of a task arrive as flat tensors (kept and synced across ranks by `metrics/icl_metric.py`'s
+`ICLMetric`), are deduplicated and laid out per document; the figures themselves are defined in
+`inloop_eval.metrics.registry`. Nothing here imports torchmetrics: the per-document outcomes
+(`DocumentOutcomes`) are read by the loggers and the comparison commands without it.
 Legend: R requests (rows, possibly duplicated by sampler padding), U unconditional results,
 D documents, K the most choices of any document.
 """
@@ -18,7 +20,6 @@ from torch import Tensor
 
 from inloop_eval.metrics.olmo import olmo_icl_compute
 from inloop_eval.metrics.registry import METRICS, Choices, MetricDef, canonical, unknown_metrics
-from inloop_eval.metrics.synced import SyncedMetric
 
 REQUEST_FIELDS: tuple[str, ...] = (
     "doc_id",
@@ -143,7 +144,7 @@ def unique_requests(requests: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 @dataclass(frozen=True)
-class DocumentLayout:
+class DocumentGrid:
     """The documents seen in a task's unique requests, which of them are complete, and where each request of
     a complete document goes in the dense [D, K] layout (D complete documents, K the most choices).
 
@@ -182,8 +183,8 @@ class DocumentLayout:
 
 def complete_documents(
     r: dict[str, Tensor], ll_R: Tensor, ll_uncond_R: Tensor, *, needs_uncond: bool
-) -> DocumentLayout:
-    """The `DocumentLayout` of unique requests `r`. A document is complete when it has all of its choices
+) -> DocumentGrid:
+    """The `DocumentGrid` of unique requests `r`. A document is complete when it has all of its choices
     and all of them are finite (their unconditional scores too, when a figure needs them)."""
     doc_id_D, doc_of_R = torch.unique(r["doc_id"], return_inverse=True)
     n_seen = doc_id_D.numel()
@@ -199,7 +200,7 @@ def complete_documents(
     complete_D = all_choices_D & ~bad_D
     use_R = complete_D[doc_of_R]
     new_doc_D = torch.cumsum(complete_D.long(), 0) - 1
-    return DocumentLayout(
+    return DocumentGrid(
         doc_id_D=doc_id_D,
         expected_D=expected_D,
         complete_D=complete_D,
@@ -210,7 +211,7 @@ def complete_documents(
     )
 
 
-def dense_choices(r: dict[str, Tensor], ll_R: Tensor, ll_uncond_R: Tensor, docs: DocumentLayout) -> Choices:
+def dense_choices(r: dict[str, Tensor], ll_R: Tensor, ll_uncond_R: Tensor, docs: DocumentGrid) -> Choices:
     """The complete documents' requests as the [D, K] `Choices` the figures are computed from."""
     return Choices(
         ll=docs.dense(ll_R, -math.inf),
@@ -276,57 +277,3 @@ def document_values(definition: MetricDef, choices: Choices) -> Tensor | None:
         pred_D = torch.argmax(values.masked_fill(~choices.present, -math.inf), dim=1)  # ties: lowest index
         values = choices.is_gold.gather(1, pred_D[:, None])[:, 0]
     return values.to(torch.float64)
-
-
-class ICLMetric(SyncedMetric):
-    """Per-request loglikelihoods of one task, synced across ranks by concatenation.
-
-    `update` takes flat [N] tensors named as REQUEST_FIELDS; `update_uncond` the scored unconditional
-    pairs. `compute` gives the dict of `icl_compute`. Under torch.distributed every rank must call both
-    updates (with empty tensors if it has nothing) so that all ranks gather states of one dtype.
-    """
-
-    def __init__(self, metrics: Sequence[str], olmo_metric_type: str | None = None, **kwargs) -> None:  # noqa: ANN003
-        super().__init__(**kwargs)
-        self.metric_names = tuple(metrics)
-        self.olmo_metric_type = olmo_metric_type
-        for name in REQUEST_FIELDS:
-            # is_gold and is_greedy travel as int64: not every backend gathers bool tensors.
-            self.add_cat_state(name, torch.float64 if name == "ll" else torch.long)
-        self.add_cat_state("uncond_uid", torch.long)
-        self.add_cat_state("uncond_ll", torch.float64)
-        self.outcomes: DocumentOutcomes | None = None
-        """The per-document values of the latest `compute`, over all ranks."""
-
-    def update(self, **fields: Tensor) -> None:  # type: ignore[override]
-        missing = set(REQUEST_FIELDS) - set(fields)
-        if missing:
-            raise ValueError(f"ICLMetric.update: missing fields {sorted(missing)}")
-        n = fields["doc_id"].numel()
-        for name in REQUEST_FIELDS:
-            value = fields[name].detach().reshape(-1).to(self.device)
-            if value.numel() != n:
-                raise ValueError(f"ICLMetric.update: field {name!r} has {value.numel()} values, expected {n}")
-            getattr(self, name).append(value.to(torch.float64 if name == "ll" else torch.long))
-
-    def update_uncond(self, uncond_id: Tensor, ll: Tensor) -> None:
-        self.uncond_uid.append(uncond_id.detach().reshape(-1).to(self.device, torch.long))
-        self.uncond_ll.append(ll.detach().reshape(-1).to(self.device, torch.float64))
-
-    def _cat(self, name: str, dtype: torch.dtype) -> Tensor:
-        return getattr(self, name).cpu().to(dtype)
-
-    def _compute(self) -> dict[str, float]:
-        """`icl_compute`'s figures, and OLMo's (under OLMo's names, e.g. `len_norm_v1`) when the metric was
-        made with an `olmo_metric_type`. Their per-document values (over all ranks) are kept in `outcomes`."""
-        dtypes = {"ll": torch.float64, "is_gold": torch.bool, "is_greedy": torch.bool}
-        requests = {name: self._cat(name, dtypes.get(name, torch.long)) for name in REQUEST_FIELDS}
-        uncond_id_U = self._cat("uncond_uid", torch.long)
-        uncond_ll_U = self._cat("uncond_ll", torch.float64)
-        out, outcomes = icl_evaluate(requests, uncond_id_U, uncond_ll_U, self.metric_names)
-        if self.olmo_metric_type is not None:
-            olmo = olmo_compute(requests, uncond_id_U, uncond_ll_U, self.olmo_metric_type)
-            out.update(olmo)
-            outcomes.left_out.update({name: OLMO_FIGURE_NOTE for name in olmo})
-        self.outcomes = outcomes
-        return out

@@ -1,4 +1,5 @@
-"""Perplexity of one domain: sums of negative log-likelihood, tokens and bytes, synced across ranks by sum.
+"""Perplexity of one domain from sums of negative log-likelihood, tokens and bytes, as pure functions (the
+sums are kept and synced across ranks by `metrics/perplexity_metric.py`'s `PerplexityMetric`).
 
 ce = Σ nll / Σ tokens (token-weighted: a 10-token document weighs a tenth of a 100-token one, never a mean
 of per-document means), ppl = exp(ce), bpb = Σ nll / Σ bytes / ln 2 (nll in nats).
@@ -15,7 +16,6 @@ import torch
 from torch import Tensor
 
 from inloop_eval.keys import OLMO_CORE_LM_FIGURE_NAMES
-from inloop_eval.metrics.synced import SyncedMetric
 
 FIGURES = ("ce", "ppl", "bpb")
 # OLMo-core's figures of a label: its `LMEvaluator`'s `CE loss` and `PPL`.
@@ -57,38 +57,3 @@ def olmo_core_perplexity(sum_nll: float, n_positions: int) -> dict[str, float]:
     except OverflowError:
         ppl = math.inf
     return dict(zip(OLMO_CORE_FIGURES, (ce, ppl), strict=True))
-
-
-class PerplexityMetric(SyncedMetric):
-    """One domain's sums (`sum_nll`, `n_tokens`, `n_bytes`), each synced by `sum`.
-
-    Under torch.distributed every rank must call `compute` for every domain in the same order (a rank with
-    nothing to add keeps its zeros), so that all ranks make the same collectives.
-    """
-
-    sum_nll: Tensor
-    n_tokens: Tensor
-    n_bytes: Tensor
-
-    def __init__(self, **kwargs) -> None:  # noqa: ANN003
-        super().__init__(**kwargs)
-        self.add_sum_state("sum_nll", torch.tensor(0.0, dtype=torch.float64))
-        self.add_sum_state("n_tokens", torch.tensor(0, dtype=torch.int64))
-        self.add_sum_state("n_bytes", torch.tensor(0, dtype=torch.int64))
-
-    def update(self, nll_S: Tensor, n_tokens_S: Tensor, n_bytes_S: Tensor) -> None:  # type: ignore[override]
-        """Add sequences: summed NLL [S], predicted tokens [S], bytes [S] (empty tensors add nothing)."""
-        if not (nll_S.numel() == n_tokens_S.numel() == n_bytes_S.numel()):
-            raise ValueError(
-                f"PerplexityMetric.update: expected tensors of one length, found {nll_S.numel()}, "
-                f"{n_tokens_S.numel()}, {n_bytes_S.numel()}"
-            )
-        sum_nll, n_tokens, n_bytes = perplexity_update(nll_S, n_tokens_S, n_bytes_S)
-        self.sum_nll += sum_nll.to(self.device)
-        self.n_tokens += n_tokens.to(self.device)
-        self.n_bytes += n_bytes.to(self.device)
-
-    def _compute(self) -> dict[str, float]:
-        """The synced sums (`sum_nll`, `n_tokens`, `n_bytes`) and the figures of `perplexity_compute`."""
-        sums = {"sum_nll": float(self.sum_nll), "n_tokens": int(self.n_tokens), "n_bytes": int(self.n_bytes)}
-        return {**sums, **perplexity_compute(sums["sum_nll"], sums["n_tokens"], sums["n_bytes"])}

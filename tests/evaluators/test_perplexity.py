@@ -25,7 +25,8 @@ from inloop_eval.engine.outputs.projected_head import token_logprobs
 from inloop_eval.errors import ConfigError, LMDataError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.metrics.perplexity import PerplexityMetric, perplexity_compute
+from inloop_eval.metrics.perplexity import perplexity_compute
+from inloop_eval.metrics.perplexity_metric import PerplexityMetric
 
 LABELS = ("code", "prose", "tiny")
 

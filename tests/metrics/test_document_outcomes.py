@@ -7,7 +7,8 @@ import pytest
 import torch
 from metric_tester import random_case
 
-from inloop_eval.metrics.icl import WHOLE_FIGURE_NOTE, ICLMetric, icl_evaluate
+from inloop_eval.metrics.icl import WHOLE_FIGURE_NOTE, icl_evaluate
+from inloop_eval.metrics.icl_metric import ICLMetric
 from inloop_eval.metrics.registry import ALL_METRICS, METRICS, canonical
 
 

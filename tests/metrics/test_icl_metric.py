@@ -25,7 +25,8 @@ from reference import (
     reference_icl,
 )
 
-from inloop_eval.metrics.icl import REQUEST_FIELDS, ICLMetric, icl_compute
+from inloop_eval.metrics.icl import REQUEST_FIELDS, icl_compute
+from inloop_eval.metrics.icl_metric import ICLMetric
 from inloop_eval.metrics.registry import needs_uncond
 
 ALL_METRICS = ZERO_ONE + GOLD_FIGURES + PREDICTION_FIGURES + tuple(ALIASES)

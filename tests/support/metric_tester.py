@@ -2,9 +2,10 @@
 processes over the same rows, split across ranks, and compare every result with the independent NumPy
 reference (tests/reference.py) computed on all rows at once.
 
-Rows are split by document as the evaluator splits them: each rank gets some documents, a few documents are
-repeated on a second rank (DistributedSampler padding), rows arrive in a shuffled order, and the last rank
-can be given no rows at all. If the processes cannot start or do not finish, the tester raises: it never
+Rows are split by document as the evaluator splits them: each rank gets some documents (so ranks hold
+different numbers of rows), a few documents are repeated on a second rank (DistributedSampler padding), rows
+arrive in a shuffled order, and the last rank can be given no rows at all, updating with empty tensors as
+the evaluator does or never updating. If the processes cannot start or do not finish, the tester raises: it never
 skips.
 """
 
@@ -28,7 +29,7 @@ import torch.multiprocessing as mp
 from reference import FIELDS, reference_icl
 from workers.launch import free_port
 
-from inloop_eval.metrics.icl import ICLMetric
+from inloop_eval.metrics.icl_metric import ICLMetric
 
 ACC_KEYS = ("acc", "acc_norm", "acc_bytes", "acc_per_token", "acc_pmi", "n_docs", "n_skipped_docs")
 START_TIMEOUT_S = 240.0
@@ -48,6 +49,8 @@ class MetricCase:
     uncond_ll: np.ndarray
     metrics: tuple[str, ...]
     empty_last_rank: bool = False
+    update_when_empty: bool = True
+    """False: a rank without rows (or unconditional pairs) never calls `update` (or `update_uncond`)."""
     seed: int = 0
     split: dict[int, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
 
@@ -75,7 +78,13 @@ class MetricCase:
 
 
 def random_case(
-    name: str, seed: int, metrics: Sequence[str], *, n_docs: int = 30, empty_last_rank: bool = False
+    name: str,
+    seed: int,
+    metrics: Sequence[str],
+    *,
+    n_docs: int = 30,
+    empty_last_rank: bool = False,
+    update_when_empty: bool = True,
 ) -> MetricCase:
     """Random documents with 1-5 choices, ties, several golds, missing requests and NaN scores."""
     rng = np.random.default_rng(seed)
@@ -110,13 +119,41 @@ def random_case(
     rows = {f: np.asarray(v, dtype=dtypes.get(f, np.int64)) for f, v in cols.items()}
     uncond_id = np.arange(n_uncond, dtype=np.int64) if "acc_pmi" in metrics else np.zeros(0, np.int64)
     uncond_ll = rng.normal(-6, 2, size=len(uncond_id))
-    return MetricCase(name, rows, uncond_id, uncond_ll, tuple(metrics), empty_last_rank, seed)
+    return MetricCase(
+        name,
+        rows,
+        uncond_id,
+        uncond_ll,
+        tuple(metrics),
+        empty_last_rank=empty_last_rank,
+        update_when_empty=update_when_empty,
+        seed=seed,
+    )
 
 
-def _update(metric: ICLMetric, case: MetricCase, rows: np.ndarray, uncond: np.ndarray) -> None:
+def feed(metric: ICLMetric, case: MetricCase, rows: np.ndarray, uncond: np.ndarray) -> None:
+    """The case's `rows` and unconditional pairs `uncond` (indices) through `metric`'s updates."""
     t = torch.from_numpy
-    metric.update(**{f: t(np.ascontiguousarray(case.rows[f][rows])) for f in FIELDS})
-    metric.update_uncond(t(case.uncond_id[uncond]), t(case.uncond_ll[uncond]))
+    if case.update_when_empty or len(rows):
+        metric.update(**{f: t(np.ascontiguousarray(case.rows[f][rows])) for f in FIELDS})
+    if case.update_when_empty or len(uncond):
+        metric.update_uncond(t(case.uncond_id[uncond]), t(case.uncond_ll[uncond]))
+
+
+@dataclass(frozen=True)
+class CasesJob:
+    """Every case through a fresh metric on this rank: its `compute()` by case name."""
+
+    cases: list[MetricCase]
+    factory: Callable[[Sequence[str]], ICLMetric] = ICLMetric
+
+    def __call__(self, rank: int, world_size: int) -> dict[str, Any]:
+        results = {}
+        for case in self.cases:
+            metric = self.factory(case.metrics)
+            feed(metric, case, *case.shard(world_size)[rank])
+            results[case.name] = metric.compute()
+        return results
 
 
 def _worker(
@@ -124,8 +161,7 @@ def _worker(
     world_size: int,
     port: int,
     backend: str,
-    cases: list[MetricCase],
-    factory: Callable[[Sequence[str]], ICLMetric],
+    job: Callable[[int, int], dict[str, Any]],
     out: str,
 ) -> None:
     torch.set_num_threads(1)
@@ -137,31 +173,26 @@ def _worker(
         timeout=timedelta(seconds=60),
     )
     try:
-        results = {}
-        for case in cases:
-            metric = factory(case.metrics)
-            _update(metric, case, *case.shard(world_size)[rank])
-            results[case.name] = metric.compute()
-        Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+        Path(out, f"rank{rank}.json").write_text(json.dumps(job(rank, world_size)))
     finally:
         dist.destroy_process_group()
 
 
-def run_in_processes(
-    cases: list[MetricCase],
+def run_job_in_processes(
+    job: Callable[[int, int], dict[str, Any]],
     world_size: int,
     *,
-    factory: Callable[[Sequence[str]], ICLMetric] = ICLMetric,
     backend: str = "gloo",
     timeout: float = START_TIMEOUT_S,
-) -> list[dict[str, dict[str, float]]]:
-    """Every rank's `compute()` of every case, from `world_size` spawned processes in one gloo group."""
+) -> list[dict[str, Any]]:
+    """Every rank's `job(rank, world_size)` (a JSON-able dict; `job` picklable), from `world_size` spawned
+    processes in one process group."""
     out = tempfile.mkdtemp(prefix="metric_tester_")
     try:
         try:
             context = mp.spawn(
                 _worker,
-                args=(world_size, free_port(), backend, cases, factory, out),
+                args=(world_size, free_port(), backend, job, out),
                 nprocs=world_size,
                 join=False,
             )
@@ -183,16 +214,23 @@ def run_in_processes(
         shutil.rmtree(out, ignore_errors=True)
 
 
+def run_in_processes(
+    cases: list[MetricCase],
+    world_size: int,
+    *,
+    factory: Callable[[Sequence[str]], ICLMetric] = ICLMetric,
+    backend: str = "gloo",
+    timeout: float = START_TIMEOUT_S,
+) -> list[dict[str, dict[str, float]]]:
+    """Every rank's `compute()` of every case, from `world_size` spawned processes in one gloo group."""
+    return run_job_in_processes(CasesJob(cases, factory), world_size, backend=backend, timeout=timeout)
+
+
 def run_in_this_process(
     cases: list[MetricCase], factory: Callable[[Sequence[str]], ICLMetric] = ICLMetric
 ) -> dict[str, dict[str, float]]:
     """World size 1, without a process group: all rows through one metric."""
-    results = {}
-    for case in cases:
-        metric = factory(case.metrics)
-        _update(metric, case, *case.shard(1)[0])
-        results[case.name] = metric.compute()
-    return results
+    return CasesJob(cases, factory)(0, 1)
 
 
 def assert_matches_reference(found: dict[str, float], case: MetricCase, where: str) -> None:
