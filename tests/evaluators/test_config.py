@@ -61,7 +61,7 @@ def test_yaml_errors(tmp_path):
         EvaluatorConfig.from_yaml(bad)
 
 
-@pytest.mark.parametrize("name", ["olmo_inloop.yaml", "demo.yaml"])
+@pytest.mark.parametrize("name", ["olmo_inloop.yaml", "olmo_inloop_small.yaml", "demo.yaml"])
 def test_shipped_configs_load_and_name_real_tasks(name):
     path = REPO / "configs" / name
     config = DemoConfig.from_yaml(path).evaluation if name == "demo.yaml" else EvaluatorConfig.from_yaml(path)

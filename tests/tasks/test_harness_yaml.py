@@ -356,16 +356,16 @@ def test_folder_with_several_tasks_needs_a_name(tmp_path):
     assert get_task(f"harness:{tmp_path}#b").harness_name == "b"
 
 
-def readme_blocks(heading: str) -> list[str]:
-    """The ```yaml blocks of one README section."""
-    text = (REPO / "README.md").read_text()
+def page_blocks(heading: str) -> list[str]:
+    """The ```yaml blocks of one section of docs/tasks.md."""
+    text = (REPO / "docs" / "tasks.md").read_text()
     section = text.split(heading, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     return [block.split("```", 1)[0] for block in section.split("```yaml\n")[1:]]
 
 
-def test_the_readmes_own_task_example_runs(tmp_path, monkeypatch, data_root, neox_tokenizer):
-    """The README's YAML task and config entries, as written, load and score next to an oe-eval file."""
-    task_yaml, entries = readme_blocks("### Your own tasks")
+def test_the_docs_own_task_example_runs(tmp_path, monkeypatch, data_root, neox_tokenizer):
+    """docs/tasks.md's YAML task and config entries, as written, load and score next to an oe-eval file."""
+    task_yaml, entries = page_blocks("## Your own tasks")
     rows = [
         {"question": f"Which is a metal ({i})?", "choices": ["iron", "wood", "glass"], "answer": i % 3}
         for i in range(6)
