@@ -1,13 +1,15 @@
 """Calling the evaluator from a training loop, with its cost measured and the figures logged.
 
 The plain loop needs nothing from here (`if evaluator.should_run(step): evaluator.run(model, step=step)`);
-`run_and_log` adds the wall time and tokens forwarded and hands the result to a logger. The trainer
-callbacks live in `inloop_eval.integrations.hf.callback` (Hugging Face `Trainer`), `.lightning` (Lightning) and
-`.olmo_core` (OLMo-core), each deciding when to evaluate with `EvalSchedule`; torchtitan's validator slot in
-`.torchtitan` (torchtitan decides when). `.olmo_core_perplexity` turns OLMo-core's perplexity callback config
-(`LMEvaluatorCallbackConfig`) into a perplexity evaluator config; `.callback_config` holds the fields and
-checks the OLMo-core and torchtitan callback configs share. `.megatron` scores a Megatron-core `GPTModel` in
-its training parallelism (Megatron-LM's loop makes the two calls itself).
+`run_and_log` adds the wall time and tokens forwarded and hands the result to a logger. Each framework has
+one package here holding everything it needs (its adapter, how its attention and positions are routed during
+an evaluation, its parallel topology, its trainer hook, its perplexity where it has one): `.olmo_core`
+(`callback`: OLMo-core's downstream and perplexity callbacks), `.hf` and `.lightning` (`callback`: the
+Hugging Face `Trainer` and Lightning callbacks), `.torchtitan` (`validator`: torchtitan's validator slot, which
+torchtitan calls when it decides) and `.megatron` (`adapter`: a Megatron-core `GPTModel` in its training
+parallelism; Megatron-LM's loop makes the two calls itself). The callbacks decide when to evaluate with
+`EvalSchedule`; `callback_config` holds the fields and checks the OLMo-core and torchtitan callback configs
+share.
 """
 
 from __future__ import annotations
