@@ -83,6 +83,12 @@ class TaskEvalConfig:
                 "(set `label:` when the task id is not)"
             )
         check_entry_type(self, f"evaluator {self.label!r}")
+        if self.spread and self.limit is None:
+            raise ConfigError(
+                f"evaluator {self.label!r}: `spread: true` spreads `limit` documents over the split, but "
+                "`limit` is not set (every document would be evaluated, and `spread` silently ignored); set "
+                "`limit: N` (--limit N), or remove `spread`"
+            )
         if self.metrics is not None:
             unknown = unknown_metrics(self.metrics)
             if unknown:
