@@ -297,6 +297,8 @@ class ICLMetric(SyncedMetric):
         self.add_cat_state("uncond_ll", torch.float64)
         self.outcomes: DocumentOutcomes | None = None
         """The per-document values of the latest `compute`, over all ranks."""
+        self.uncond_U: tuple[Tensor, Tensor] | None = None
+        """The unconditional pairs of the latest `compute`, over all ranks: (uncond_id_U, ll_U)."""
 
     def update(self, **fields: Tensor) -> None:  # type: ignore[override]
         missing = set(REQUEST_FIELDS) - set(fields)
@@ -323,6 +325,7 @@ class ICLMetric(SyncedMetric):
         requests = {name: self._cat(name, dtypes.get(name, torch.long)) for name in REQUEST_FIELDS}
         uncond_id_U = self._cat("uncond_uid", torch.long)
         uncond_ll_U = self._cat("uncond_ll", torch.float64)
+        self.uncond_U = (uncond_id_U, uncond_ll_U)
         out, outcomes = icl_evaluate(requests, uncond_id_U, uncond_ll_U, self.metric_names)
         if self.olmo_metric_type is not None:
             olmo = olmo_compute(requests, uncond_id_U, uncond_ll_U, self.olmo_metric_type)
