@@ -17,9 +17,10 @@ How rows are chosen: requests sorted by their tokens, so that the trie is walked
 neighbours all beginning with the same >= MIN_STEM tokens gets that prefix as a stem when it saves tokens
 (every member but one forwards it once less, which must outweigh lowering the stem for those already in).
 Below its stem, neighbours join one tree row while the row and its stem fit `cap` (the keys its tokens
-attend to) and joining costs less than a row of their own under the row cost model: a row of L tokens after a stem of S costs L x (1 + (S + L) / A), its
-tokens plus attention over what they see, A (`attention_tokens`) the row length at which attention costs as
-much as the rest of the forward, a property of the device and the model.
+attend to) and joining costs less than a row of their own under the row cost model: a row of L tokens
+after a stem of S costs L x (1 + (S + L) / A), its tokens plus attention over what they see, A
+(`attention_tokens`) the row length at which attention costs as much as the rest of the forward, a
+property of the device and the model.
 
 The trie minimum (`trie_minimum_tokens`): the tokens of the trie over every row a request would have alone,
 i.e. every distinct prefix once: the least any sharing of prefixes can forward.
