@@ -308,3 +308,9 @@ def test_cli_under_torchrun_writes_the_single_process_numbers(
     for s, r in zip(samples, reference, strict=True):
         assert s["context"] == r["context"] and s["continuation"] == r["continuation"]
         assert s["ll"] == pytest.approx(r["ll"], abs=1e-5)
+        # Unconditional requests are dealt over the ranks apart from their documents: every record still
+        # carries its document's unconditional loglikelihood.
+        assert (s["ll_uncond"] is None) == (r["ll_uncond"] is None), (s, r)
+        if r["ll_uncond"] is not None:
+            assert s["ll_uncond"] == pytest.approx(r["ll_uncond"], abs=1e-5)
+    assert all(r["ll_uncond"] is not None for r in reference)  # copa and mmlu_mc both report acc_pmi

@@ -1,6 +1,6 @@
 """The engine that runs a model over requests, framework-neutral (it imports no training framework), in the
 order a batch goes through it: pairs to rows (`rows`; rows sharing a few-shot prefix, `prefix_sharing`),
-token-budget batches (`batching`), each rank's share of the work (`sharding`), the one seam between the scoring
+token-budget batches (`batching`, rows of known widths cut into them by `batch_cuts`), each rank's share of the work (`sharding`), the one seam between the scoring
 loop and a model (`adapter`: an adapter's `forward` returns outputs that score the targets), the forms a
 model's outputs come back in (`outputs/`: full logits, hidden states and a head, vocabulary-sharded,
 sequence-sharded, a pipeline's last stage), the framework-neutral adapters (`adapters/`: logits callables,

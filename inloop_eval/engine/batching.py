@@ -17,11 +17,12 @@ row: all choices of a letter-key document are read off the last position of one 
   the pairs planned together, laid out depth first in rows, each token forwarded once per row it is in
   (`prefix_sharing`): a task's few-shot examples, a document's context and its choices' common first tokens
   once. A prefix many rows begin with may be forwarded once for all of them and kept (`keep_prefixes`).
+  Tree rows and their batches grow no larger than the packed rows' batches (`TreeBound`), and a plan of
+  them is taken only where it forwards no more tokens than those rows: sharing never costs more.
   Packed and plain rows are laid out in `rows`.
 
-Rows are sorted by length (longest first) and cut into batches of at most `batch_tokens` padded tokens
-where padding plus a fixed cost per forward pass is least; nothing is padded to fixed multiples unless
-`pad_to_multiple` asks for bucketed shapes (torch.compile).
+Rows are cut into batches of at most `batch_tokens` padded tokens (`batch_cuts`), padded to fixed
+multiples only where `pad_to_multiple` asks for bucketed shapes (torch.compile).
 Batch arrays are built with NumPy over all tokens at once; Python loops run per batch, never per token.
 
 Legend: P pairs scored, Q the same pairs in group order, G context groups, R rows, K pieces, S spans of
@@ -41,14 +42,11 @@ from torch import Tensor
 from inloop_eval.distributed import AgreedSequence, TaskAgreement
 from inloop_eval.engine import prefix_sharing
 from inloop_eval.engine.adapter import AdapterNeeds
+from inloop_eval.engine.batch_cuts import FORWARD_COST_TOKENS, cut_batches, round_widths
 from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TrieRows, TrieWalk, row_cost
 from inloop_eval.engine.rows import Flat, layout_rows, pair_rows, row_targets, row_tokens
 from inloop_eval.requests.table import PairSet
 
-# What one forward pass costs beyond its tokens, in padded tokens: batches are cut where padding plus this
-# per batch is least, so a few rows of different lengths share a pass rather than each taking its own.
-# Tuned for CPU; it only trades padding against the number of passes, never changes a score.
-FORWARD_COST_TOKENS = 64
 
 @dataclass(frozen=True)
 class BatchShape:
@@ -122,6 +120,13 @@ class Batch:
         """Tokens forwarded, padding included."""
         return int(self.input_ids_BT.size)
 
+    @property
+    def attention_area(self) -> int:
+        """Attention scores of one head and layer (the mask's size): rows x width x the keys a query may
+        see, its row's and those of a kept prefix before it."""
+        rows, width = self.input_ids_BT.shape
+        return rows * width * (width + (0 if self.keeps_prefix else self.prefix_length))
+
 
 def attention_mask_B1TT(span_end_BT: Tensor, prefix_length: int = 0) -> Tensor:
     """Boolean mask (True = may attend) for a packed batch: the token at column j is seen by columns
@@ -170,28 +175,66 @@ def plan_batches(
     max_length: longest row a packed group may form (the model's context length).
     pad_to_multiple: round every batch's width up to a multiple of this (`BatchShape.width_multiple`), but
         not past `max_length` (`round_widths`).
-    share_prefixes: with packing, every pair's row is a path of one prefix trie, forwarded in tree rows of
-        at most `max_length` and `batch_tokens` tokens (`prefix_sharing`, its cost model's `attention_tokens`);
+    share_prefixes: with packing, every pair's row is a path of one prefix trie, forwarded in tree rows
+        (`prefix_sharing`, its cost model's `attention_tokens`) bounded as the rows without sharing are;
         off, each context is shared among its own continuations only.
     keep_prefixes: with sharing, prefixes many rows begin with may be forwarded once and kept (the model has
-        `AdapterNeeds.prefix_reuse`): a batch with `keeps_prefix` before the batches that read it; the plan
-        with kept prefixes is taken where the cost model finds it cheaper (`plan_cost`), always when not
-        `by_cost`.
+        `AdapterNeeds.prefix_reuse`): a batch with `keeps_prefix` before the batches that read it.
+    by_cost: with sharing, take the plan the cost model (`plan_cost`) finds cheapest among those that
+        forward no more tokens than the rows without sharing (those rows included); off, the tree rows
+        asked for (below kept prefixes with `keep_prefixes`), as they are.
     """
     pair_ids = np.asarray(pair_ids, dtype=np.int64)
-    if packing and share_prefixes:
-        sequence = pair_rows(pairs, pair_ids)
-        walk = prefix_sharing.walk_trie(sequence, len(pair_ids))  # sorted once for both plans
-        shape = (batch_tokens, pad_id, max_length, pad_to_multiple, attention_tokens)
-        kept = dict.fromkeys((keep_prefixes and not by_cost, keep_prefixes))
-        plans = [_plan_trie_rows(pairs, pair_ids, walk, sequence, *shape, k) for k in kept]
-        return min(plans, key=lambda batches: plan_cost(batches, attention_tokens))
     layout = layout_rows(pairs, pair_ids, packing=packing, max_length=max_length)
     width_R = round_widths(layout.length_R, pad_to_multiple, max_length)
     batch_R, slot_R, widths = cut_batches(width_R, batch_tokens)
     tokens = row_tokens(pairs, pair_ids, layout, batch_R, len(widths))
     targets = row_targets(pairs, pair_ids, layout, batch_R, len(widths))
-    return _assemble(tokens, targets, layout.n_pieces_R > 1, batch_R, slot_R, widths, packing, pad_id)
+    unshared = _assemble(tokens, targets, layout.n_pieces_R > 1, batch_R, slot_R, widths, packing, pad_id)
+    if not (packing and share_prefixes and len(pair_ids)):
+        return unshared
+    sequence = pair_rows(pairs, pair_ids)
+    walk = prefix_sharing.walk_trie(sequence, len(pair_ids))  # sorted once for every plan
+    bound = TreeBound.of(unshared, batch_tokens, max_length, pad_to_multiple)
+    shape = (bound, pad_id, max_length, pad_to_multiple, attention_tokens)
+
+    def tree(keep: bool) -> list[Batch]:
+        return _plan_trie_rows(pairs, pair_ids, walk, sequence, *shape, keep)
+
+    if not by_cost:
+        return tree(keep_prefixes)
+    most = sum(b.n_tokens for b in unshared)
+    plans = [p for p in map(tree, dict.fromkeys((False, keep_prefixes))) if sum(b.n_tokens for b in p) <= most]
+    return min([*plans, unshared], key=lambda p: plan_cost(p, attention_tokens))
+
+
+@dataclass(frozen=True)
+class TreeBound:
+    """How large tree rows and their batches may grow: as large as the rows without sharing do, so that
+    sharing never costs more memory than not sharing (a row of the trie would otherwise grow to the
+    model's context, and attention over it grows with its square).
+
+    batch_tokens: padded tokens of a batch, a kept prefix's included: the budget, and no more than the
+        largest batch without sharing.
+    area: attention scores of a batch (`Batch.attention_area`): no more than the largest without sharing.
+    cap: tokens of a row with its kept prefix: the most a row alone may have within both.
+    """
+
+    batch_tokens: int
+    area: int
+    cap: int
+
+    @classmethod
+    def of(
+        cls, unshared: list[Batch], batch_tokens: int, max_length: int | None, pad_to_multiple: int
+    ) -> TreeBound:
+        """The bound of the batches `unshared` (not empty), planned as the arguments say."""
+        tokens = max(b.n_tokens for b in unshared)
+        area = max(b.attention_area for b in unshared)
+        cap = min(tokens, math.isqrt(area), max_length or tokens)
+        if round_widths(np.array([cap]), pad_to_multiple, max_length)[0] > cap:
+            cap -= cap % pad_to_multiple  # rounded up, a row of `cap` tokens would outgrow the bound
+        return cls(min(batch_tokens, tokens), area, cap)
 
 
 def plan_cost(batches: list[Batch], attention_tokens: int) -> float:
@@ -212,7 +255,7 @@ def _plan_trie_rows(
     pair_ids: np.ndarray,
     walk: TrieWalk,
     sequence: Callable[[int], np.ndarray],
-    batch_tokens: int,
+    bound: TreeBound,
     pad_id: int,
     max_length: int | None,
     pad_to_multiple: int,
@@ -220,16 +263,15 @@ def _plan_trie_rows(
     keep_prefixes: bool,
 ) -> list[Batch]:
     """`plan_batches` with every row (`sequence`) a path of one prefix trie, walked in `walk`
-    (`prefix_sharing.plan_trie_rows`): rows cut into batches within each kept prefix's group, the prefix's
-    own batch before them."""
+    (`prefix_sharing.plan_trie_rows`): rows and batches within `bound`, cut into batches within each kept
+    prefix's group, the prefix's own batch before them."""
     ids = pair_ids
     ctx_start_P = pairs.ctx_offsets[pairs.ctx_id[ids]] + pairs.ctx_start[ids]
     ctx_len_P = pairs.ctx_len[ids].astype(np.int64)
     cont_len_P = pairs.cont_len[ids].astype(np.int64)
     cont_start_P = pairs.cont_offsets[ids]
-    cap = min(batch_tokens, max_length) if max_length is not None else batch_tokens
     trie = prefix_sharing.plan_trie_rows(
-        walk, ctx_len_P, cont_len_P, cap=cap, attention_tokens=attention_tokens, keep_stems=keep_prefixes
+        walk, ctx_len_P, cont_len_P, cap=bound.cap, attention_tokens=attention_tokens, keep_stems=keep_prefixes
     )
     width_W = round_widths(trie.length_W, pad_to_multiple, max_length)
     batch_W = np.zeros(len(width_W), dtype=np.int64)
@@ -239,9 +281,10 @@ def _plan_trie_rows(
     for x in np.unique(trie.stem_W).tolist():  # rows without a kept prefix (-1) first
         rows = np.flatnonzero(trie.stem_W == x)
         # A row after a kept prefix attends to it too: its keys count in the batch's budget, so that no
-        # batch's keys, values and mask outgrow `batch_tokens` rows of them.
+        # batch's keys, values and mask outgrow the bound.
         stem = int(trie.stem_length_X[x]) if x >= 0 else 0
-        batch_w, slot_W[rows], group_widths = cut_batches(width_W[rows] + stem, batch_tokens)
+        cut = cut_batches(width_W[rows] + stem, bound.batch_tokens, bound.area, stem)
+        batch_w, slot_W[rows], group_widths = cut
         batch_W[rows] = batch_w + len(widths)
         widths += [w - stem for w in group_widths]
         stem_B += [x] * len(group_widths)
@@ -338,48 +381,6 @@ def plan_sequence_batches(
             owners.append(np.full(n, s, dtype=np.int64))
         batches.append(Batch(input_ids_BT, *(np.concatenate(x) for x in (rows, cols, targets, owners))))
     return batches
-
-
-def round_widths(length_R: np.ndarray, multiple: int, max_length: int | None) -> np.ndarray:
-    """Each row's width: its length rounded up to `multiple`, but not past `max_length` (a row never gets
-    positions the model does not have) unless it is that long already."""
-    if multiple < 1:
-        raise ValueError(f"round_widths: the width multiple must be >= 1 (1 = off), found {multiple}")
-    width_R = -(-length_R // multiple) * multiple
-    if max_length is not None:
-        width_R = np.maximum(length_R, np.minimum(width_R, max_length))
-    return width_R
-
-
-def cut_batches(width_R: np.ndarray, batch_tokens: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """Rows, longest first, into batches of at most `batch_tokens` padded tokens (a row longer than that
-    goes alone), cut where padded tokens + FORWARD_COST_TOKENS per batch is least (dynamic programming over
-    the sorted rows). Returns (batch of each row, its slot in the batch, batch widths)."""
-    order_R = np.argsort(-width_R, kind="stable")
-    sorted_R = width_R[order_R].astype(np.int64)
-    n_rows = len(sorted_R)
-    cost = np.full(n_rows + 1, np.inf)  # cost[j]: least cost of batching the first j sorted rows
-    cost[0] = 0.0
-    start = np.zeros(n_rows + 1, dtype=np.int64)  # start[j]: first row of the batch that ends at j
-    for i in range(n_rows):
-        width = int(sorted_R[i])
-        stop = min(n_rows, i + max(1, batch_tokens // max(width, 1)))
-        candidate = cost[i] + FORWARD_COST_TOKENS + width * np.arange(1, stop - i + 1)
-        better = candidate < cost[i + 1 : stop + 1]
-        cost[i + 1 : stop + 1][better] = candidate[better]
-        start[i + 1 : stop + 1][better] = i
-    bounds = [n_rows]
-    while bounds[-1] > 0:
-        bounds.append(int(start[bounds[-1]]))
-    bounds.reverse()
-    batch_R = np.empty(n_rows, dtype=np.int64)
-    slot_R = np.empty(n_rows, dtype=np.int64)
-    widths: list[int] = []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-        batch_R[order_R[lo:hi]] = len(widths)
-        slot_R[order_R[lo:hi]] = np.arange(hi - lo)
-        widths.append(int(sorted_R[lo]))
-    return batch_R, slot_R, widths
 
 
 def _assemble(

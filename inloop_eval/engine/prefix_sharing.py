@@ -16,10 +16,11 @@ ancestors, at the same position ids):
 How rows are chosen: requests sorted by their tokens, so that the trie is walked depth first. A run of
 neighbours all beginning with the same >= MIN_STEM tokens gets that prefix as a stem when it saves tokens
 (every member but one forwards it once less, which must outweigh lowering the stem for those already in).
-Below its stem, neighbours join one tree row while the row fits `cap` and joining costs less than a row of
-their own under the row cost model: a row of L tokens after a stem of S costs L x (1 + (S + L) / A), its
-tokens plus attention over what they see, A (`attention_tokens`) the row length at which attention costs as
-much as the rest of the forward, a property of the device and the model.
+Below its stem, neighbours join one tree row while the row and its stem fit `cap` (the keys its tokens
+attend to) and joining costs less than a row of their own under the row cost model: a row of L tokens
+after a stem of S costs L x (1 + (S + L) / A), its tokens plus attention over what they see, A
+(`attention_tokens`) the row length at which attention costs as much as the rest of the forward, a
+property of the device and the model.
 
 The trie minimum (`trie_minimum_tokens`): the tokens of the trie over every row a request would have alone,
 i.e. every distinct prefix once: the least any sharing of prefixes can forward.
@@ -124,8 +125,9 @@ def plan_trie_rows(
     keep_stems: bool = False,
 ) -> TrieRows:
     """Rows for pairs whose own rows (context + continuation[:-1], of length ctx_len + cont_len - 1) the
-    `walk` sorted: tree rows of at most `cap` tokens, below kept stems when `keep_stems`. A stem always ends
-    before a member's last context token, whose logits predict its first continuation token."""
+    `walk` sorted: tree rows of at most `cap` tokens with their stem (a pair's own row is never cut), below
+    kept stems when `keep_stems`. A stem always ends before a member's last context token, whose logits
+    predict its first continuation token."""
     len_P = (ctx_len_P + cont_len_P - 1).astype(np.int64)
     order_S, lcp_S = walk.order_S, walk.lcp_S
     stem_len_S, group_S = _stems(lcp_S, ctx_len_P[order_S].astype(np.int64), keep_stems)
@@ -205,7 +207,7 @@ def _lay_out(
             shared = max(stem, int(lcp_S[i]))
             grown = row_tokens + length - shared
             alone = length - stem
-            joined = grown <= cap and row_cost(grown, attention_tokens, stem) < row_cost(
+            joined = stem + grown <= cap and row_cost(grown, attention_tokens, stem) < row_cost(
                 row_tokens, attention_tokens, stem
             ) + row_cost(alone, attention_tokens, stem)
         if joined:

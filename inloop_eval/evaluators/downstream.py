@@ -83,6 +83,12 @@ class TaskEvalConfig:
                 "(set `label:` when the task id is not)"
             )
         check_entry_type(self, f"evaluator {self.label!r}")
+        if self.spread and self.limit is None:
+            raise ConfigError(
+                f"evaluator {self.label!r}: `spread: true` spreads `limit` documents over the split, but "
+                "`limit` is not set (every document would be evaluated, and `spread` silently ignored); set "
+                "`limit: N` (--limit N), or remove `spread`"
+            )
         if self.metrics is not None:
             unknown = unknown_metrics(self.metrics)
             if unknown:
@@ -119,14 +125,16 @@ class PreparedTask:
 @dataclass
 class TaskResult:
     """One evaluation of a task (the `detail` of its `EvalOutput`): the metric's figures, this rank's raw
-    scores (of `rows` of the table, then of the unconditional pairs `uncond_ids`), and the prepared task
-    they index."""
+    scores (of `rows` of the table, then of the unconditional pairs `uncond_ids`), the prepared task they
+    index, and every rank's unconditional loglikelihoods by id (`uncond_ll`: the ranks deal unconditional
+    pairs apart from their documents, so a rank's records need the others' too)."""
 
     metrics: dict[str, float]
     rows: np.ndarray
     uncond_ids: np.ndarray
     scores: PairScores
     prepared: PreparedTask
+    uncond_ll: dict[int, float] = field(default_factory=dict)
 
 
 class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
@@ -229,7 +237,7 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
             sync_on_compute=context.data_parallel[0] > 1,  # alone, no barrier or gather to make
         )
         update_metric(metric.to(context.adapter.device), prepared.table, rows, uncond_ids, scores)
-        result = TaskResult(metric.compute(), rows, uncond_ids, scores, prepared)
+        result = TaskResult(metric.compute(), rows, uncond_ids, scores, prepared, synced_uncond_ll(metric))
         check_finite_documents(self.title(), result.metrics, strict=context.strict)
         label, olmo_type = self.config.label, prepared.task.olmo_metric_type
         names = {label: olmo_core_names(self.config.task, olmo_type)} if olmo_type else {}
@@ -404,11 +412,21 @@ def update_metric(
     metric.update_uncond(t(uncond_ids), t(scores.ll[n:]))
 
 
+def synced_uncond_ll(metric: ICLMetric) -> dict[int, float]:
+    """Every rank's unconditional loglikelihoods by id, as the metric's latest `compute` synced them."""
+    if metric.uncond_U is None:
+        return {}
+    uncond_id_U, ll_U = metric.uncond_U
+    return dict(zip(uncond_id_U.tolist(), ll_U.tolist(), strict=True))
+
+
 def sample_records(result: TaskResult) -> list[dict[str, Any]]:
-    """One record per request of `result` (this rank's), in the order scored."""
+    """One record per request of `result` (this rank's), in the order scored, each with its unconditional
+    loglikelihood wherever a rank scored it."""
     table = result.prepared.table
     n = len(result.rows)
-    uncond_ll = dict(zip(result.uncond_ids.tolist(), result.scores.ll[n:].tolist(), strict=True))
+    own = dict(zip(result.uncond_ids.tolist(), result.scores.ll[n:].tolist(), strict=True))
+    uncond_ll = result.uncond_ll | own
     records = []
     for i, row in enumerate(result.rows.tolist()):
         uid = int(table.uncond_id[row])

@@ -127,6 +127,8 @@ class ICLMetric(Metric):
         self.add_state("ll", default=[], dist_reduce_fx="cat", persistent=True)
         self.add_typed_empty_rows()
         self.outcomes: DocumentOutcomes | None = None
+        self.uncond_U: tuple[Tensor, Tensor] | None = None
+        """The unconditional pairs of the latest `compute`, over all ranks: (uncond_id_U, ll_U)."""
         """The per-document values of the latest `compute`, over all ranks."""
 
     def add_typed_empty_rows(self) -> None:
@@ -167,6 +169,7 @@ class ICLMetric(Metric):
         made with an `olmo_metric_type`. Their per-document values (over all ranks) are kept in `outcomes`."""
         # A list state when not synced, one tensor when synced: dim_zero_cat takes either.
         requests, uncond_id_U, uncond_ll_U = split_rows(dim_zero_cat(self.int_rows), dim_zero_cat(self.ll))
+        self.uncond_U = (uncond_id_U, uncond_ll_U)
         out, outcomes = icl_evaluate(requests, uncond_id_U, uncond_ll_U, self.metric_names)
         if self.olmo_metric_type is not None:
             olmo = olmo_compute(requests, uncond_id_U, uncond_ll_U, self.olmo_metric_type)

@@ -87,20 +87,27 @@ def readable_values(ax: Any, points: Series, name: str) -> None:
     ax.set_ylabel(AXIS_LABELS.get(name, name))
 
 
-def band(ax: Any, steps: np.ndarray, values: np.ndarray, stderr: Mapping[int, float], colour: str) -> None:
+def band(ax: Any, points: Series, stderr: Mapping[int, float], colour: str) -> None:
     """The ±1 standard error band around a curve, where logged."""
     if stderr:
-        e = np.array([stderr.get(int(s), 0.0) for s in steps])
+        steps, values = plotted(points)
+        e = np.array([stderr.get(s, 0.0) for s, _ in points], dtype=np.float64)
         ax.fill_between(steps, values - e, values + e, alpha=0.15, color=colour, linewidth=0)
+
+
+def plotted(points: Series) -> tuple[np.ndarray, np.ndarray]:
+    """A series' steps and values as float64 arrays: a step past int64 (a logger's bad step, or a counter
+    of samples) would otherwise make an object array, which matplotlib's `fill_between` refuses."""
+    steps = np.array([float(s) for s, _ in points], dtype=np.float64)
+    return steps, np.array([v for _, v in points], dtype=np.float64)
 
 
 def curve(
     ax: Any, points: Series, colour: str, label: str, stderr: Mapping[int, float] | None = None
 ) -> None:
-    steps = np.array([s for s, _ in points])
-    values = np.array([v for _, v in points])
+    steps, values = plotted(points)
     ax.plot(steps, values, marker="o", markersize=3, color=colour, label=label)
-    band(ax, steps, values, stderr or {}, colour)
+    band(ax, points, stderr or {}, colour)
 
 
 def plot_task(view: TaskView, path: Path) -> None:

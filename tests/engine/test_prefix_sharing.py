@@ -36,8 +36,10 @@ def shared_shots() -> PairSet:
 
 def test_a_tree_row_literally():
     """One trie over every pair's row: A's context once, its two continuations below its last token, B's
-    rest below the four tokens it shares with A; C, which shares nothing, in a row of its own."""
-    batches = plan_batches(shared_shots(), np.arange(4), 4096, packing=True, max_length=64, attention_tokens=1 << 20)
+    rest below the four tokens it shares with A; C, which shares nothing, in a row of its own (the tree rows
+    as planned: on so few requests the cost model takes one forward of the rows without sharing)."""
+    plan = {"packing": True, "max_length": 64, "attention_tokens": 1 << 20, "by_cost": False}
+    batches = plan_batches(shared_shots(), np.arange(4), 4096, **plan)
     (tree,) = [b for b in batches if b.input_ids_BT.shape[1] == 9]
     row = int(np.flatnonzero(tree.input_ids_BT[:, 0] == 1)[0])
     np.testing.assert_array_equal(tree.input_ids_BT[row], [1, 2, 3, 4, 10, 21, 50, 51, 61])
@@ -77,14 +79,21 @@ def test_a_kept_prefix_literally(monkeypatch):
 
 
 @pytest.mark.parametrize("attention_tokens", [4, 512, 1 << 20])
-def test_prefixes_are_kept_where_the_cost_model_finds_it_cheaper(monkeypatch, few_shot, attention_tokens):
-    """Below kept prefixes rows share only below them: the planner takes whichever plan costs less."""
+def test_the_plan_taken_is_the_cheapest_of_those_forwarding_no_more_than_without_sharing(
+    monkeypatch, few_shot, attention_tokens
+):
+    """Below kept prefixes rows share only below them, and tree rows may take more forwards than rows
+    without sharing: the planner takes whichever plan the cost model finds cheapest among those that forward
+    no more tokens than the rows without sharing (which are always among them)."""
     monkeypatch.setattr(prefix_sharing, "MIN_STEM", 2)
     cases = [(shared_shots(), np.arange(4), 64), (*few_shot[:2], 2048)]
     for pairs, ids, max_length in cases:
         plan = {"packing": True, "max_length": max_length, "attention_tokens": attention_tokens}
         chosen = plan_batches(pairs, ids, 4096, **plan, keep_prefixes=True)
+        unshared = plan_batches(pairs, ids, 4096, **plan, share_prefixes=False)
         plans = [plan_batches(pairs, ids, 4096, **plan, keep_prefixes=k, by_cost=False) for k in (False, True)]
+        most = sum(b.n_tokens for b in unshared)
+        plans = [p for p in plans if sum(b.n_tokens for b in p) <= most] + [unshared]
         costs = [batching.plan_cost(p, attention_tokens) for p in plans]
         assert batching.plan_cost(chosen, attention_tokens) == min(costs)
 
@@ -123,15 +132,15 @@ def few_shot(data_root, neox_tokenizer):
 
 
 def test_a_few_shot_task_forwards_near_the_trie_minimum(few_shot):
-    """arc_easy 5-shot: its shots are most of every context; in tree rows the task forwards within 1.2x of
-    the trie minimum, below kept prefixes fewer still, never below it, and under a third of the rows
-    without sharing."""
+    """arc_easy 5-shot: its shots are most of every context; in tree rows (no larger than the batches of
+    rows without sharing) the task forwards within 1.25x of the trie minimum, below kept prefixes fewer
+    still, never below it, and under a third of the rows without sharing."""
     pairs, ids, trie = few_shot
     plan = {"batch_tokens": 8192, "packing": True, "max_length": 2048}
     tree = sum(b.n_tokens for b in plan_batches(pairs, ids, **plan))
     kept = sum(b.n_tokens for b in plan_batches(pairs, ids, **plan, keep_prefixes=True, by_cost=False))
     alone = plan_batches(pairs, ids, **plan, share_prefixes=False)
-    assert trie <= kept < tree <= 1.2 * trie
+    assert trie <= kept < tree <= 1.25 * trie
     assert 3 * tree < sum(b.n_tokens for b in alone) <= 1.02 * minimum_tokens(pairs, ids)
 
 

@@ -22,6 +22,7 @@ from inloop_eval.tasks import get_task
         ({"task": "piqa", "batch_tokens": 0}, "batch_tokens must be an integer >= 1, found 0"),
         ({"task": "piqa", "limit": 0}, "limit must be an integer >= 1 or null, found 0"),
         ({"task": "piqa", "metrics": ["acc", "mcc"]}, r"unknown metrics \['mcc'\]"),
+        ({"task": "piqa", "spread": True}, r"evaluator 'piqa': `spread: true` .* `limit` is not set.* set `limit: N`"),
     ],
 )
 def test_task_eval_config_checks(kwargs, message):

@@ -95,7 +95,10 @@ def test_every_request_gets_the_loglikelihood_of_one_process(reference, launched
             ref = expected[request_key(s)]
             assert s["is_greedy"] == ref["is_greedy"], (name, rank, s, ref)
             assert math.isclose(s["ll"], ref["ll"], rel_tol=1e-5, abs_tol=1e-5), (name, rank, s, ref)
-            if s["ll_uncond"] is not None:
+            # Every record carries its unconditional loglikelihood, even where another data-parallel rank
+            # scored that unconditional request.
+            assert (s["ll_uncond"] is None) == (ref["ll_uncond"] is None), (name, rank, s, ref)
+            if ref["ll_uncond"] is not None:
                 assert math.isclose(s["ll_uncond"], ref["ll_uncond"], rel_tol=1e-5, abs_tol=1e-5), (name, s)
 
 

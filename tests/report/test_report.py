@@ -361,3 +361,20 @@ def test_the_perplexity_axes_are_labelled_with_plain_numbers(tmp_path, monkeypat
     assert [ax.get_ylabel() for ax in axes] == ["perplexity", "bits per byte"]
     labels = [t.get_text() for t in axes[0].get_yticklabels() if t.get_text()]
     assert labels and all(re.fullmatch(r"\d+(\.\d)?", text) for text in labels), labels
+
+
+@pytest.mark.parametrize("step", [2**64 + 5, 2**70, -(2**63) - 1], ids=["past-uint64", "2^70", "below-int64"])
+def test_a_step_past_int64_is_plotted_with_its_band(tmp_path, step, caplog):
+    """A step that no 64-bit integer holds (a logger's bad step) still draws every curve and band."""
+    importlib.import_module("matplotlib")
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [
+        {"step": s, "eval/downstream/piqa/acc": 0.5 + i / 100, "eval/downstream/piqa/acc_stderr": 0.01}
+        | {"eval/lm/books/ppl": 100.0 - i, "train/loss": 3.0 - i / 10}
+        for i, s in enumerate([10, 20, step])
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_report(run).read_text()
+    assert re.findall(r"<img src='([^']+)'", page) == ["train_loss.png", "task_piqa.png", "lm_books.png"]
+    assert "not drawn" not in page and not warnings_of(caplog, "not drawn")
