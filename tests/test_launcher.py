@@ -1,9 +1,11 @@
 """The launcher every multi-process test uses (tests/support/workers/launch.py): every rank's result comes back,
 a rank that raises fails the launch with its traceback, a rank that hangs is killed with its children at the
-timeout and named, a rank that cannot start fails at once."""
+timeout and named, a rank that cannot start fails at once; and no other test module starts processes of its
+own (mp.spawn, start_processes, a process pool, torchrun, a hand-made MASTER_PORT)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import time
 from pathlib import Path
@@ -12,6 +14,9 @@ import pytest
 from workers.launch import REPO, LaunchFailed, launch, read_ranks
 
 PROBE = str(REPO / "tests" / "support" / "workers" / "launcher_probe.py")
+LAUNCHER = REPO / "tests" / "support" / "workers" / "launch.py"
+# Modules that still start their processes themselves: the metric tester, until it moves to the launcher.
+NOT_YET = {"tests/support/metric_tester.py"}
 
 
 def test_every_rank_joins_one_gloo_group_and_its_result_comes_back(tmp_path):
@@ -69,6 +74,69 @@ def is_running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# ---- one launcher ----------------------------------------------------------------------------------------
+
+LAUNCHING_CALLS = {"spawn", "start_processes", "get_context", "Pool", "Process", "elastic_launch"}
+LAUNCHING_MODULES = ("multiprocessing", "torch.multiprocessing", "torch.distributed.run", "torch.distributed.launch")
+LAUNCHING_STRINGS = {"torchrun", "torch.distributed.run", "torch.distributed.launch", "MASTER_PORT"}
+
+
+def own_launches(source: str) -> list[str]:
+    """What in `source` starts processes without the launcher: a multiprocessing import or call, torchrun's
+    module or command, a process group's port or `init_method` set by hand."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        found += [f"line {node.lineno}: imports {n}" for n in names if n.startswith(LAUNCHING_MODULES)]
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in LAUNCHING_CALLS:
+                found.append(f"line {node.lineno}: calls {name}")
+            found += [f"line {node.lineno}: passes init_method" for k in node.keywords if k.arg == "init_method"]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value in LAUNCHING_STRINGS or node.value.startswith("--nproc"):
+                found.append(f"line {node.lineno}: {node.value!r}")
+    return found
+
+
+def test_the_check_finds_each_way_of_launching():
+    source = """
+import torch.multiprocessing as mp
+from multiprocessing import get_context
+mp.spawn(work, nprocs=2)
+mp.start_processes(work, nprocs=2, start_method="forkserver")
+subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "w.py"])
+subprocess.run(["torchrun", "w.py"], env={"MASTER_PORT": "29500"})
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", rank=0, world_size=1)
+"""
+    found = " ".join(own_launches(source))
+    for what in ("imports torch.multiprocessing", "imports multiprocessing", "calls spawn", "calls start_processes"):
+        assert what in found
+    for what in ("'torch.distributed.run'", "'--nproc_per_node=2'", "'torchrun'", "'MASTER_PORT'", "init_method"):
+        assert what in found
+    assert own_launches("launch(2, [worker, '--out', str(out)], timeout=60)") == []
+
+
+def test_no_test_module_starts_processes_but_the_launcher():
+    offenders, still_needed = {}, set()
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        name = path.relative_to(REPO).as_posix()
+        if path in (LAUNCHER, Path(__file__)):
+            continue
+        found = own_launches(path.read_text())
+        if name in NOT_YET:
+            still_needed |= {name} if found else set()
+        elif found:
+            offenders[name] = found
+    assert not offenders, f"start processes with workers.launch.launch, not by hand: {offenders}"
+    assert still_needed == NOT_YET, f"{sorted(NOT_YET - still_needed)} use the launcher now: drop from NOT_YET"
 
 
 def test_launched_ranks_do_not_inherit_this_process_group_variables(monkeypatch, tmp_path):
