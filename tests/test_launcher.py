@@ -1,7 +1,7 @@
-"""The launcher every multi-process test uses (tests/support/workers/launch.py): every rank's result comes back,
-a rank that raises fails the launch with its traceback, a rank that hangs is killed with its children at the
-timeout and named, a rank that cannot start fails at once; and no other test module starts processes of its
-own (mp.spawn, start_processes, a process pool, torchrun, a hand-made MASTER_PORT)."""
+"""The launcher every multi-process test uses (tests/support/workers/launch.py): every rank's result comes
+back, a rank that raises fails the launch with its traceback, a rank that hangs is killed with its children at
+the timeout and named, a rank that cannot start fails at once; and no other test module starts processes of
+its own (mp.spawn, start_processes, a process pool, torchrun, a hand-made MASTER_PORT)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,12 @@ def is_running(pid: int) -> bool:
 # ---- one launcher ----------------------------------------------------------------------------------------
 
 LAUNCHING_CALLS = {"spawn", "start_processes", "get_context", "Pool", "Process", "elastic_launch"}
-LAUNCHING_MODULES = ("multiprocessing", "torch.multiprocessing", "torch.distributed.run", "torch.distributed.launch")
+LAUNCHING_MODULES = (
+    "multiprocessing",
+    "torch.multiprocessing",
+    "torch.distributed.run",
+    "torch.distributed.launch",
+)
 LAUNCHING_STRINGS = {"torchrun", "torch.distributed.run", "torch.distributed.launch", "MASTER_PORT"}
 
 
@@ -99,7 +104,9 @@ def own_launches(source: str) -> list[str]:
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if name in LAUNCHING_CALLS:
                 found.append(f"line {node.lineno}: calls {name}")
-            found += [f"line {node.lineno}: passes init_method" for k in node.keywords if k.arg == "init_method"]
+            found += [
+                f"line {node.lineno}: passes init_method" for k in node.keywords if k.arg == "init_method"
+            ]
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             if node.value in LAUNCHING_STRINGS or node.value.startswith("--nproc"):
                 found.append(f"line {node.lineno}: {node.value!r}")
@@ -117,9 +124,20 @@ subprocess.run(["torchrun", "w.py"], env={"MASTER_PORT": "29500"})
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", rank=0, world_size=1)
 """
     found = " ".join(own_launches(source))
-    for what in ("imports torch.multiprocessing", "imports multiprocessing", "calls spawn", "calls start_processes"):
+    for what in (
+        "imports torch.multiprocessing",
+        "imports multiprocessing",
+        "calls spawn",
+        "calls start_processes",
+    ):
         assert what in found
-    for what in ("'torch.distributed.run'", "'--nproc_per_node=2'", "'torchrun'", "'MASTER_PORT'", "init_method"):
+    for what in (
+        "'torch.distributed.run'",
+        "'--nproc_per_node=2'",
+        "'torchrun'",
+        "'MASTER_PORT'",
+        "init_method",
+    ):
         assert what in found
     assert own_launches("launch(2, [worker, '--out', str(out)], timeout=60)") == []
 
@@ -136,7 +154,9 @@ def test_no_test_module_starts_processes_but_the_launcher():
         elif found:
             offenders[name] = found
     assert not offenders, f"start processes with workers.launch.launch, not by hand: {offenders}"
-    assert still_needed == NOT_YET, f"{sorted(NOT_YET - still_needed)} use the launcher now: drop from NOT_YET"
+    assert still_needed == NOT_YET, (
+        f"{sorted(NOT_YET - still_needed)} use the launcher now: drop from NOT_YET"
+    )
 
 
 def test_launched_ranks_do_not_inherit_this_process_group_variables(monkeypatch, tmp_path):

@@ -50,8 +50,8 @@ def free_port() -> int:
 
 
 def worker_env(**extra: str) -> dict[str, str]:
-    """The environment for workers: one thread each (several processes share two cores), tests/support first on
-    the path (so `workers.*`, `helpers`, `lm_helpers` import), unbuffered output, `extra` on top."""
+    """The environment for workers: one thread each (several processes share two cores), tests/support on the
+    path (so `workers.*`, `helpers`, `lm_helpers` import), unbuffered output, `extra` on top."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     path = [str(REPO / "tests" / "support"), env.get("PYTHONPATH", "")]
@@ -135,7 +135,7 @@ def launch(
 
 
 def read_ranks(folder: Path, nprocs: int, name: str = "rank{rank}.json") -> list[Any]:
-    """Every rank's JSON result `folder/name` (`name` formatted with `rank`), failing with the missing ones."""
+    """Every rank's JSON result `folder/name` (`name` formatted with `rank`); fails naming missing ones."""
     paths = [folder / name.format(rank=r) for r in range(nprocs)]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
@@ -153,7 +153,7 @@ class _Ranks:
         self.killed: set[int] = set()
 
     def start(self, command: list[str], envs: list[dict[str, str]], cwd: Path) -> str:
-        """Start one process per environment; "" when all started, else which could not (none left running)."""
+        """Start one process per environment; "" when all started, else which could not (none left)."""
         for rank, env in enumerate(envs):
             out, err = (self.logs / f"rank{rank}.out").open("wb"), (self.logs / f"rank{rank}.err").open("wb")
             self.files += [out, err]

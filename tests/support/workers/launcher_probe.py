@@ -31,8 +31,15 @@ def sum_ranks(out: Path) -> None:
     try:
         total = torch.tensor([dist.get_rank() + 1])
         dist.all_reduce(total)
-        env = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
-        seen = {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "sum": int(total.item()), "env": env}
+        env = {
+            k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+        }
+        seen = {
+            "rank": dist.get_rank(),
+            "world_size": dist.get_world_size(),
+            "sum": int(total.item()),
+            "env": env,
+        }
         (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(seen))
     finally:
         dist.destroy_process_group()

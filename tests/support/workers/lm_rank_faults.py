@@ -1,11 +1,11 @@
-"""One rank of a job whose nodes each have their own home folder (tests/data/test_perplexity_faults.py), run by
-`launch` on the domain files of `lm_helpers.write_domains` in `<work>/data`:
+"""One rank of a job whose nodes each have their own home folder (tests/data/test_perplexity_faults.py), run
+by `launch` on the domain files of `lm_helpers.write_domains` in `<work>/data`:
 
     launch(2, [lm_rank_faults.py, --work DIR, --tokenizer FILE])
 
 `~` is `<work>/node-<rank>`: `~/local.npy` (memmap) and `~/local.jsonl` exist on rank 0's node only, and
-`~/flaky.npy` gives an I/O error on rank 1's node. Evaluates (lenient, then strict), then rank 1's files appear
-and the lenient evaluator runs again. Writes what it saw to `<work>/rank<r>.json`.
+`~/flaky.npy` gives an I/O error on rank 1's node. Evaluates (lenient, then strict), then rank 1's files
+appear and the lenient evaluator runs again. Writes what it saw to `<work>/rank<r>.json`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ NODE_FILES = ("local.npy", "local.jsonl", "flaky.npy")
 def evaluate(root: Path, rank: int, tokenizer_path: str) -> dict:
     """Lenient, strict (the error it raised), and lenient again once this node's files are there."""
     tokenizer = load_tokenizer(tokenizer_path)
-    files = {"code": root / "data" / "code", "prose": root / "data" / "prose.jsonl", "tiny": root / "data" / "tiny.npy"}
+    files = {
+        "code": root / "data" / "code",
+        "prose": root / "data" / "prose.jsonl",
+        "tiny": root / "data" / "tiny.npy",
+    }
     entry = lm_entry(files, root / "cache")
     entry["domains"] += [
         {"label": "local_tokens", "paths": ["~/local.npy"]},

@@ -27,7 +27,7 @@ LABELS = ("code", "prose", "tiny")
 
 
 def evaluate(data: Path, cache: Path, tokenizer_path: str) -> dict:
-    """The three evaluations of this rank: what each returned, the forward calls and the share of the first."""
+    """This rank's three evaluations: what each returned, the forward calls and the share of the first."""
     tokenizer = load_tokenizer(tokenizer_path)
     files = {"code": data / "code", "prose": data / "prose.jsonl", "tiny": data / "tiny.npy"}
     model = tiny_gpt()
@@ -39,7 +39,9 @@ def evaluate(data: Path, cache: Path, tokenizer_path: str) -> dict:
         return hidden_states(*args, **kwargs)
 
     model.hidden_states = counted
-    evaluator = InLoopEvaluator(EvaluatorConfig(evaluators=[lm_entry(files, cache)], strict=True), tokenizer=tokenizer)
+    evaluator = InLoopEvaluator(
+        EvaluatorConfig(evaluators=[lm_entry(files, cache)], strict=True), tokenizer=tokenizer
+    )
     metrics = evaluator.run(model)
     result = evaluator.detail("lm:" + ",".join(LABELS))
     shard = {label: int((result.shard.domain_S == d).sum()) for d, label in enumerate(LABELS)}
@@ -49,7 +51,13 @@ def evaluate(data: Path, cache: Path, tokenizer_path: str) -> dict:
     broken = {**files, "prose": data / "broken.jsonl"}
     lenient = EvaluatorConfig(evaluators=[lm_entry(broken, cache)], strict=False)
     rank0_fails = InLoopEvaluator(lenient, tokenizer=tokenizer).run(model)
-    return {"metrics": metrics, "calls": calls[0], "shard": shard, "too_small": too_small, "rank0_fails": rank0_fails}
+    return {
+        "metrics": metrics,
+        "calls": calls[0],
+        "shard": shard,
+        "too_small": too_small,
+        "rank0_fails": rank0_fails,
+    }
 
 
 def main() -> None:
