@@ -1,7 +1,8 @@
-"""The evaluator under real process groups (torchrun, gloo on CPU): the same numbers at world sizes 1-4,
-sharded models that make collectives in forward, failures on one rank, the request cache, training.
+"""The evaluator under real process groups (gloo on CPU, each rank in torchrun's environment): the same numbers
+at world sizes 1-4, sharded models that make collectives in forward, failures on one rank, the request cache,
+training.
 
-One torchrun launch per world size runs every check of tests/support/workers/dist_checks.py; world size 1 runs the
+One launch per world size runs every check of tests/support/workers/dist_checks.py; world size 1 runs the
 same checks in this process without a process group. Every launch has a free port and a hard timeout.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from workers import dist_checks
-from workers.launch import REPO, run_with_timeout, torchrun, worker_env
+from workers.launch import REPO, launch, read_ranks, run_with_timeout, worker_env
 
 from inloop_eval.engine.batching import row_lengths
 from inloop_eval.engine.sharding import ICLMultiChoiceTaskDataset, subset_size
@@ -79,14 +80,14 @@ def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def launched(data_root: Path, tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
-    """World size -> every rank's results, one torchrun launch each (each on its own empty cache)."""
+    """World size -> every rank's results, one launch each (each on its own empty cache)."""
     out: dict[int, list[dict[str, Any]]] = {}
     for nproc, checks in LAUNCHES.items():
         folder = tmp_path_factory.mktemp(f"ws{nproc}")
         args = [str(REPO / "tests" / "support" / "workers" / "dist_checks.py"), "--data-root", str(data_root)]
         args += ["--out", str(folder), "--checks", ",".join(checks)]
-        torchrun(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
-        out[nproc] = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
+        launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
+        out[nproc] = read_ranks(folder, nproc)
     return out
 
 
@@ -273,23 +274,25 @@ CONSOLE_SCRIPT = Path(sys.executable).parent / "inloop-eval"
 
 @pytest.mark.parametrize(
     ("nproc", "entry"),
-    [(2, ["-m", "inloop_eval.cli"]), (3, ["--no-python", str(CONSOLE_SCRIPT)])],
+    [(2, ["-m", "inloop_eval.cli"]), (3, [str(CONSOLE_SCRIPT)])],
     ids=["module-2", "console-script-3"],
 )
 def test_cli_under_torchrun_writes_the_single_process_numbers(
     cli_single, hf_model_dir, data_root, tmp_path, nproc, entry
 ):
-    """`torchrun -m inloop_eval.cli evaluate` and the `inloop-eval` script under torchrun: rank 0 alone
-    writes the results and samples, with the numbers of one process (and the run's own cost: its time and
-    the tokens all ranks forwarded, padding and dummy batches included)."""
-    if "--no-python" in entry and not CONSOLE_SCRIPT.exists():
+    """`python -m inloop_eval.cli evaluate` and the `inloop-eval` script, each rank in torchrun's environment:
+    rank 0 alone writes the results and samples, with the numbers of one process (and the run's own cost: its
+    time and the tokens all ranks forwarded, padding and dummy batches included)."""
+    console_script = entry[0] != "-m"
+    if console_script and not CONSOLE_SCRIPT.exists():
         pytest.fail(f"the console script {CONSOLE_SCRIPT} is not installed (pip install -e .)")
     out = tmp_path / "out"
-    torchrun(
+    launch(
         nproc,
         [*entry, *cli_args(hf_model_dir, data_root, out)],
         timeout=LAUNCH_TIMEOUT_S,
         env=worker_env(INLOOP_EVAL_HOME=str(tmp_path / "home")),
+        python=not console_script,
     )
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "samples.jsonl"]
     found = json.loads((out / "results.json").read_text())

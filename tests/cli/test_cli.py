@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from workers.launch import torchrun
+from workers.launch import LaunchFailed, launch
 
 from inloop_eval.cli.evaluate import evaluate_config, write_json
 from inloop_eval.cli.main import build_parser, main
@@ -122,12 +122,13 @@ def test_every_rank_stops_when_rank_0_cannot_write_the_output(hf_model_dir, data
     bad = tmp_path / "notes.txt" / "results.json"
     args = ["-m", "inloop_eval.cli", "evaluate", "--model", str(hf_model_dir), "--tasks", "piqa"]
     args += ["--limit", "2", "--data-root", str(data_root), "--output", str(bad)]
-    with pytest.raises(AssertionError, match="exited with") as failure:  # not "did not finish": no rank hangs
-        torchrun(2, args, timeout=300)
-    output = str(failure.value)
-    assert f"inloop-eval: error: evaluate: --output {bad}: cannot write there" in output
-    assert "inloop-eval: error: evaluate (rank 1): rank 0 cannot write the output files" in output
-    assert "eval/downstream" not in output
+    with pytest.raises(LaunchFailed) as failure:
+        launch(2, args, timeout=300)
+    rank0, rank1 = failure.value.ranks
+    assert rank0.returncode and rank1.returncode, "a rank hung: the launcher killed it"
+    assert f"inloop-eval: error: evaluate: --output {bad}: cannot write there" in rank0.stderr
+    assert "inloop-eval: error: evaluate (rank 1): rank 0 cannot write the output files" in rank1.stderr
+    assert not any("eval/downstream" in r.stdout + r.stderr for r in failure.value.ranks)
 
 
 def test_evaluate_with_a_config_path_that_is_a_folder(hf_model_dir, tmp_path, capsys):

@@ -1,35 +1,30 @@
-"""The demo end to end: a few steps under torchrun with two processes (DDP on gloo), a small model and tiny
+"""The demo end to end: a few steps on two ranks (DDP on gloo, torchrun's environment), a small model and tiny
 limits (tests/configs/demo_tiny.yaml), then the W&B offline run read back from disk and the report."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from workers.launch import REPO, launch, worker_env
 
 from inloop_eval.demo.run import DemoConfig
 from inloop_eval.loggers.wandb_file import find_run_files, is_finished, read_config, read_history
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "support" / "configs" / "demo_tiny.yaml"
 
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory, data_root) -> tuple[Path, str]:
+    """The run's folder and what rank 0 printed."""
     out = tmp_path_factory.mktemp("demo") / "run"
-    env = {**os.environ, "INLOOP_EVAL_DATA": str(data_root), "OMP_NUM_THREADS": "1"}
+    env = worker_env(INLOOP_EVAL_DATA=str(data_root))
     env.pop("WANDB_MODE", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += [str(REPO / "scripts" / "train_demo.py"), "--config", str(TINY), "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return out, proc.stdout
+    args = [str(REPO / "scripts" / "train_demo.py"), "--config", str(TINY), "--out", str(out)]
+    return out, launch(2, args, timeout=300, env=env)[0].stdout
 
 
 def wandb_history(out: Path) -> tuple[list[dict], dict]:

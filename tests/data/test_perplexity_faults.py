@@ -5,20 +5,15 @@ tried again at the next evaluation."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import multiprocessing
-import os
 import shutil
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch.multiprocessing as mp
-from lm_helpers import join_or_fail, lm_entry, tiny_gpt, write_domains
-from workers.launch import free_port
+from lm_helpers import lm_entry, tiny_gpt, write_domains
+from workers.launch import REPO, launch, read_ranks
 
 from inloop_eval.data.perplexity.domain_config import LMDomainConfig
 from inloop_eval.data.perplexity.domain_set import load_memmap_domain
@@ -192,75 +187,6 @@ def test_a_failed_label_is_retried_and_each_failure_logged(
 # --- a domain that fails on one rank only ------------------------------------------------------------
 
 
-def _worker(rank: int, world_size: int, port: int, workdir: str, tokenizer_path: str) -> None:
-    """One rank of a job whose nodes each have their own home folder: `~/local.npy` (memmap) and
-    `~/local.jsonl` exist on rank 0's node only, and `~/flaky.npy` gives an I/O error on rank 1's node.
-    Evaluates (lenient, then strict), then rank 1's files
-    appear and the lenient evaluator runs again. Writes what it saw to out-<rank>.json."""
-    import torch
-    import torch.distributed as dist
-
-    from inloop_eval.data.tokenizer import load_tokenizer
-    from inloop_eval.evaluators.config import EvaluatorConfig
-    from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-
-    torch.set_num_threads(1)
-    root = Path(workdir)
-    tokenizer = load_tokenizer(tokenizer_path)
-    node_home = root / f"node-{rank}"
-    os.environ["HOME"] = str(node_home)  # `~` in the config is this node's own folder
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=30),
-    )
-    try:
-        files = {
-            "code": root / "data" / "code",
-            "prose": root / "data" / "prose.jsonl",
-            "tiny": root / "data" / "tiny.npy",
-        }
-        entry = lm_entry(files, root / "cache")
-        entry["domains"] += [
-            {"label": "local_tokens", "paths": ["~/local.npy"]},
-            {"label": "local_text", "paths": ["~/local.jsonl"], "format": "jsonl"},
-            {"label": "flaky", "paths": ["~/flaky.npy"]},
-        ]
-        model = tiny_gpt()
-        lenient = InLoopEvaluator(EvaluatorConfig(evaluators=[entry]), tokenizer=tokenizer)
-        first = lenient.run(model)
-        try:
-            InLoopEvaluator(EvaluatorConfig(evaluators=[entry], strict=True), tokenizer=tokenizer).run(model)
-            strict = "no error"
-        except Exception as exc:
-            strict = f"{type(exc).__name__}: {exc}"
-        if rank == 1:  # the node's files come back
-            for name in ("local.npy", "local.jsonl", "flaky.npy"):
-                (node_home / name).unlink(missing_ok=True)  # never copy through the link
-                shutil.copy(root / "node-0" / name, node_home / name)
-        second = lenient.run(model)
-        out = {"first": first, "strict": strict, "second": second}
-        (root / f"out-{rank}.json").write_text(json.dumps(out))
-    finally:
-        dist.destroy_process_group()
-
-
-def run_two_ranks(workdir: Path, tokenizer_path: str) -> list[dict]:
-    """Start two gloo processes and wait for them; a failure or a hang fails the test."""
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["inloop_eval", "lm_helpers", __name__])
-    ctx = mp.start_processes(
-        _worker,
-        args=(2, free_port(), str(workdir), tokenizer_path),
-        nprocs=2,
-        join=False,
-        start_method="forkserver",
-    )
-    join_or_fail(ctx, TIMEOUT_S, "the two processes")
-    return [json.loads((workdir / f"out-{r}.json").read_text()) for r in range(2)]
-
-
 def test_a_domain_missing_on_one_rank_is_agreed_by_all(tmp_path, neox_tokenizer, data_root):
     files = write_domains(tmp_path / "data", neox_tokenizer)
     for rank in range(2):
@@ -269,8 +195,9 @@ def test_a_domain_missing_on_one_rank_is_agreed_by_all(tmp_path, neox_tokenizer,
     shutil.copy(files["prose"], tmp_path / "node-0" / "local.jsonl")
     shutil.copy(files["tiny"], tmp_path / "node-0" / "flaky.npy")
     (tmp_path / "node-1" / "flaky.npy").symlink_to("/proc/self/mem")  # reading it is a real EIO
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    ranks = run_two_ranks(tmp_path, str(neox_tokenizer_path(data_root)))
+    args = [str(REPO / "tests" / "support" / "workers" / "lm_rank_faults.py"), "--work", str(tmp_path)]
+    launch(2, [*args, "--tokenizer", str(neox_tokenizer_path(data_root))], timeout=TIMEOUT_S)
+    ranks = read_ranks(tmp_path, 2)
 
     healthy = {f"eval/lm/{label}/{k}" for label in LABELS for k in FIGURES}
     local_labels = ("local_tokens", "local_text", "flaky")

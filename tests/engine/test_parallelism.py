@@ -4,13 +4,12 @@ group score the same documents, a vocabulary-sharded head gives the unsharded mo
 allocating more than [U, V/TP] in scoring, a Llama-style model under torchtitan's whole tensor-parallel plan
 gives its unsharded numbers, and sharding over no group or the wrong one is refused.
 
-One torchrun launch per world size runs the checks of tests/support/workers/parallel_checks.py; world size 1
+One launch per world size runs the checks of tests/support/workers/parallel_checks.py; world size 1
 runs them in this process without a process group (the reference).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 import torch.distributed as dist
 from helpers import assert_same_metrics
 from workers import parallel_checks
-from workers.launch import REPO, torchrun, worker_env
+from workers.launch import REPO, launch, read_ranks, worker_env
 
 from inloop_eval.distributed import check_data_parallel, resolve_data_parallel
 from inloop_eval.errors import ConfigError
@@ -37,14 +36,14 @@ def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def launched(data_root: Path, tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
-    """World size -> every rank's results, one torchrun launch each."""
+    """World size -> every rank's results, one launch each."""
     out: dict[int, list[dict[str, Any]]] = {}
     for nproc, checks in LAUNCHES.items():
         folder = tmp_path_factory.mktemp(f"ws{nproc}")
         args = [str(REPO / "tests" / "support" / "workers" / "parallel_checks.py"), "--data-root", str(data_root)]
         args += ["--out", str(folder), "--checks", ",".join(checks)]
-        torchrun(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
-        out[nproc] = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
+        launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
+        out[nproc] = read_ranks(folder, nproc)
     return out
 
 

@@ -5,13 +5,12 @@ reaches every rank; training through the same schedule (1F1B, with a loss) is un
 whose first figures equal the unsplit model's; an interleaved schedule (two stages per rank) gives the same
 figures; a missing or wrong data-parallel group is refused.
 
-One torchrun launch per world size runs the checks of tests/support/workers/pipeline_checks.py; world size 1
+One launch per world size runs the checks of tests/support/workers/pipeline_checks.py; world size 1
 runs the unsplit model in this process (the reference).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 from helpers import assert_same_metrics
 from workers import pipeline_checks
-from workers.launch import REPO, torchrun, worker_env
+from workers.launch import REPO, launch, read_ranks, worker_env
 
 from inloop_eval.engine.adapters.pipeline import PipelineAdapter
 from inloop_eval.errors import ConfigError
@@ -37,7 +36,7 @@ def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def launched(data_root: Path, tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
-    """World size -> every rank's results, one torchrun launch each."""
+    """World size -> every rank's results, one launch each."""
     out: dict[int, list[dict[str, Any]]] = {}
     for nproc, checks in LAUNCHES.items():
         folder = tmp_path_factory.mktemp(f"ws{nproc}")
@@ -47,8 +46,8 @@ def launched(data_root: Path, tmp_path_factory) -> dict[int, list[dict[str, Any]
             str(data_root),
         ]
         args += ["--out", str(folder), "--checks", ",".join(checks)]
-        torchrun(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
-        out[nproc] = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
+        launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
+        out[nproc] = read_ranks(folder, nproc)
     return out
 
 

@@ -4,113 +4,35 @@ shard or a domain fails (on every rank, or only on rank 0 while it builds the to
 
 from __future__ import annotations
 
-import json
 import math
-import multiprocessing
-import os
-import socket
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
-from lm_helpers import join_or_fail, lm_entry, tiny_gpt, write_domains
+from lm_helpers import write_domains
+from workers.launch import REPO, launch, read_ranks
 
 from inloop_eval.data.root import neox_tokenizer_path
 
 LABELS = ("code", "prose", "tiny")
 TIMEOUT_S = 150
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _worker(rank: int, world_size: int, port: int, workdir: str, tokenizer_path: str) -> None:
-    """One rank: a clean evaluation, then two that fail (a model too small for the tokens; a JSONL file
-    that only rank 0 reads, while building the cache). Writes what it saw to out-<world>-<rank>.json."""
-    import torch
-    import torch.distributed as dist
-
-    from inloop_eval.data.tokenizer import load_tokenizer
-    from inloop_eval.evaluators.config import EvaluatorConfig
-    from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=60),
-    )
-    try:
-        root = Path(workdir)
-        tokenizer = load_tokenizer(tokenizer_path)
-        files = {
-            "code": root / "data" / "code",
-            "prose": root / "data" / "prose.jsonl",
-            "tiny": root / "data" / "tiny.npy",
-        }
-        cache = root / f"cache-{world_size}"
-        model = tiny_gpt()
-        calls = [0]
-        hidden_states = model.hidden_states
-
-        def counted(*args, **kwargs):
-            calls[0] += 1
-            return hidden_states(*args, **kwargs)
-
-        model.hidden_states = counted
-        evaluator = InLoopEvaluator(
-            EvaluatorConfig(evaluators=[lm_entry(files, cache)], strict=True), tokenizer=tokenizer
-        )
-        metrics = evaluator.run(model)
-        result = evaluator.detail("lm:" + ",".join(LABELS))
-        shard = {label: int((result.shard.domain_S == d).sum()) for d, label in enumerate(LABELS)}
-
-        lenient = EvaluatorConfig(evaluators=[lm_entry(files, cache)], strict=False)
-        too_small = InLoopEvaluator(lenient, tokenizer=tokenizer).run(tiny_gpt(vocab_size=1000))
-        broken = {**files, "prose": root / "data" / "broken.jsonl"}
-        lenient = EvaluatorConfig(evaluators=[lm_entry(broken, cache)], strict=False)
-        rank0_fails = InLoopEvaluator(lenient, tokenizer=tokenizer).run(model)
-        out = {
-            "metrics": metrics,
-            "calls": calls[0],
-            "shard": shard,
-            "too_small": too_small,
-            "rank0_fails": rank0_fails,
-        }
-        (root / f"out-{world_size}-{rank}.json").write_text(json.dumps(out))
-    finally:
-        dist.destroy_process_group()
+WORKER = str(REPO / "tests" / "support" / "workers" / "lm_world_sizes.py")
 
 
 def run_world(world_size: int, workdir: Path, tokenizer_path: str) -> list[dict]:
-    """Start `world_size` gloo processes and wait for them; a failure or a hang fails the test.
-
-    The processes fork from a fresh server process that has imported the package once (`forkserver`), so
-    each starts in well under a second instead of importing torch and torchmetrics again."""
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["inloop_eval", "lm_helpers", __name__])
-    ctx = mp.start_processes(
-        _worker,
-        args=(world_size, free_port(), str(workdir), tokenizer_path),
-        nprocs=world_size,
-        join=False,
-        start_method="forkserver",
-    )
-    join_or_fail(ctx, TIMEOUT_S, f"world size {world_size}: the processes")
-    return [json.loads((workdir / f"out-{world_size}-{r}.json").read_text()) for r in range(world_size)]
+    """Every rank's results from one launch of `world_size` processes (tests/support/workers/lm_world_sizes.py),
+    on a token cache of its own; a failure or a hang fails the test."""
+    out = workdir / f"ws{world_size}"
+    out.mkdir()
+    args = [WORKER, "--data", str(workdir / "data"), "--cache", str(workdir / f"cache-{world_size}")]
+    launch(world_size, [*args, "--tokenizer", tokenizer_path, "--out", str(out)], timeout=TIMEOUT_S)
+    return read_ranks(out, world_size)
 
 
 def test_world_sizes_give_the_same_figures(tmp_path, neox_tokenizer, data_root):
     write_domains(tmp_path / "data", neox_tokenizer, n_tiny=1)
     (tmp_path / "data" / "broken.jsonl").write_text('{"text": "fine"}\n{"text": not json}\n')
     tokenizer_path = str(neox_tokenizer_path(data_root))
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     results = {}
     for w in (1, 2, 3):
         t0 = time.monotonic()

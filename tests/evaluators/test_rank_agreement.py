@@ -1,18 +1,17 @@
 """Ranks that disagree are refused on every rank, before any forward, naming what differs, and no rank is
 left waiting: different limits, task lists, task counts and orders, data-parallel groups (None on one rank,
 a group on another; a group a rank is not in), task data (a task's requests differ), pipeline arguments wrong
-on one rank. One torchrun launch of 2 processes runs tests/support/workers/agreement_checks.py; the process
+on one rank. One launch of 2 processes runs tests/support/workers/agreement_checks.py; the process
 group's timeout there is 120 s, and every check must end well before it (a hang would sit out the timeout).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from workers.launch import REPO, torchrun, worker_env
+from workers.launch import REPO, launch, read_ranks, worker_env
 
 CHECKS = ["limits", "task_lists", "task_count", "task_order", "dp_groups", "task_data", "pipeline_arguments"]
 WELL_BEFORE_THE_TIMEOUT_S = 60
@@ -23,8 +22,8 @@ def launched(data_root: Path, tmp_path_factory) -> list[dict[str, Any]]:
     folder = tmp_path_factory.mktemp("agreement")
     args = [str(REPO / "tests" / "support" / "workers" / "agreement_checks.py"), "--data-root", str(data_root)]
     args += ["--out", str(folder), "--checks", ",".join(CHECKS)]
-    torchrun(2, args, timeout=600, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
-    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(2)]
+    launch(2, args, timeout=600, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
+    return read_ranks(folder, 2)
 
 
 def refused_alike(ranks: list[dict[str, Any]], *fragments: str) -> None:

@@ -14,7 +14,6 @@ them unsplit through the engine's plain-logits path: the reference), two and fou
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import assert_same_metrics
-from workers.launch import REPO, torchrun, worker_env
+from workers.launch import REPO, launch, read_ranks, worker_env
 
 from inloop_eval.errors import ConfigError
 from inloop_eval.integrations.megatron.forward import micro_batches
@@ -52,8 +51,8 @@ def launched(data_root: Path, tmp_path_factory) -> dict[int, list[dict[str, Any]
         folder = tmp_path_factory.mktemp(f"ws{nproc}")
         args = [str(WORKER), "--data-root", str(data_root), "--out", str(folder), "--checks", ",".join(checks)]
         env = worker_env(INLOOP_EVAL_HOME=str(folder / "home"), MEGATRON_WEIGHTS=str(weights))
-        torchrun(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=env)
-        out[nproc] = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
+        launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=env)
+        out[nproc] = read_ranks(folder, nproc)
     return out
 
 

@@ -15,7 +15,7 @@ from olmo_core.config import DType
 from olmo_core.data import TokenizerConfig
 from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.train import TrainerConfig
-from workers.launch import torchrun, worker_env
+from workers.launch import launch, read_ranks, worker_env
 from workers.olmo_core_train import INTERVAL, LIMIT, SEQ_LEN, STEPS, TASKS, callback_config, train
 
 from inloop_eval.data.root import TOKENIZER_DIR
@@ -93,8 +93,8 @@ def test_two_gloo_ranks_match_one_process(single_runs, data_root, tmp_path):
         "--work",
         str(tmp_path / "work"),
     ]
-    torchrun(2, [*args, "--out", str(out)], timeout=240, env=worker_env(OLMO_SHARED_FS="1"))
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    launch(2, [*args, "--out", str(out)], timeout=240, env=worker_env(OLMO_SHARED_FS="1"))
+    ranks = read_ranks(out, 2)
     single = single_runs["cb"]["logged"]
     figures = [{s: downstream(ranks[r]["logged"][s]) for s in EVAL_STEPS} for r in range(2)]
     assert figures[0] == figures[1]

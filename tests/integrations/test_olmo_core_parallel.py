@@ -8,14 +8,13 @@ tests/support/workers/olmo_core_layouts.py (one launch per layout)."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from workers.launch import REPO, torchrun, worker_env
+from workers.launch import REPO, launch, read_ranks, worker_env
 from workers.olmo_core_layouts import LAYOUTS, run_layout
 
 from inloop_eval.errors import ConfigError, ModelOutputError
@@ -38,15 +37,15 @@ def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def launched(data_root: Path, tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
-    """Layout -> every rank's result, one torchrun launch each."""
+    """Layout -> every rank's result, one launch each."""
     out: dict[str, list[dict[str, Any]]] = {}
     for layout in LAUNCHED:
         nproc = LAYOUTS[layout][0]
         folder = tmp_path_factory.mktemp(layout)
         args = [str(REPO / "tests" / "support" / "workers" / "olmo_core_layouts.py"), "--data-root", str(data_root)]
         args += ["--work", str(folder / "work"), "--out", str(folder / "out"), "--layout", layout]
-        torchrun(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(OLMO_SHARED_FS="1"))
-        out[layout] = [json.loads((folder / "out" / f"rank{r}.json").read_text()) for r in range(nproc)]
+        launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(OLMO_SHARED_FS="1"))
+        out[layout] = read_ranks(folder / "out", nproc)
     return out
 
 

@@ -5,7 +5,6 @@ round trip, OLMo-core's validation mix in `with_recommended_evals`, and the conf
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -14,7 +13,7 @@ from olmo_core.data import DataCollator, NumpyDataLoaderBase, NumpyPaddedFSLData
 from olmo_core.train import TrainerConfig
 from olmo_core.train.common import Duration
 from olmo_core.train.train_module import EvalBatchSizeUnit, EvalBatchSpec
-from workers.launch import torchrun, worker_env
+from workers.launch import launch, read_ranks, worker_env
 from workers.olmo_core_perplexity import DOCUMENTS, both_runs, olmo_core_config, write_documents
 from workers.olmo_core_train import SEQ_LEN, callback_config, train
 
@@ -71,8 +70,8 @@ def test_two_gloo_ranks_record_olmo_cores_figures(data_root, tmp_path):
         "--work",
         str(tmp_path),
     ]
-    torchrun(2, [*args, "--out", str(out)], timeout=240, env=worker_env(OLMO_SHARED_FS="1"))
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    launch(2, [*args, "--out", str(out)], timeout=240, env=worker_env(OLMO_SHARED_FS="1"))
+    ranks = read_ranks(out, 2)
     for result in ranks:
         assert_ours_equal_theirs(result)
         assert sum(result["scored"].values()) == N_DOCUMENTS // 2 * 2

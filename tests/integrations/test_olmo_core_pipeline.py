@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 
-from workers.launch import REPO, torchrun
+from workers.launch import REPO, launch
 
 
 def test_the_callback_refuses_a_pipeline_train_module_at_build(tmp_path) -> None:
     out = tmp_path / "result.json"
-    torchrun(
+    launch(
         1,
         [str(REPO / "tests" / "support" / "workers" / "olmo_core_pipeline.py"), "--out", str(out)],
         timeout=180,

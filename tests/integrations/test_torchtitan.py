@@ -3,19 +3,18 @@ trained under tensor parallelism (vocabulary-sharded head) and FSDP x TP, evalua
 validation steps; its figures equal those of the same trained weights gathered into an unsharded model and
 scored the plain way (full logits). How torchtitan is made to run on CPU: tests/support/torchtitan_cpu.py.
 
-One torchrun launch per layout runs tests/support/workers/torchtitan_train.py.
+One launch per layout runs tests/support/workers/torchtitan_train.py.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from workers.launch import REPO, torchrun, worker_env
+from workers.launch import REPO, launch, read_ranks, worker_env
 
 from inloop_eval.errors import ConfigError
 from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
@@ -42,7 +41,7 @@ LAUNCH_TIMEOUT_S = 420
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def launched(request, data_root: Path, tmp_path_factory) -> tuple[str, list[dict[str, Any]]]:
-    """(layout, every rank's result) of one torchrun launch of the torchtitan trainer."""
+    """(layout, every rank's result) of one launch of the torchtitan trainer."""
     layout = request.param
     nproc, layout_args = LAYOUTS[layout]
     folder = tmp_path_factory.mktemp(layout)
@@ -54,8 +53,8 @@ def launched(request, data_root: Path, tmp_path_factory) -> tuple[str, list[dict
         str(data_root),
     ]
     args += ["--work", str(folder), "--out", str(folder), "--config", str(config), *layout_args]
-    torchrun(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
-    return layout, [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nproc)]
+    launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
+    return layout, read_ranks(folder, nproc)
 
 
 def test_the_validator_equals_the_unsharded_model(launched) -> None:

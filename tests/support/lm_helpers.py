@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from inloop_eval.models.gpt import GPT, GPTConfig
@@ -106,14 +104,3 @@ def reference_text(model, texts: list[str], tokenizer, seq_len: int) -> dict[str
         n_tokens += len(full) - 1
         n_bytes += len(text.encode("utf-8"))
     return figures(sum_nll, n_tokens, n_bytes)
-
-
-def join_or_fail(ctx, timeout_s: float, what: str) -> None:  # noqa: ANN001
-    """Wait for the processes of `torch.multiprocessing.start_processes(..., join=False)`; past `timeout_s`
-    kill them and fail the test (a hang is a failure, never a wait for the process group's timeout)."""
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
-        if time.monotonic() >= deadline:
-            for process in ctx.processes:
-                process.kill()
-            pytest.fail(f"{what} did not finish in {timeout_s}s (a hang?)")

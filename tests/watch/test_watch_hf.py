@@ -232,13 +232,13 @@ def test_wandb_figures_logged_late_land_at_the_checkpoints_step(hf, data_root, t
 def test_under_torchrun_two_ranks_give_the_one_process_figures(hf, data_root, tmp_path):
     """`torchrun -m inloop_eval.cli watch` with 2 gloo ranks: rank 0 decides and writes, both load each
     checkpoint and share its documents; accuracies equal one process's, the rest within float rounding."""
-    from workers.launch import torchrun
+    from workers.launch import launch
 
     folder = copy_steps(hf[0], tmp_path / "ckpt", [10, 20])
     config = tmp_path / "eval.yaml"
     config.write_text(yaml.safe_dump(eval_config(data_root)))
     args = ["-m", "inloop_eval.cli", "watch", str(folder), "--config", str(config), "--once", "--settle", "0"]
-    torchrun(2, [*args, "--run-dir", str(tmp_path / "two")], timeout=300)
+    launch(2, [*args, "--run-dir", str(tmp_path / "two")], timeout=300)
     assert watcher(folder, tmp_path / "one", data_root).run() == [10, 20]
     two, one = eval_lines(tmp_path / "two"), eval_lines(tmp_path / "one")
     assert [line["step"] for line in two] == [10, 20]

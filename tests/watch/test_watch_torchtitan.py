@@ -14,7 +14,7 @@ import pytest
 import yaml
 from helpers import EXACT
 from watch_support import eval_lines
-from workers.launch import REPO, torchrun, worker_env
+from workers.launch import REPO, launch, worker_env
 
 from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
 
@@ -33,7 +33,7 @@ def watched(data_root, tmp_path_factory):
     (work / "eval.yaml").write_text(yaml.safe_dump(EVAL_CONFIG))
     worker = str(REPO / "tests" / "support" / "workers" / "torchtitan_checkpoints.py")
     args = [worker, "--data-root", str(data_root), "--work", str(work), "--out", str(work)]
-    torchrun(1, [*args, "--config", str(work / "eval.yaml")], timeout=420)
+    launch(1, [*args, "--config", str(work / "eval.yaml")], timeout=420)
     # The watcher's config: the validator's, its context and tokenizer (torchtitan's hf_assets_path).
     (work / "watch.yaml").write_text(
         yaml.safe_dump({**EVAL_CONFIG, "max_length": SEQ_LEN, "tokenizer": str(work / "tokenizer")})
