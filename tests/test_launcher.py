@@ -16,7 +16,6 @@ from workers.launch import REPO, LaunchFailed, launch, read_ranks
 PROBE = str(REPO / "tests" / "support" / "workers" / "launcher_probe.py")
 LAUNCHER = REPO / "tests" / "support" / "workers" / "launch.py"
 # Modules that still start their processes themselves: the metric tester, until it moves to the launcher.
-NOT_YET = {"tests/support/metric_tester.py"}
 
 
 def test_every_rank_joins_one_gloo_group_and_its_result_comes_back(tmp_path):
@@ -143,20 +142,15 @@ dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", rank=0, world_s
 
 
 def test_no_test_module_starts_processes_but_the_launcher():
-    offenders, still_needed = {}, set()
+    offenders = {}
     for path in sorted((REPO / "tests").rglob("*.py")):
         name = path.relative_to(REPO).as_posix()
         if path in (LAUNCHER, Path(__file__)):
             continue
         found = own_launches(path.read_text())
-        if name in NOT_YET:
-            still_needed |= {name} if found else set()
-        elif found:
+        if found:
             offenders[name] = found
     assert not offenders, f"start processes with workers.launch.launch, not by hand: {offenders}"
-    assert still_needed == NOT_YET, (
-        f"{sorted(NOT_YET - still_needed)} use the launcher now: drop from NOT_YET"
-    )
 
 
 def test_launched_ranks_do_not_inherit_this_process_group_variables(monkeypatch, tmp_path):

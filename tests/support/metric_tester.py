@@ -11,28 +11,23 @@ skips.
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from reference import FIELDS, reference_icl
-from workers.launch import free_port
+from workers.launch import launch, read_ranks, worker_env
 
 from inloop_eval.metrics.icl_metric import ICLMetric
 
 ACC_KEYS = ("acc", "acc_norm", "acc_bytes", "acc_per_token", "acc_pmi", "n_docs", "n_skipped_docs")
 START_TIMEOUT_S = 240.0
+WORKER = Path(__file__).resolve().parent / "workers" / "metric_ranks.py"
 
 
 class MetricTesterError(RuntimeError):
@@ -156,28 +151,6 @@ class CasesJob:
         return results
 
 
-def _worker(
-    rank: int,
-    world_size: int,
-    port: int,
-    backend: str,
-    job: Callable[[int, int], dict[str, Any]],
-    out: str,
-) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=60),
-    )
-    try:
-        Path(out, f"rank{rank}.json").write_text(json.dumps(job(rank, world_size)))
-    finally:
-        dist.destroy_process_group()
-
-
 def run_job_in_processes(
     job: Callable[[int, int], dict[str, Any]],
     world_size: int,
@@ -185,33 +158,17 @@ def run_job_in_processes(
     backend: str = "gloo",
     timeout: float = START_TIMEOUT_S,
 ) -> list[dict[str, Any]]:
-    """Every rank's `job(rank, world_size)` (a JSON-able dict; `job` picklable), from `world_size` spawned
-    processes in one process group."""
-    out = tempfile.mkdtemp(prefix="metric_tester_")
-    try:
+    """Every rank's `job(rank, world_size)` (a JSON-able dict; `job` picklable), from `world_size` launched
+    processes in one process group (`workers/metric_ranks.py`). MetricTesterError when they do not run."""
+    with tempfile.TemporaryDirectory(prefix="metric_tester_") as folder:
+        out = Path(folder)
+        torch.save(job, out / "job.pt")
+        args = [str(WORKER), "--job", str(out / "job.pt"), "--backend", backend, "--out", str(out)]
         try:
-            context = mp.spawn(
-                _worker,
-                args=(world_size, free_port(), backend, job, out),
-                nprocs=world_size,
-                join=False,
-            )
-            deadline = time.monotonic() + timeout
-            while not context.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    for p in context.processes:
-                        if p.is_alive():
-                            p.kill()
-                    raise MetricTesterError(f"{world_size} metric processes did not finish in {timeout:.0f}s")
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            launch(world_size, args, timeout=timeout, env=worker_env())
+            return read_ranks(out, world_size)
+        except AssertionError as exc:  # LaunchFailed, or a rank without its result
             raise MetricTesterError(f"the {world_size} metric processes failed to run: {exc}") from exc
-        files = [Path(out, f"rank{r}.json") for r in range(world_size)]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise MetricTesterError(f"metric processes exited without results: {missing} missing")
-        return [json.loads(f.read_text()) for f in files]
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
 
 
 def run_in_processes(
@@ -222,7 +179,7 @@ def run_in_processes(
     backend: str = "gloo",
     timeout: float = START_TIMEOUT_S,
 ) -> list[dict[str, dict[str, float]]]:
-    """Every rank's `compute()` of every case, from `world_size` spawned processes in one gloo group."""
+    """Every rank's `compute()` of every case, from `world_size` launched processes in one gloo group."""
     return run_job_in_processes(CasesJob(cases, factory), world_size, backend=backend, timeout=timeout)
 
 
