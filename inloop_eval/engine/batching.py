@@ -22,7 +22,8 @@ row: all choices of a letter-key document are read off the last position of one 
   Packed and plain rows are laid out in `rows`.
 
 Rows are cut into batches of at most `batch_tokens` padded tokens (`batch_cuts`), padded to fixed
-multiples only where `pad_to_multiple` asks for bucketed shapes (torch.compile).
+multiples only where `BatchShape.width_multiple` asks (a sequence split over ranks, or the config's
+`pad_to_multiple` for bucketed shapes under torch.compile).
 Batch arrays are built with NumPy over all tokens at once; Python loops run per batch, never per token.
 
 Legend: P pairs scored, Q the same pairs in group order, G context groups, R rows, K pieces, S spans of
@@ -44,7 +45,7 @@ from inloop_eval.engine import prefix_sharing
 from inloop_eval.engine.adapter import AdapterNeeds
 from inloop_eval.engine.batch_cuts import FORWARD_COST_TOKENS, cut_batches, round_widths
 from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS, TrieRows, TrieWalk, row_cost
-from inloop_eval.engine.rows import Flat, layout_rows, pair_rows, row_targets, row_tokens
+from inloop_eval.engine.rows import Flat, pair_rows, plan_rows, row_targets, row_tokens
 from inloop_eval.requests.table import PairSet
 
 
@@ -159,53 +160,52 @@ def plan_batches(
     pairs: PairSet,
     pair_ids: np.ndarray,
     batch_tokens: int,
-    pad_id: int = 0,
+    shape: BatchShape = BatchShape(),
     *,
-    packing: bool = False,
+    pad_id: int = 0,
     max_length: int | None = None,
-    pad_to_multiple: int = 1,
-    share_prefixes: bool = True,
-    attention_tokens: int = ATTENTION_COST_TOKENS,
-    keep_prefixes: bool = False,
     by_cost: bool = True,
 ) -> list[Batch]:
     """Batches scoring `pairs[pair_ids]`; `Batch.pair_N` indexes into `pair_ids`.
 
-    packing: share each context among its continuations (the model must accept a mask and position ids).
+    shape: what every batch must be (`BatchShape`): `packing` shares each context among its continuations
+        (the model must accept a mask and position ids); `width_multiple` rounds every batch's width up to
+        a multiple, not past `max_length` (`round_widths`); `share_prefixes` makes, with packing, every
+        pair's row a path of one prefix trie, forwarded in tree rows (`prefix_sharing`, its cost model's
+        `attention_tokens`) bounded as the rows without sharing are (off, each context is shared among its
+        own continuations only); `keep_prefixes` lets, with sharing, prefixes many rows begin with be
+        forwarded once and kept (the model has `AdapterNeeds.prefix_reuse`): a batch with `keeps_prefix`
+        before the batches that read it.
+    pad_id: the token padding rows out to their batch's width.
     max_length: longest row a packed group may form (the model's context length).
-    pad_to_multiple: round every batch's width up to a multiple of this (`BatchShape.width_multiple`), but
-        not past `max_length` (`round_widths`).
-    share_prefixes: with packing, every pair's row is a path of one prefix trie, forwarded in tree rows
-        (`prefix_sharing`, its cost model's `attention_tokens`) bounded as the rows without sharing are;
-        off, each context is shared among its own continuations only.
-    keep_prefixes: with sharing, prefixes many rows begin with may be forwarded once and kept (the model has
-        `AdapterNeeds.prefix_reuse`): a batch with `keeps_prefix` before the batches that read it.
     by_cost: with sharing, take the plan the cost model (`plan_cost`) finds cheapest among those that
         forward no more tokens than the rows without sharing (those rows included); off, the tree rows
         asked for (below kept prefixes with `keep_prefixes`), as they are.
     """
     pair_ids = np.asarray(pair_ids, dtype=np.int64)
-    layout = layout_rows(pairs, pair_ids, packing=packing, max_length=max_length)
-    width_R = round_widths(layout.length_R, pad_to_multiple, max_length)
+    row_plan = plan_rows(pairs, pair_ids, packing=shape.packing, max_length=max_length)
+    width_R = round_widths(row_plan.length_R, shape.width_multiple, max_length)
     batch_R, slot_R, widths = cut_batches(width_R, batch_tokens)
-    tokens = row_tokens(pairs, pair_ids, layout, batch_R, len(widths))
-    targets = row_targets(pairs, pair_ids, layout, batch_R, len(widths))
-    unshared = _assemble(tokens, targets, layout.n_pieces_R > 1, batch_R, slot_R, widths, packing, pad_id)
-    if not (packing and share_prefixes and len(pair_ids)):
+    tokens = row_tokens(pairs, pair_ids, row_plan, batch_R, len(widths))
+    targets = row_targets(pairs, pair_ids, row_plan, batch_R, len(widths))
+    packed_R = row_plan.n_pieces_R > 1
+    unshared = _assemble(tokens, targets, packed_R, batch_R, slot_R, widths, shape.packing, pad_id)
+    if not (shape.packing and shape.share_prefixes and len(pair_ids)):
         return unshared
     sequence = pair_rows(pairs, pair_ids)
     walk = prefix_sharing.walk_trie(sequence, len(pair_ids))  # sorted once for every plan
-    bound = TreeBound.of(unshared, batch_tokens, max_length, pad_to_multiple)
-    shape = (bound, pad_id, max_length, pad_to_multiple, attention_tokens)
+    bound = TreeBound.of(unshared, batch_tokens, max_length, shape.width_multiple)
+    trie_args = (bound, pad_id, max_length, shape.width_multiple, shape.attention_tokens)
 
     def tree(keep: bool) -> list[Batch]:
-        return _plan_trie_rows(pairs, pair_ids, walk, sequence, *shape, keep)
+        return _plan_trie_rows(pairs, pair_ids, walk, sequence, *trie_args, keep)
 
     if not by_cost:
-        return tree(keep_prefixes)
+        return tree(shape.keep_prefixes)
     most = sum(b.n_tokens for b in unshared)
-    plans = [p for p in map(tree, dict.fromkeys((False, keep_prefixes))) if sum(b.n_tokens for b in p) <= most]
-    return min([*plans, unshared], key=lambda p: plan_cost(p, attention_tokens))
+    keeps = dict.fromkeys((False, shape.keep_prefixes))
+    plans = [p for p in map(tree, keeps) if sum(b.n_tokens for b in p) <= most]
+    return min([*plans, unshared], key=lambda p: plan_cost(p, shape.attention_tokens))
 
 
 @dataclass(frozen=True)
@@ -226,14 +226,14 @@ class TreeBound:
 
     @classmethod
     def of(
-        cls, unshared: list[Batch], batch_tokens: int, max_length: int | None, pad_to_multiple: int
+        cls, unshared: list[Batch], batch_tokens: int, max_length: int | None, width_multiple: int
     ) -> TreeBound:
         """The bound of the batches `unshared` (not empty), planned as the arguments say."""
         tokens = max(b.n_tokens for b in unshared)
         area = max(b.attention_area for b in unshared)
         cap = min(tokens, math.isqrt(area), max_length or tokens)
-        if round_widths(np.array([cap]), pad_to_multiple, max_length)[0] > cap:
-            cap -= cap % pad_to_multiple  # rounded up, a row of `cap` tokens would outgrow the bound
+        if round_widths(np.array([cap]), width_multiple, max_length)[0] > cap:
+            cap -= cap % width_multiple  # rounded up, a row of `cap` tokens would outgrow the bound
         return cls(min(batch_tokens, tokens), area, cap)
 
 
@@ -258,7 +258,7 @@ def _plan_trie_rows(
     bound: TreeBound,
     pad_id: int,
     max_length: int | None,
-    pad_to_multiple: int,
+    width_multiple: int,
     attention_tokens: int,
     keep_prefixes: bool,
 ) -> list[Batch]:
@@ -273,7 +273,7 @@ def _plan_trie_rows(
     trie = prefix_sharing.plan_trie_rows(
         walk, ctx_len_P, cont_len_P, cap=bound.cap, attention_tokens=attention_tokens, keep_stems=keep_prefixes
     )
-    width_W = round_widths(trie.length_W, pad_to_multiple, max_length)
+    width_W = round_widths(trie.length_W, width_multiple, max_length)
     batch_W = np.zeros(len(width_W), dtype=np.int64)
     slot_W = np.zeros(len(width_W), dtype=np.int64)
     widths: list[int] = []

@@ -1,5 +1,5 @@
 """Pairs to rows, before rows are cut into batches (`batching`): which row holds each pair and at which column
-(`layout_rows`), and, once each row has its batch, every row token and every target in batch order
+(`plan_rows`), and, once each row has its batch, every row token and every target in batch order
 (`row_tokens`, `row_targets`, as `Flat` arrays); rows that share prefixes across contexts are laid out by
 `prefix_sharing` instead.
 
@@ -25,7 +25,7 @@ MIN_PACK_SPAN = 256
 
 
 @dataclass
-class RowLayout:
+class RowPlan:
     """Where every pair is read: rows (a context and its pieces) before they are cut into batches.
 
     ctx_pair_R: a pair (index into the scored list) whose context row r holds.
@@ -55,7 +55,7 @@ def pair_rows(pairs: PairSet, pair_ids: np.ndarray) -> Callable[[int], np.ndarra
     return sequence
 
 
-def layout_rows(pairs: PairSet, pair_ids: np.ndarray, *, packing: bool, max_length: int | None) -> RowLayout:
+def plan_rows(pairs: PairSet, pair_ids: np.ndarray, *, packing: bool, max_length: int | None) -> RowPlan:
     """Assign every pair a row and, if it has a piece, a column (see the module docstring)."""
     n_pairs = len(pair_ids)
     ctx_len_P = pairs.ctx_len[pair_ids].astype(np.int64)
@@ -106,7 +106,7 @@ def layout_rows(pairs: PairSet, pair_ids: np.ndarray, *, packing: bool, max_leng
     col_P = np.empty(n_pairs, dtype=np.int64)
     row_P[order] = row_Q
     col_P[order] = col_Q
-    return RowLayout(order[first_G][group_R] if n_pairs else group_R, length_R, n_pieces_R, row_P, col_P)
+    return RowPlan(order[first_G][group_R] if n_pairs else group_R, length_R, n_pieces_R, row_P, col_P)
 
 
 def _exclusive_cumsum_by_group(values_Q: np.ndarray, first_G: np.ndarray, group_Q: np.ndarray) -> np.ndarray:
@@ -176,14 +176,14 @@ def _expand(
 
 
 def row_tokens(
-    pairs: PairSet, pair_ids: np.ndarray, layout: RowLayout, batch_R: np.ndarray, n_batches: int
+    pairs: PairSet, pair_ids: np.ndarray, row_plan: RowPlan, batch_R: np.ndarray, n_batches: int
 ) -> Flat:
     """Every token of every row: contexts at column 0, pieces at their columns, positions restarting; a
     context is seen by its whole row, a piece by itself."""
-    ctx_pair_R = pair_ids[layout.ctx_pair_R]
+    ctx_pair_R = pair_ids[row_plan.ctx_pair_R]
     ctx_len_R = pairs.ctx_len[ctx_pair_R]
-    piece_K = np.flatnonzero(layout.col_P >= 0)
-    row_K = layout.row_P[piece_K]
+    piece_K = np.flatnonzero(row_plan.col_P >= 0)
+    row_K = row_plan.row_P[piece_K]
     pool = np.concatenate([pairs.ctx_tokens, pairs.cont_tokens])
     n_rows = len(ctx_len_R)
     src_S = np.concatenate(
@@ -194,9 +194,9 @@ def row_tokens(
     )
     len_S = np.concatenate([ctx_len_R, pairs.cont_len[pair_ids[piece_K]] - 1])
     row_S = np.concatenate([np.arange(n_rows), row_K])
-    col_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), layout.col_P[piece_K]])
+    col_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), row_plan.col_P[piece_K]])
     pos_S = np.concatenate([np.zeros(n_rows, dtype=np.int64), ctx_len_R[row_K]])
-    end_S = np.concatenate([layout.length_R, col_S[n_rows:] + len_S[n_rows:]])  # a context is seen by its row
+    end_S = np.concatenate([row_plan.length_R, col_S[n_rows:] + len_S[n_rows:]])  # a context is seen by its row
     span_M, offset_M, bounds = _expand(len_S, batch_R[row_S], n_batches)
     return Flat(
         row=row_S[span_M],
@@ -211,14 +211,14 @@ def row_tokens(
 
 
 def row_targets(
-    pairs: PairSet, pair_ids: np.ndarray, layout: RowLayout, batch_R: np.ndarray, n_batches: int
+    pairs: PairSet, pair_ids: np.ndarray, row_plan: RowPlan, batch_R: np.ndarray, n_batches: int
 ) -> Flat:
     """Every continuation token, with the position whose logits predict it."""
     n_P = pairs.cont_len[pair_ids].astype(np.int64)
-    pair_N, j_N, bounds = _expand(n_P, batch_R[layout.row_P], n_batches)
-    row_N = layout.row_P[pair_N]
-    ctx_len_R = pairs.ctx_len[pair_ids[layout.ctx_pair_R]]
-    col_N = np.where(j_N == 0, ctx_len_R[row_N] - 1, layout.col_P[pair_N] + j_N - 1)
+    pair_N, j_N, bounds = _expand(n_P, batch_R[row_plan.row_P], n_batches)
+    row_N = row_plan.row_P[pair_N]
+    ctx_len_R = pairs.ctx_len[pair_ids[row_plan.ctx_pair_R]]
+    col_N = np.where(j_N == 0, ctx_len_R[row_N] - 1, row_plan.col_P[pair_N] + j_N - 1)
     return Flat(
         row=row_N,
         col=col_N,

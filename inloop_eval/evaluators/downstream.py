@@ -330,15 +330,7 @@ def plan(
     key = (*data_parallel, shape)
     if key not in prepared.plans:
         prepared.plans[key] = plan_batches(
-            prepared.pairs,
-            pair_ids,
-            prepared.config.batch_tokens,
-            packing=shape.packing,
-            max_length=prepared.max_length,
-            pad_to_multiple=shape.width_multiple,
-            share_prefixes=shape.share_prefixes,
-            attention_tokens=shape.attention_tokens,
-            keep_prefixes=shape.keep_prefixes,
+            prepared.pairs, pair_ids, prepared.config.batch_tokens, shape, max_length=prepared.max_length
         )
     return prepared.plans[key]
 

@@ -21,7 +21,7 @@ from olmo_core.nn.transformer import Transformer, TransformerBlockType, Transfor
 
 from inloop_eval.engine.adapter import TokenCount
 from inloop_eval.engine.adapters.logits import LogitsAdapter
-from inloop_eval.engine.batching import plan_batches
+from inloop_eval.engine.batching import BatchShape, plan_batches
 from inloop_eval.engine.families import make_adapter
 from inloop_eval.engine.scoring import PairScores, run_batches
 from inloop_eval.evaluators.config import EvaluatorConfig
@@ -124,8 +124,8 @@ def score(adapter, pairs: PairSet, pair_ids: np.ndarray, **plan) -> PairScores:
 
 def packed_plan(batch_tokens: int = 4096, keep_prefixes: bool = False) -> dict:
     """Packed rows; with `keep_prefixes` the plan below kept prefixes, whatever the cost model would take."""
-    plan = dict(batch_tokens=batch_tokens, packing=True, max_length=MAX_LENGTH, keep_prefixes=keep_prefixes)
-    return {**plan, "by_cost": False}
+    shape = BatchShape(packing=True, keep_prefixes=keep_prefixes)
+    return {"batch_tokens": batch_tokens, "shape": shape, "max_length": MAX_LENGTH, "by_cost": False}
 
 
 @pytest.mark.parametrize("shape", ["olmo2", "llama", "olmo3_window"])
@@ -149,7 +149,7 @@ def test_packed_rows_give_the_unshared_numbers(shape, requests):
             "kept prefixes": score(adapter, pairs, ids, **packed_plan(keep_prefixes=kept)),
             "kept prefixes, full logits": score(full_logits, pairs, ids, **packed_plan(keep_prefixes=kept)),
             "kept prefixes, one row per batch": score(adapter, pairs, ids, **packed_plan(1, kept)),
-            "one request per row": score(adapter, pairs, ids, batch_tokens=4096, packing=False),
+            "one request per row": score(adapter, pairs, ids, batch_tokens=4096, shape=BatchShape(packing=False)),
         }
         for name, found in paths.items():
             np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0, err_msg=f"{task}: {name}")
@@ -332,7 +332,7 @@ def test_unverified_models_go_one_request_per_row_said_once(monkeypatch, caplog)
             ctx_start=np.zeros(2, dtype=np.int64), ctx_end=np.array([3, 3]),
             cont_tokens=np.array([21, 22, 31, 32]), cont_offsets=np.array([0, 2, 4]),
         ),
-        np.arange(2), 4096, packing=True, max_length=64,
+        np.arange(2), 4096, BatchShape(packing=True), max_length=64,
     )  # fmt: skip
     for name, (model, why) in refused_models(monkeypatch).items():
         caplog.clear()

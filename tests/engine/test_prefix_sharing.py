@@ -7,12 +7,14 @@ whose tasks include 5-shot ones).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from inloop_eval.engine import batching, prefix_sharing
-from inloop_eval.engine.batching import attention_mask_B1TT, minimum_tokens, plan_batches
+from inloop_eval.engine.batching import BatchShape, attention_mask_B1TT, minimum_tokens, plan_batches
 from inloop_eval.engine.prefix_sharing import trie_minimum_tokens
 from inloop_eval.requests.table import PairSet, build_requests
 from inloop_eval.tasks import get_task, load_docs
@@ -38,8 +40,8 @@ def test_a_tree_row_literally():
     """One trie over every pair's row: A's context once, its two continuations below its last token, B's
     rest below the four tokens it shares with A; C, which shares nothing, in a row of its own (the tree rows
     as planned: on so few requests the cost model takes one forward of the rows without sharing)."""
-    plan = {"packing": True, "max_length": 64, "attention_tokens": 1 << 20, "by_cost": False}
-    batches = plan_batches(shared_shots(), np.arange(4), 4096, **plan)
+    shape = BatchShape(packing=True, attention_tokens=1 << 20)
+    batches = plan_batches(shared_shots(), np.arange(4), 4096, shape, max_length=64, by_cost=False)
     (tree,) = [b for b in batches if b.input_ids_BT.shape[1] == 9]
     row = int(np.flatnonzero(tree.input_ids_BT[:, 0] == 1)[0])
     np.testing.assert_array_equal(tree.input_ids_BT[row], [1, 2, 3, 4, 10, 21, 50, 51, 61])
@@ -62,8 +64,8 @@ def test_a_kept_prefix_literally(monkeypatch):
     """With kept prefixes, the four tokens A and B begin with are forwarded once as a row of their own,
     before the batch whose rows follow them (position ids from 4 on, the prefix's columns seen by all)."""
     monkeypatch.setattr(prefix_sharing, "MIN_STEM", 2)
-    plan = {"packing": True, "max_length": 64, "attention_tokens": 1 << 20}
-    batches = plan_batches(shared_shots(), np.arange(4), 4096, **plan, keep_prefixes=True, by_cost=False)
+    shape = BatchShape(packing=True, attention_tokens=1 << 20, keep_prefixes=True)
+    batches = plan_batches(shared_shots(), np.arange(4), 4096, shape, max_length=64, by_cost=False)
     alone, kept, after = batches
     np.testing.assert_array_equal(alone.input_ids_BT, [[9, 9, 71]])
     assert kept.keeps_prefix and kept.prefix_length == 4 and kept.pair_N.size == 0
@@ -88,10 +90,11 @@ def test_the_plan_taken_is_the_cheapest_of_those_forwarding_no_more_than_without
     monkeypatch.setattr(prefix_sharing, "MIN_STEM", 2)
     cases = [(shared_shots(), np.arange(4), 64), (*few_shot[:2], 2048)]
     for pairs, ids, max_length in cases:
-        plan = {"packing": True, "max_length": max_length, "attention_tokens": attention_tokens}
-        chosen = plan_batches(pairs, ids, 4096, **plan, keep_prefixes=True)
-        unshared = plan_batches(pairs, ids, 4096, **plan, share_prefixes=False)
-        plans = [plan_batches(pairs, ids, 4096, **plan, keep_prefixes=k, by_cost=False) for k in (False, True)]
+        shape = BatchShape(packing=True, attention_tokens=attention_tokens)
+        kept = replace(shape, keep_prefixes=True)
+        chosen = plan_batches(pairs, ids, 4096, kept, max_length=max_length)
+        unshared = plan_batches(pairs, ids, 4096, replace(shape, share_prefixes=False), max_length=max_length)
+        plans = [plan_batches(pairs, ids, 4096, s, max_length=max_length, by_cost=False) for s in (shape, kept)]
         most = sum(b.n_tokens for b in unshared)
         plans = [p for p in plans if sum(b.n_tokens for b in p) <= most] + [unshared]
         costs = [batching.plan_cost(p, attention_tokens) for p in plans]
@@ -110,7 +113,8 @@ def test_a_run_of_one_context_keeps_no_prefix():
         cont_tokens=np.array([1, 2, 3, 4]),
         cont_offsets=np.arange(5),
     )
-    (batch,) = plan_batches(pairs, np.arange(4), 4096, packing=True, max_length=128, keep_prefixes=True, by_cost=False)
+    shape = BatchShape(packing=True, keep_prefixes=True)
+    (batch,) = plan_batches(pairs, np.arange(4), 4096, shape, max_length=128, by_cost=False)
     assert batch.input_ids_BT.shape == (1, 100) and batch.prefix_length == 0
 
 
@@ -136,10 +140,12 @@ def test_a_few_shot_task_forwards_near_the_trie_minimum(few_shot):
     rows without sharing) the task forwards within 1.25x of the trie minimum, below kept prefixes fewer
     still, never below it, and under a third of the rows without sharing."""
     pairs, ids, trie = few_shot
-    plan = {"batch_tokens": 8192, "packing": True, "max_length": 2048}
-    tree = sum(b.n_tokens for b in plan_batches(pairs, ids, **plan))
-    kept = sum(b.n_tokens for b in plan_batches(pairs, ids, **plan, keep_prefixes=True, by_cost=False))
-    alone = plan_batches(pairs, ids, **plan, share_prefixes=False)
+    shape = BatchShape(packing=True)
+    plan = {"batch_tokens": 8192, "max_length": 2048}
+    tree = sum(b.n_tokens for b in plan_batches(pairs, ids, shape=shape, **plan))
+    kept_shape = replace(shape, keep_prefixes=True)
+    kept = sum(b.n_tokens for b in plan_batches(pairs, ids, shape=kept_shape, **plan, by_cost=False))
+    alone = plan_batches(pairs, ids, shape=replace(shape, share_prefixes=False), **plan)
     assert trie <= kept < tree <= 1.25 * trie
     assert 3 * tree < sum(b.n_tokens for b in alone) <= 1.02 * minimum_tokens(pairs, ids)
 
@@ -150,8 +156,8 @@ def test_tree_rows_fit_the_context_and_the_batch_budget(few_shot, batch_tokens, 
     """Every row fits the batch budget and the context, with the kept prefix it attends to; every position
     id is one the model has; every target is read once."""
     pairs, ids, _ = few_shot
-    plan = {"packing": True, "max_length": max_length, "keep_prefixes": keep_prefixes, "by_cost": False}
-    batches = plan_batches(pairs, ids, batch_tokens, **plan)
+    shape = BatchShape(packing=True, keep_prefixes=keep_prefixes)
+    batches = plan_batches(pairs, ids, batch_tokens, shape, max_length=max_length, by_cost=False)
     assert all(b.input_ids_BT.shape[1] <= min(batch_tokens, max_length) for b in batches)
     assert all(b.prefix_length + b.input_ids_BT.shape[1] <= max_length for b in batches if b.keeps_prefix)
     after = [b for b in batches if b.prefix_length and not b.keeps_prefix]
@@ -169,7 +175,8 @@ def test_costlier_attention_shortens_the_tree_rows(few_shot):
     pairs, ids, _ = few_shot
 
     def plan(attention_tokens: int) -> tuple[int, int]:
-        batches = plan_batches(pairs, ids, 8192, packing=True, max_length=2048, attention_tokens=attention_tokens)
+        shape = BatchShape(packing=True, attention_tokens=attention_tokens)
+        batches = plan_batches(pairs, ids, 8192, shape, max_length=2048)
         return max(b.input_ids_BT.shape[1] for b in batches), sum(b.n_tokens for b in batches)
 
     (long_width, long_tokens), (short_width, short_tokens) = plan(1 << 20), plan(128)

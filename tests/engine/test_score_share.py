@@ -49,7 +49,7 @@ def test_the_share_is_dealt_planned_and_scored_as_run_batches_scores_it():
 
         def plan(batch_shape: BatchShape) -> list:
             planned_in.append(batch_shape)
-            return plan_batches(pairs, pair_ids, 16, packing=batch_shape.packing, max_length=32)
+            return plan_batches(pairs, pair_ids, 16, BatchShape(packing=batch_shape.packing), max_length=32)
 
         return Share("my items", len(pair_ids), plan=plan, describe=lambda p: f"pair {p}")
 
@@ -59,7 +59,7 @@ def test_the_share_is_dealt_planned_and_scored_as_run_batches_scores_it():
     with torch.no_grad():
         items, scores = score_share(context, agreement, "toy task", deal)
         expected = run_batches(
-            adapter, plan_batches(pairs, pair_ids, 16, packing=shape.packing, max_length=32), 5, TokenCount()
+            adapter, plan_batches(pairs, pair_ids, 16, BatchShape(packing=shape.packing), max_length=32), 5, TokenCount()
         )
     assert items == "my items" and dealt == [(1, 0)] and planned_in == [shape]
     np.testing.assert_array_equal(scores.ll, expected.ll)

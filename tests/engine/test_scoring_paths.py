@@ -9,6 +9,7 @@ context + continuation[:-1], a float64 log-softmax over the full logits.
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,10 +17,11 @@ import torch
 from helpers import two_documents
 
 from inloop_eval.engine import logprobs
-from inloop_eval.engine import rows as row_layout
+from inloop_eval.engine import rows as engine_rows
 from inloop_eval.engine.adapter import ForwardInputs, ModelAdapter, TokenCount
 from inloop_eval.engine.adapters.logits import LogitsAdapter
 from inloop_eval.engine.batching import (
+    BatchShape,
     attention_mask_B1TT,
     minimum_tokens,
     plan_batches,
@@ -148,16 +150,18 @@ def test_every_path_gives_the_unshared_numbers(model, tables, task):
     ref_ll, ref_greedy = reference_scores(model, pairs, ids)
     adapter = make_adapter(model)
     assert adapter.needs.packing
-    packed = {"batch_tokens": 4096, "packing": True, "max_length": MAX_LENGTH}
-    kept = {**packed, "keep_prefixes": adapter.needs.prefix_reuse, "by_cost": False}
+    shape = BatchShape(packing=True)
+    packed = {"batch_tokens": 4096, "shape": shape, "max_length": MAX_LENGTH}
+    alone = {**packed, "shape": replace(shape, share_prefixes=False)}
+    kept = {**packed, "shape": replace(shape, keep_prefixes=adapter.needs.prefix_reuse), "by_cost": False}
     paths = {
         "packed": score(adapter, pairs, ids, **packed),
-        "packed, each context alone": score(adapter, pairs, ids, **packed, share_prefixes=False),
+        "packed, each context alone": score(adapter, pairs, ids, **alone),
         "kept prefixes": score(adapter, pairs, ids, **kept),
         "kept prefixes, one row per batch": score(adapter, pairs, ids, **{**kept, "batch_tokens": 1}),
-        "plain": score(adapter, pairs, ids, batch_tokens=4096, packing=False),
-        "logits": score(LogitsAdapter(logits_fn(model)), pairs, ids, batch_tokens=700, packing=False),
-        "one row per batch": score(adapter, pairs, ids, batch_tokens=1, packing=True, max_length=MAX_LENGTH),
+        "plain": score(adapter, pairs, ids, batch_tokens=4096, shape=BatchShape(packing=False)),
+        "logits": score(LogitsAdapter(logits_fn(model)), pairs, ids, batch_tokens=700, shape=BatchShape(packing=False)),
+        "one row per batch": score(adapter, pairs, ids, **{**packed, "batch_tokens": 1}),
     }
     for name, found in paths.items():
         np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0, err_msg=name)
@@ -174,13 +178,13 @@ def test_long_groups_are_cut_into_rows_that_fit(tables, monkeypatch):
     model = GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=MAX_LENGTH)).eval()
     pairs, ids = scored_pairs(tables["hellaswag"], N_DOCS)
     max_length = int(row_lengths(pairs, ids).max()) + 8  # every request fits; no whole group does
-    layout = row_layout.layout_rows(pairs, ids, packing=True, max_length=max_length)
-    assert layout.length_R.max() <= max_length
+    row_plan = engine_rows.plan_rows(pairs, ids, packing=True, max_length=max_length)
+    assert row_plan.length_R.max() <= max_length
     n_groups = len(np.unique(pairs.context_groups(ids)))
-    assert len(layout.length_R) > n_groups  # some groups were cut
-    monkeypatch.setattr(row_layout, "MIN_PACK_SPAN", 8)
+    assert len(row_plan.length_R) > n_groups  # some groups were cut
+    monkeypatch.setattr(engine_rows, "MIN_PACK_SPAN", 8)
     ref_ll, ref_greedy = reference_scores(model, pairs, ids)
-    found = score(make_adapter(model), pairs, ids, batch_tokens=2048, packing=True, max_length=max_length)
+    found = score(make_adapter(model), pairs, ids, batch_tokens=2048, shape=BatchShape(packing=True), max_length=max_length)
     np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0)
     np.testing.assert_array_equal(found.greedy, ref_greedy)
 
@@ -190,9 +194,9 @@ def test_letter_keys_take_one_row_per_document(tables):
     rows = np.arange(len(table))
     assert (table.pairs.cont_len == 1).all()
     for packing in (True, False):
-        layout = row_layout.layout_rows(table.pairs, rows, packing=packing, max_length=MAX_LENGTH)
-        assert len(layout.length_R) == len(np.unique(table.doc_id))
-        np.testing.assert_array_equal(layout.length_R, table.pairs.ctx_len[layout.ctx_pair_R])
+        row_plan = engine_rows.plan_rows(table.pairs, rows, packing=packing, max_length=MAX_LENGTH)
+        assert len(row_plan.length_R) == len(np.unique(table.doc_id))
+        np.testing.assert_array_equal(row_plan.length_R, table.pairs.ctx_len[row_plan.ctx_pair_R])
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -201,8 +205,8 @@ def test_tokens_forwarded_are_near_the_minimum(tables, task, batch_tokens):
     """Packed: tokens forwarded <= 1.10 x (each context once + every continuation). Plain: <= 1.10 x the
     requests' own rows. Padding included."""
     pairs, ids = scored_pairs(tables[task], None)
-    packed = plan_batches(pairs, ids, batch_tokens, packing=True, max_length=MAX_LENGTH)
-    plain = plan_batches(pairs, ids, batch_tokens, packing=False)
+    packed = plan_batches(pairs, ids, batch_tokens, BatchShape(packing=True), max_length=MAX_LENGTH)
+    plain = plan_batches(pairs, ids, batch_tokens, BatchShape(packing=False))
     assert sum(b.n_tokens for b in packed) <= 1.10 * minimum_tokens(pairs, ids)
     assert sum(b.n_tokens for b in plain) <= 1.10 * row_lengths(pairs, ids).sum()
     for batches in (packed, plain):
@@ -216,7 +220,8 @@ def test_a_packed_batch_literally(share_prefixes):
     """Both planners (a trie over every row, and each context shared by its own continuations) lay these
     two documents out alike."""
     pairs = two_documents()
-    (batch,) = plan_batches(pairs, np.arange(5), 4096, packing=True, max_length=64, share_prefixes=share_prefixes)
+    shape = BatchShape(packing=True, share_prefixes=share_prefixes)
+    (batch,) = plan_batches(pairs, np.arange(5), 4096, shape, max_length=64)
     np.testing.assert_array_equal(batch.input_ids_BT, [[11, 12, 13, 21, 31, 32], [51, 52, 61, 62, 71, 0]])
     np.testing.assert_array_equal(batch.position_ids_BT, [[0, 1, 2, 3, 3, 4], [0, 1, 2, 3, 2, 0]])
     np.testing.assert_array_equal(batch.span_end_BT, [[6, 6, 6, 4, 6, 6], [5, 5, 4, 4, 5, 6]])
@@ -249,7 +254,7 @@ def test_a_packed_batch_literally(share_prefixes):
 
 def test_plain_rows_literally():
     pairs = two_documents()
-    batches = plan_batches(pairs, np.arange(5), 4096, packing=False)
+    batches = plan_batches(pairs, np.arange(5), 4096, BatchShape(packing=False))
     rows = sorted(tuple(int(t) for t in row if t) for b in batches for row in b.input_ids_BT)
     assert rows == [(11, 12, 13, 21), (11, 12, 13, 31, 32), (51, 52, 61, 62), (51, 52, 71)]
     assert all(b.span_end_BT is None and b.position_ids_BT is None for b in batches)
@@ -264,7 +269,7 @@ def test_hugging_face_types_that_pack(model_type, attn):
     assert isinstance(adapter, HFCausalLMAdapter) and adapter.needs.packing
     pairs, ids = two_documents(), np.arange(5)
     ref_ll, ref_greedy = reference_scores(model, pairs, ids)
-    found = score(adapter, pairs, ids, batch_tokens=4096, packing=True, max_length=64)
+    found = score(adapter, pairs, ids, batch_tokens=4096, shape=BatchShape(packing=True), max_length=64)
     np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0)
     np.testing.assert_array_equal(found.greedy, ref_greedy)
 
@@ -284,7 +289,8 @@ def test_hugging_face_types_that_keep_prefixes(tables, model_type, attn, full_lo
     pairs, ids = scored_pairs(tables["olmo:arc_easy_rc_5shot"], 2)
     ref_ll, ref_greedy = reference_scores(model, pairs, ids)
     for batch_tokens in (4096, 1):
-        plan = {"batch_tokens": batch_tokens, "packing": True, "max_length": MAX_LENGTH, "keep_prefixes": True}
+        shape = BatchShape(packing=True, keep_prefixes=True)
+        plan = {"batch_tokens": batch_tokens, "shape": shape, "max_length": MAX_LENGTH}
         plan["by_cost"] = False  # the plan below kept prefixes, whatever the cost model would take
         assert any(b.keeps_prefix for b in plan_batches(pairs, ids, **plan)), "the shots are kept once"
         found = score(adapter, pairs, ids, **plan)
@@ -301,7 +307,8 @@ def test_soft_capped_heads_project_only_the_selected_positions(model_type):
     assert isinstance(adapter, HFCausalLMAdapter) and adapter.plain_head and adapter.softcap == 0.5
     pairs, ids = two_documents(), np.arange(5)
     ref_ll, ref_greedy = reference_scores(model, pairs, ids)
-    found = score(adapter, pairs, ids, batch_tokens=4096, packing=adapter.needs.packing, max_length=64)
+    shape = BatchShape(packing=adapter.needs.packing)
+    found = score(adapter, pairs, ids, batch_tokens=4096, shape=shape, max_length=64)
     np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0)
     np.testing.assert_array_equal(found.greedy, ref_greedy)
     adapter.softcap = None  # the uncapped projection is not the model's numbers
@@ -320,7 +327,7 @@ def test_unverified_hf_models_take_the_plain_path():
 
 
 def test_a_packed_batch_needs_an_adapter_that_packs():
-    (batch,) = plan_batches(two_documents(), np.arange(2), 4096, packing=True, max_length=64)
+    (batch,) = plan_batches(two_documents(), np.arange(2), 4096, BatchShape(packing=True), max_length=64)
     adapter = LogitsAdapter(lambda ids: torch.zeros(*ids.shape, 128))
     with pytest.raises(ValueError, match="the adapter's needs.packing"):
         run_batches(adapter, [batch], 2, TokenCount())
@@ -331,8 +338,8 @@ def test_bucketed_widths_give_the_same_numbers(tables):
     model = GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=MAX_LENGTH)).eval()
     pairs, ids = scored_pairs(tables["arc_easy"], N_DOCS)
     adapter = make_adapter(model)
-    plan = dict(batch_tokens=4096, packing=True, max_length=MAX_LENGTH)
-    bucketed = plan_batches(pairs, ids, pad_to_multiple=64, **plan)
+    plan = dict(batch_tokens=4096, shape=BatchShape(packing=True), max_length=MAX_LENGTH)
+    bucketed = plan_batches(pairs, ids, 4096, BatchShape(packing=True, width_multiple=64), max_length=MAX_LENGTH)
     assert all(b.input_ids_BT.shape[1] % 64 == 0 for b in bucketed)
     assert len({b.input_ids_BT.shape[1] for b in bucketed}) <= 2
     with torch.inference_mode():
@@ -347,7 +354,7 @@ def test_head_runs_on_bounded_chunks_of_continuation_positions(tables, monkeypat
     model = GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=MAX_LENGTH)).eval()
     pairs, ids = scored_pairs(tables["hellaswag"], N_DOCS)
     adapter = make_adapter(model)
-    plan = dict(batch_tokens=4096, packing=True, max_length=MAX_LENGTH)
+    plan = dict(batch_tokens=4096, shape=BatchShape(packing=True), max_length=MAX_LENGTH)
     expected = score(adapter, pairs, ids, **plan)
     seen: list[tuple[int, ...]] = []
     project = projected_head._project
@@ -391,7 +398,7 @@ def test_a_head_without_weight_is_chunked_by_its_logits_width(monkeypatch):
 
 
 def test_no_pairs_no_batches():
-    assert plan_batches(two_documents(), np.zeros(0, dtype=np.int64), 4096, packing=True) == []
+    assert plan_batches(two_documents(), np.zeros(0, dtype=np.int64), 4096, BatchShape(packing=True)) == []
 
 
 def test_the_evaluator_packs_when_the_model_allows(data_root, neox_tokenizer):
@@ -435,7 +442,7 @@ def test_a_hooked_head_is_called_as_a_module(tables):
     model = GPT(GPTConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=MAX_LENGTH)).eval()
     pairs, ids = scored_pairs(tables["arc_easy"], N_DOCS)
     adapter = make_adapter(model)
-    plan = dict(batch_tokens=4096, packing=True, max_length=MAX_LENGTH)
+    plan = dict(batch_tokens=4096, shape=BatchShape(packing=True), max_length=MAX_LENGTH)
     expected = score(adapter, pairs, ids, **plan)
     calls: list[int] = []
     model.lm_head.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[0]))

@@ -7,12 +7,14 @@ sharing do, and at a large budget they are no wider than those rows' batches all
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from inloop_eval.engine.adapter import TokenCount
-from inloop_eval.engine.batching import Batch, plan_batches
+from inloop_eval.engine.batching import Batch, BatchShape, plan_batches
 from inloop_eval.engine.families import make_adapter
 from inloop_eval.engine.scoring import run_batches
 from inloop_eval.models.gpt import GPT, GPTConfig
@@ -53,21 +55,24 @@ def random_pairs(rng: np.random.Generator) -> PairSet:
     )
 
 
-def random_case(seed: int) -> tuple[PairSet, np.ndarray, dict]:
-    """A request set, the pairs planned (a shuffled subset, as a rank's share) and the planner's settings."""
+def random_case(seed: int) -> tuple[PairSet, np.ndarray, BatchShape, dict]:
+    """A request set, the pairs planned (a shuffled subset, as a rank's share), the batch shape and the
+    planner's other settings."""
     rng = np.random.default_rng(seed)
     pairs = random_pairs(rng)
     ids = rng.permutation(len(pairs))[: rng.integers(1, len(pairs) + 1)]
     longest = int((pairs.ctx_len + pairs.cont_len - 1).max())
     plan = {
         "batch_tokens": int(np.exp(rng.uniform(0, np.log(4096)))),
-        "packing": True,
         "max_length": None if rng.random() < 0.1 else longest + int(rng.integers(0, 300)),
-        "pad_to_multiple": int(rng.choice([1, 1, 2, 8])),
-        "attention_tokens": int(rng.choice([4, 64, 512, 8192])),
-        "keep_prefixes": bool(rng.random() < 0.5),
     }
-    return pairs, ids, plan
+    shape = BatchShape(  # drawn after `plan`, field by field in this order: a seed names one case
+        packing=True,
+        width_multiple=int(rng.choice([1, 1, 2, 8])),
+        attention_tokens=int(rng.choice([4, 64, 512, 8192])),
+        keep_prefixes=bool(rng.random() < 0.5),
+    )
+    return pairs, ids, shape, plan
 
 
 def tokens(batches: list[Batch]) -> int:
@@ -93,14 +98,14 @@ def assert_every_target_read_once(batches: list[Batch], pairs: PairSet, ids: np.
 
 @pytest.mark.parametrize("seed", range(N_CASES))
 def test_sharing_forwards_no_more_tokens_and_no_larger_batches_than_not_sharing(seed):
-    pairs, ids, plan = random_case(seed)
-    unshared = plan_batches(pairs, ids, **plan, share_prefixes=False)
-    shared = plan_batches(pairs, ids, **plan)
-    where = f"seed {seed}: {plan}"
+    pairs, ids, shape, plan = random_case(seed)
+    unshared = plan_batches(pairs, ids, shape=replace(shape, share_prefixes=False), **plan)
+    shared = plan_batches(pairs, ids, shape=shape, **plan)
+    where = f"seed {seed}: {shape} {plan}"
     assert tokens(shared) <= tokens(unshared), where
     assert_every_target_read_once(shared, pairs, ids, where)
     # The tree rows themselves, whatever the cost model would take, are bounded by the unshared batches.
-    tree = plan_batches(pairs, ids, **plan, by_cost=False)
+    tree = plan_batches(pairs, ids, shape=shape, **plan, by_cost=False)
     assert_every_target_read_once(tree, pairs, ids, where)
     for batches in (shared, tree):
         most_tokens, most_area = largest(unshared)
@@ -120,16 +125,16 @@ def tiny_gpt():
 
 @pytest.mark.parametrize("seed", range(N_SCORED))
 def test_shared_plans_give_every_request_the_numbers_of_the_unshared_plan(tiny_gpt, seed):
-    pairs, ids, plan = random_case(seed)
+    pairs, ids, shape, plan = random_case(seed)
     plan["max_length"] = min(plan["max_length"] or 1024, 1024)
-    plan["keep_prefixes"] = plan["keep_prefixes"] and tiny_gpt.needs.prefix_reuse
+    shape = replace(shape, keep_prefixes=shape.keep_prefixes and tiny_gpt.needs.prefix_reuse)
     with torch.inference_mode():
         unshared = run_batches(
-            tiny_gpt, plan_batches(pairs, ids, **plan, share_prefixes=False), len(ids), TokenCount()
+            tiny_gpt, plan_batches(pairs, ids, shape=replace(shape, share_prefixes=False), **plan), len(ids), TokenCount()
         )
         for by_cost in (True, False):
             found = run_batches(
-                tiny_gpt, plan_batches(pairs, ids, **plan, by_cost=by_cost), len(ids), TokenCount()
+                tiny_gpt, plan_batches(pairs, ids, shape=shape, **plan, by_cost=by_cost), len(ids), TokenCount()
             )
             np.testing.assert_allclose(
                 found.ll, unshared.ll, atol=1e-5, rtol=0, err_msg=f"seed {seed} {by_cost}"
@@ -152,9 +157,9 @@ def test_tree_rows_below_the_budget_share_each_documents_context(five_shot, batc
     prefixes still hold a document's context once for all its choices, as rows without sharing do: fewer
     tokens than those rows (they forwarded 3.4x more where a tree row was capped at the budget)."""
     pairs, ids = five_shot
-    plan = {"packing": True, "max_length": 2048}
-    unshared = plan_batches(pairs, ids, batch_tokens, **plan, share_prefixes=False)
-    tree = plan_batches(pairs, ids, batch_tokens, **plan, by_cost=False)
+    shape = BatchShape(packing=True)
+    unshared = plan_batches(pairs, ids, batch_tokens, replace(shape, share_prefixes=False), max_length=2048)
+    tree = plan_batches(pairs, ids, batch_tokens, shape, max_length=2048, by_cost=False)
     assert not any(b.keeps_prefix for b in tree)
     assert tokens(tree) < 0.9 * tokens(unshared)
     assert len(tree) < len(unshared)
@@ -166,9 +171,9 @@ def test_tree_rows_attend_over_no_more_than_the_unshared_batches(five_shot, batc
     2,048 positions, a batch attending over 4x the scores (the mask, and the attention per head) of any
     batch without sharing; bounded by those batches, they still forward far fewer tokens."""
     pairs, ids = five_shot
-    plan = {"packing": True, "max_length": 2048}
-    unshared = plan_batches(pairs, ids, batch_tokens, **plan, share_prefixes=False)
-    tree = plan_batches(pairs, ids, batch_tokens, **plan, by_cost=False)
+    shape = BatchShape(packing=True)
+    unshared = plan_batches(pairs, ids, batch_tokens, replace(shape, share_prefixes=False), max_length=2048)
+    tree = plan_batches(pairs, ids, batch_tokens, shape, max_length=2048, by_cost=False)
     assert largest(tree)[0] <= largest(unshared)[0]
     assert largest(tree)[1] <= largest(unshared)[1]
     assert tokens(tree) < 0.5 * tokens(unshared)
