@@ -25,6 +25,7 @@ from inloop_eval.keys import TRAIN_LOSS_KEY
 from inloop_eval.loggers.base import CURVE_METRICS
 from inloop_eval.loggers.outcomes import OutcomesError, list_steps, outcomes_directory, read_step
 from inloop_eval.metrics.paired import A_BETTER, B_BETTER, CANNOT_TELL, PairedResult
+from inloop_eval.report.analysis import chance_levels
 from inloop_eval.report.page import LOSS_PLOT, STYLE, draw, plot_file
 from inloop_eval.report.plots import plot_loss, plot_runs, run_colour
 from inloop_eval.report.runs import LM_FIGURES, ReportError, RunHistory, Series, load_run
@@ -118,14 +119,16 @@ def write_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path | None 
     out = Path(out_dir) if out_dir is not None else Path(run_dirs[0]) / COMPARISON_DIR
     out.mkdir(parents=True, exist_ok=True)
     labels = sorted(set.union(*(set(h.tasks()) for h in histories.values())))
+    chances: dict[str, float] = {}
+    for d in reversed(run_dirs):  # run A's figure wins where the runs' documents differ
+        chances.update(chance_levels(d))
     plots, failures = {}, {}
     for label in labels:
         curves, stderr = task_curves(histories, label)
         if curves:
             name = plot_file("runs", label)
-            failure = draw(
-                f"task {label!r}", out / name, partial(plot_runs, label, curves, stderr, out / name, names)
-            )
+            plot = partial(plot_runs, label, curves, stderr, out / name, names, chances.get(label))
+            failure = draw(f"task {label!r}", out / name, plot)
             plots[label], failures[label] = ("", failure) if failure else (name, "")
     domains = sorted(set.union(*(set(h.domains()) for h in histories.values())))
     for domain in domains:
