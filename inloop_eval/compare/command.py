@@ -14,7 +14,7 @@ from typing import Any
 
 from inloop_eval.compare.pairing import Comparison, compare_steps, load_side
 from inloop_eval.errors import ConfigError, InLoopEvalError
-from inloop_eval.metrics.paired import A_BETTER, B_BETTER, PairedResult
+from inloop_eval.metrics.paired import A_BETTER, B_BETTER, CANNOT_TELL, PairedResult
 
 # ANSI colours of the verdicts on a terminal.
 COLOURS = {B_BETTER: "\033[1;32m", A_BETTER: "\033[1;31m"}
@@ -37,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
     figures = [f.strip() for f in args.figures.split(",") if f.strip()] if args.figures is not None else None
     try:
         if figures == []:
-            raise ConfigError(f"--figures {args.figures!r} names no figure; name them, e.g. --figures acc,ce_gold")
+            raise ConfigError(
+                f"--figures {args.figures!r} names no figure; name them, e.g. --figures acc,ce_gold"
+            )
         comparison = compare_steps(load_side(args.a), load_side(args.b), figures)
     except InLoopEvalError as exc:
         if args.json:  # a script reading stdout gets an object it can parse, and the exit status 2
@@ -66,6 +68,7 @@ def result_json(r: PairedResult) -> dict[str, Any]:
         "test": r.test,
         "verdict": r.verdict,
         "mdd80": finite_or_none(r.mdd80),
+        "ci95_disagrees_with_verdict": interval_disagrees(r),
     }
 
 
@@ -89,7 +92,19 @@ def as_json(comparison: Comparison) -> dict[str, Any]:
     }
 
 
+def interval_disagrees(r: PairedResult) -> bool:
+    """The 95% interval and the verdict tell different stories: the interval excludes 0 beside "cannot tell",
+    or holds 0 beside a better side. They can, because the interval is the normal approximation diff +- 1.96
+    se while the verdict is the test's p (Student's t with n - 1 degrees of freedom, wider tails on few
+    documents; or exact McNemar on the discordant documents)."""
+    low, high = r.ci95
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return False
+    return (low > 0 or high < 0) == (r.verdict == CANNOT_TELL)
+
+
 def cells(label: str, name: str, r: PairedResult) -> list[str]:
+    mark = " *" if interval_disagrees(r) else ""
     return [
         label,
         name,
@@ -97,7 +112,7 @@ def cells(label: str, name: str, r: PairedResult) -> list[str]:
         f"{r.a:.4f}",
         f"{r.b:.4f}",
         f"{r.diff:+.4f}",
-        f"[{r.ci95[0]:+.4f}, {r.ci95[1]:+.4f}]",
+        f"[{r.ci95[0]:+.4f}, {r.ci95[1]:+.4f}]{mark}",
         f"{r.p_value:.3g}",
         r.verdict,
         f"{r.mdd80:.4f}",
@@ -123,10 +138,18 @@ def render_table(comparison: Comparison, *, colour: bool = False) -> str:
             padded[8] = f"{COLOURS[verdict]}{padded[8]}{RESET}"
         lines.append("  ".join(padded).rstrip())
     lines.append(
-        "B - A with its 95% interval (paired on documents); p: exact McNemar for 0/1 figures, paired t "
+        "B - A with its 95% interval (paired on documents: diff +- 1.96 standard errors, the normal "
+        "approximation); p: exact McNemar for 0/1 figures, paired t (Student's t, n - 1 degrees of freedom) "
         "otherwise; verdict at p < 0.05; detectable: the smallest difference these documents detect at "
         "80% power"
     )
+    if any(interval_disagrees(r) for task in comparison.tasks.values() for r in task.figures.values()):
+        lines.append(
+            "*: the interval and the verdict disagree: the interval is a normal approximation, the verdict the "
+            "test's p, whose tails are wider on few documents (t) or which counts only the documents that "
+            "changed (McNemar); the verdict is the one to trust, and a difference this close to the line "
+            "needs more documents to call"
+        )
     for label, task in comparison.tasks.items():
         if task.note():
             lines.append(f"note: {label}: {task.note()}")

@@ -10,6 +10,8 @@
 - *not finite*: a figure that was NaN or infinite at some evaluation (logged as `null`).
 - *subset*: `n_nonfinite_docs` > 0: documents whose scores were not finite (NaN logits) were left out, so the
   task's figures at that evaluation are over the other documents only.
+- *chance* (on the plots): a task's chance accuracy, the mean over its documents of 1 / n_choices, read from
+  the run's latest per-document outcomes (`chance_levels`); unknown for a run that saved none.
 - *noise* (a note): the standard deviation of the last `NOISE_EVALUATIONS` values of each curve around their
   straight-line trend (how much the figure jumps between checkpoints), beside its binomial standard error (how
   much it would move on other documents); `inloop-eval compare` says whether a given difference is real.
@@ -20,12 +22,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from inloop_eval.errors import InLoopEvalError
 from inloop_eval.loggers.base import CURVE_METRICS
+from inloop_eval.loggers.outcomes import OutcomesError, list_steps, outcomes_directory, read_step
 from inloop_eval.report.runs import RunHistory, Series, shown_numbers
 from inloop_eval.tasks import get_task
 
@@ -168,6 +172,24 @@ def task_ids(config: Mapping[str, Any]) -> dict[str, str]:
     for entry in entries if isinstance(entries, list) else []:
         if isinstance(entry, Mapping) and entry.get("task"):
             out[str(entry.get("label") or entry["task"])] = str(entry["task"])
+    return out
+
+
+def chance_levels(run_dir: str | Path) -> dict[str, float]:
+    """label -> chance accuracy (mean of 1 / n_choices over its documents) from the run's latest outcomes
+    file; {} when the run saved none or it cannot be read (the plots then draw no chance line)."""
+    try:
+        steps = list_steps(outcomes_directory(Path(run_dir)))
+        latest = read_step(steps[max(steps)]) if steps else None
+    except OutcomesError:
+        return {}
+    if latest is None:
+        return {}
+    out = {}
+    for label, task in latest.tasks.items():
+        n_choices_D = np.asarray(task.n_choices, dtype=np.float64)
+        if n_choices_D.size and (n_choices_D > 0).all():
+            out[label] = float(np.mean(1.0 / n_choices_D))
     return out
 
 

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from html import escape
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from inloop_eval.compare.pairing import compare_steps
 from inloop_eval.keys import TRAIN_LOSS_KEY
 from inloop_eval.loggers.base import CURVE_METRICS
 from inloop_eval.loggers.outcomes import OutcomesError, list_steps, outcomes_directory, read_step
 from inloop_eval.metrics.paired import A_BETTER, B_BETTER, CANNOT_TELL, PairedResult
+from inloop_eval.report.analysis import chance_levels
 from inloop_eval.report.page import LOSS_PLOT, STYLE, draw, plot_file
 from inloop_eval.report.plots import plot_loss, plot_runs, run_colour
 from inloop_eval.report.runs import LM_FIGURES, ReportError, RunHistory, Series, load_run
@@ -36,6 +38,12 @@ SHOWN_STEPS = 12
 # Each verdict's class (its colour, STYLE) and the mark its cell shows beside the difference.
 VERDICT_CLASSES = {B_BETTER: "b-better", A_BETTER: "a-better", CANNOT_TELL: "cannot-tell"}
 VERDICT_MARKS = {B_BETTER: "B", A_BETTER: "A", CANNOT_TELL: "·"}
+# What each mark means, in the legend above the verdict tables.
+VERDICT_MEANINGS = {
+    B_BETTER: "run B is better",
+    A_BETTER: "run A is better",
+    CANNOT_TELL: "the documents cannot tell them apart",
+}
 # A config value longer than this is cut in the table of differences.
 MAX_CONFIG_CHARS = 120
 
@@ -111,14 +119,16 @@ def write_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path | None 
     out = Path(out_dir) if out_dir is not None else Path(run_dirs[0]) / COMPARISON_DIR
     out.mkdir(parents=True, exist_ok=True)
     labels = sorted(set.union(*(set(h.tasks()) for h in histories.values())))
+    chances: dict[str, float] = {}
+    for d in reversed(run_dirs):  # run A's figure wins where the runs' documents differ
+        chances.update(chance_levels(d))
     plots, failures = {}, {}
     for label in labels:
         curves, stderr = task_curves(histories, label)
         if curves:
             name = plot_file("runs", label)
-            failure = draw(
-                f"task {label!r}", out / name, partial(plot_runs, label, curves, stderr, out / name, names)
-            )
+            plot = partial(plot_runs, label, curves, stderr, out / name, names, chances.get(label))
+            failure = draw(f"task {label!r}", out / name, plot)
             plots[label], failures[label] = ("", failure) if failure else (name, "")
     domains = sorted(set.union(*(set(h.domains()) for h in histories.values())))
     for domain in domains:
@@ -186,8 +196,9 @@ def render_comparison(
         "<p>Each run is drawn in its colour above, with ±1 standard error bands where logged. Verdicts: B - A "
         "of each figure on the documents both runs evaluated at that step (paired: exact McNemar for 0/1 "
         "figures, paired t otherwise): "
-        + " ".join(
-            f"<span class='{VERDICT_CLASSES[v]}'>{escape(VERDICT_MARKS[v])} {escape(v)}</span>"
+        + "; ".join(
+            f"a cell marked <span class='{VERDICT_CLASSES[v]}'>{escape(VERDICT_MARKS[v])}</span> means "
+            f"{escape(VERDICT_MEANINGS[v])}"
             for v in (B_BETTER, A_BETTER, CANNOT_TELL)
         )
         + " (better at p &lt; 0.05; a cell's tooltip has p and the documents paired).</p>",
@@ -249,6 +260,36 @@ def config_differences(a: Mapping[str, object], b: Mapping[str, object]) -> list
     return [(k, flat_a.get(k, "–"), flat_b.get(k, "–")) for k in keys if flat_a.get(k) != flat_b.get(k)]
 
 
+def absolute_path(value: str) -> str | None:
+    """The path a config value (JSON text) holds when it is an absolute path string, else None."""
+    try:
+        text = json.loads(value)
+    except ValueError:
+        return None
+    return text if isinstance(text, str) and PurePath(text).is_absolute() else None
+
+
+def relative_paths(rows: list[tuple[str, str, str]]) -> tuple[list[tuple[str, str, str]], str]:
+    """The rows with every absolute path shown relative to the paths' common folder (a lone path: its
+    basename), and that folder ("" when no value is an absolute path): absolute paths of temporary or home
+    folders outrun the table and hide the part that differs."""
+    paths = [p for _, *values in rows for p in map(absolute_path, values) if p is not None]
+    if not paths:
+        return rows, ""
+    try:
+        root = os.path.commonpath(paths)
+    except ValueError:  # paths on different drives share no folder
+        return rows, ""
+    if root in paths:  # one path is the common folder itself (or the only one): its parent
+        root = str(PurePath(root).parent)
+
+    def shown(value: str) -> str:
+        path = absolute_path(value)
+        return value if path is None else json.dumps(os.path.relpath(path, root))
+
+    return [(key, shown(va), shown(vb)) for key, va, vb in rows], root
+
+
 def config_section(names: list[str], histories: Mapping[str, RunHistory]) -> list[str]:
     """How each run's logged config differs from run A's."""
     parts = ["<h2>Config differences</h2>"]
@@ -263,6 +304,9 @@ def config_section(names: list[str], histories: Mapping[str, RunHistory]) -> lis
         if not rows:
             parts.append(f"<p>{escape(name)} has the same config as {escape(names[0])}.</p>")
             continue
+        rows, root = relative_paths(rows)
+        if root:
+            parts.append(f"<p class='note'>Paths below are relative to <code>{escape(root)}</code>.</p>")
         parts.append(
             f"<table class='config'><tr><th class='l'>key</th><th class='l'>A: {escape(names[0])}</th>"
             f"<th class='l'>B: {escape(name)}</th></tr>"
@@ -283,7 +327,9 @@ def signal_section(names: list[str], signals: list[FigureSignal]) -> list[str]:
         return []
     head = "".join(f"<th>{escape(n)}</th>" for n in names)
     parts = [
-        "<h2>Signal and noise</h2><p>signal: (max - min) / mean of the runs' final scores; noise: sd of the last "
+        "<h2>Signal and noise</h2><p>signal: (max - min) / mean of the runs' final scores, read at the last "
+        "step every run evaluated (the step column; where the runs share none, each run's last step, named per "
+        "run and flagged: runs at different steps differ by training too); noise: sd of the last "
         "evaluations around their trend over their mean, averaged over the runs; SNR = signal / noise. Below 1, "
         "the runs' order is within checkpoint noise (highlighted).</p>"
         "<p>SNR and the paired verdicts answer different questions. SNR compares the runs' final scores with "
@@ -292,17 +338,28 @@ def signal_section(names: list[str], signals: list[FigureSignal]) -> list[str]:
         "with verdicts that cannot tell means the runs keep their order across checkpoints but the gap is "
         "smaller than one step's documents can detect (the detectable difference that "
         "<code>inloop-eval compare</code> gives says how much is); evaluate more documents before calling it.</p>",
-        f"<table><tr><th>task</th><th>figure</th>{head}<th>signal</th><th>noise</th><th>SNR</th></tr>",
+        f"<table><tr><th>task</th><th>figure</th><th>step</th>{head}<th>signal</th><th>noise</th><th>SNR</th></tr>",
     ]
     for s in signals:
         flag = " class='noisy'" if s.noisy else ""
         parts.append(
             f"<tr{flag}><td class='l'>{escape(s.label)}</td><td class='l'>{escape(s.figure)}</td>"
+            + signal_steps_cell(names, s.steps)
             + "".join(f"<td>{v:.3f}</td>" for v in s.finals)
             + f"<td>{s.signal:.3f}</td><td>{s.noise:.3f}</td><td>{s.snr:.2f}</td></tr>"
         )
     parts.append("</table>")
     return parts
+
+
+def signal_steps_cell(names: list[str], steps: Sequence[int | None]) -> str:
+    """The step the finals were read at: one number where the runs share it, else each run's, flagged."""
+    if len(set(steps)) == 1:
+        return f"<td>{steps[0] if steps[0] is not None else '–'}</td>"
+    each = ", ".join(
+        f"{name} at {'–' if step is None else step}" for name, step in zip(names, steps, strict=False)
+    )
+    return f"<td class='l flag' title='no step evaluated by every run'>different steps: {escape(each)}</td>"
 
 
 def verdict_table(label: str, pair: PairVerdicts) -> list[str]:

@@ -23,7 +23,15 @@ import numpy as np
 
 from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY, TRAIN_LOSS_KEY
 from inloop_eval.loggers.base import CURVE_METRICS
-from inloop_eval.report.analysis import DIVERGING, NONFINITE, SUBSET, TaskView, nonfinite_steps, task_views
+from inloop_eval.report.analysis import (
+    DIVERGING,
+    NONFINITE,
+    SUBSET,
+    TaskView,
+    chance_levels,
+    nonfinite_steps,
+    task_views,
+)
 from inloop_eval.report.plots import plot_domain, plot_loss, plot_task
 from inloop_eval.report.runs import LM_FIGURES, ReportError, RunHistory, Series, load_run
 
@@ -82,10 +90,12 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     views = task_views(history, window, min_change)
     loss = draw_loss(history, out)
+    chances = chance_levels(run_dir)
     for view in views:
         if view.curves:
             name = plot_file("task", view.label)
-            failure = draw(f"task {view.label!r}", out / name, partial(plot_task, view, out / name))
+            plot = partial(plot_task, view, out / name, chances.get(view.label))
+            failure = draw(f"task {view.label!r}", out / name, plot)
             if failure:
                 view.flags.append(failure)
             else:

@@ -34,18 +34,28 @@ VERBATIM: dict[str, Any] = {"parse_math": False, "usetex": False}
 
 
 def verbatim_legend(ax: Any, **kwargs: Any) -> None:
-    """The legend of `ax`, its entries drawn verbatim."""
-    for text in ax.legend(**kwargs).get_texts():
+    """The legend of `ax`, its entries drawn verbatim, right of the axes (never on the curves or their
+    bands: inside, "best" still covers a band when the curves fill the panel)."""
+    placement = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
+    for text in ax.legend(**{**placement, **kwargs}).get_texts():
         text.update(VERBATIM)
 
 
 def integer_steps(ax: Any) -> None:
-    """Label the x axis of `ax` with whole trainer steps, and grid it."""
+    """Label the x axis of `ax` with whole trainer steps, and grid it. Every panel keeps its step numbers,
+    also above another that shares its x axis (which would otherwise hide them)."""
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.tick_params(axis="x", labelbottom=True)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
+
+
+def chance_line(ax: Any, chance: float | None) -> None:
+    """A dashed line at the task's chance accuracy (the mean of 1 / n_choices), where known."""
+    if chance is not None and np.isfinite(chance):
+        ax.axhline(chance, color="#888888", linestyle="--", linewidth=1, label=f"chance ({chance:.2f})")
 
 
 # Every figure drawn at this width (in inches, at DPI): 560 px, inside the page's narrowest card (560 px of
@@ -75,11 +85,15 @@ def run_colour(index: int) -> str:
 def readable_values(ax: Any, points: Series, name: str) -> None:
     """The y axis of one figure: labelled, a log scale for a perplexity spanning over 10x, and plain tick
     labels with the decimals their spacing needs (no 1868.637, no 5.1e+04, no offset)."""
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     values = [v for _, v in points if np.isfinite(v) and v > 0]
     if name == "ppl" and values and max(values) / min(values) > 10:
         ax.set_yscale("log")
+        # Labelled ticks at 1, 2 and 5 of each decade (a decade or two gets 3-7 labels, not one) and
+        # unlabelled minor ticks at every other digit.
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(3.0, 4.0, 6.0, 7.0, 8.0, 9.0)))
         ax.yaxis.set_minor_formatter(NullFormatter())
     formatter = ScalarFormatter(useOffset=False)
     formatter.set_scientific(False)
@@ -110,23 +124,26 @@ def curve(
     band(ax, points, stderr or {}, colour)
 
 
-def plot_task(view: TaskView, path: Path) -> None:
-    """One task's curves on one chart (±1 standard error bands where logged), saved as the PNG `path`."""
+def plot_task(view: TaskView, path: Path, chance: float | None = None) -> Any:
+    """One task's curves on one chart (±1 standard error bands where logged, its chance accuracy dashed
+    where known), saved as the PNG `path`; returns the figure."""
     fig = new_figure(figsize=(WIDTH, 3.4))
     ax = fig.subplots()
     for metric, points in view.curves.items():
         colour = FIGURE_COLOURS.get(metric, "#7f7f7f")
         curve(ax, points, colour, metric, dict(view.stderr.get(metric, [])))
+    chance_line(ax, chance)
     ax.set_title(view.label if view.label == view.task_id else f"{view.label} ({view.task_id})", **VERBATIM)
     ax.set_ylabel("accuracy")
     integer_steps(ax)
-    verbatim_legend(ax, loc="best", fontsize="small")
+    verbatim_legend(ax, fontsize="small")
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
-def plot_domain(domain: str, figures: Mapping[str, Series], path: Path) -> None:
+def plot_domain(domain: str, figures: Mapping[str, Series], path: Path) -> Any:
     """One perplexity domain's ppl and bpb, one panel above the other (ce when neither is logged), saved as
-    the PNG `path`."""
+    the PNG `path`; returns the figure."""
     shown = [f for f in ("ppl", "bpb") if f in figures] or [f for f in LM_FIGURES if f in figures]
     fig = new_figure(figsize=(WIDTH, 2.3 * max(1, len(shown)) + 0.4))
     axes = np.atleast_1d(fig.subplots(max(1, len(shown)), 1, sharex=True))
@@ -136,11 +153,12 @@ def plot_domain(domain: str, figures: Mapping[str, Series], path: Path) -> None:
         readable_values(ax, figures[name], name)
         integer_steps(ax)
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
-def plot_loss(runs: Mapping[str, Series], path: Path) -> None:
+def plot_loss(runs: Mapping[str, Series], path: Path) -> Any:
     """The training loss (`train/loss`) of one run, or of each run of a comparison in its run colour, saved
-    as the PNG `path`."""
+    as the PNG `path`; returns the figure."""
     fig = new_figure(figsize=(WIDTH, 3.0))
     ax = fig.subplots()
     for i, (run, points) in enumerate(runs.items()):
@@ -150,8 +168,9 @@ def plot_loss(runs: Mapping[str, Series], path: Path) -> None:
     readable_values(ax, next(iter(runs.values()), []), "loss")
     integer_steps(ax)
     if len(runs) > 1:
-        verbatim_legend(ax, loc="best", fontsize="small")
+        verbatim_legend(ax, fontsize="small")
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
 def plot_runs(
@@ -160,12 +179,15 @@ def plot_runs(
     stderr: Mapping[str, Mapping[str, Series]],
     path: Path,
     runs: Sequence[str] = (),
-) -> None:
+    chance: float | None = None,
+) -> Any:
     """One task's (or domain's) figures across runs, one panel per figure above the next, each run a line
-    in its run colour with its ±1 standard error band where logged, saved as the PNG `path`.
+    in its run colour with its ±1 standard error band where logged, saved as the PNG `path`; returns the
+    figure.
 
     curves: figure -> run name -> series; stderr: figure -> run name -> its standard error series.
     runs: every run's name in order (A first), which fixes its colour; default: the order of `curves`.
+    chance: the task's chance accuracy, dashed on its accuracy panels; None where not known.
     """
     order = list(runs) or list(dict.fromkeys(r for by_run in curves.values() for r in by_run))
     fig = new_figure(figsize=(WIDTH, 2.3 * max(1, len(curves)) + 0.4))
@@ -174,8 +196,11 @@ def plot_runs(
         for run, points in by_run.items():
             colour = run_colour(order.index(run) if run in order else len(order))
             curve(ax, points, colour, run, dict(stderr.get(figure, {}).get(run, [])))
+        if AXIS_LABELS.get(figure) == "accuracy":
+            chance_line(ax, chance)
         ax.set_title(f"{label}: {figure}", **VERBATIM)
         readable_values(ax, [p for points in by_run.values() for p in points], figure)
         integer_steps(ax)
-        verbatim_legend(ax, loc="best", fontsize="small")
+        verbatim_legend(ax, fontsize="small")
     fig.savefig(path, dpi=DPI)
+    return fig

@@ -119,3 +119,39 @@ def test_the_page_draws_the_loss_and_every_perplexity_domain_of_the_runs(runs, t
     images = re.findall(r"<img src='([^']+)'", page)
     assert images[0] == "train_loss.png" and images[-1] == "lm_runs_c4.png"
     assert "id='lm-c4'" in page
+
+
+def test_config_paths_are_shown_relative_to_their_common_folder(runs, tmp_path):
+    a, b = runs
+    root = tmp_path / "data"
+    (a / "config.json").write_text(json.dumps({"data": {"path": str(root / "seed0" / "c4.bin")}, "seed": 0}))
+    (b / "config.json").write_text(json.dumps({"data": {"path": str(root / "seed1" / "c4.bin")}, "seed": 1}))
+    page = write_comparison([a, b], tmp_path / "out").read_text()
+    section = page[page.index("<h2>Config differences</h2>") : page.index("<h2>Signal and noise</h2>")]
+    assert str(tmp_path) not in html.unescape(section.split("</p>", 1)[1])
+    assert f"relative to <code>{html.escape(str(root))}</code>" in section
+    cells = [html.unescape(c) for c in re.findall(r"<td class='l'>([^<]+)</td>", section)]
+    assert cells[:3] == ["data.path", '"seed0/c4.bin"', '"seed1/c4.bin"']
+
+
+def test_the_verdict_legend_says_what_each_mark_means(runs, tmp_path):
+    page = html.unescape(re.sub(r"<[^>]+>", "", write_comparison(list(runs), tmp_path / "out").read_text()))
+    assert "B B better" not in page and "A A better" not in page
+    assert "a cell marked B means run B is better" in page
+    assert "a cell marked A means run A is better" in page
+
+
+def test_the_signal_table_names_each_run_s_step_when_the_runs_share_none(tmp_path):
+    for name, steps, level in (("long", (100, 150), 0.6), ("short", (10, 50), 0.4)):
+        rows = [{"step": s, "eval/downstream/piqa/acc": level + s / 1000} for s in steps]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_comparison([tmp_path / "long", tmp_path / "short"], tmp_path / "out").read_text()
+    table = page[page.index("<h2>Signal and noise</h2>") :]
+    assert "different steps: long at 150, short at 50" in table
+
+
+def test_the_signal_table_names_the_common_step_it_reads(runs, tmp_path):
+    page = write_comparison(list(runs), tmp_path / "out").read_text()
+    table = page[page.index("<h2>Signal and noise</h2>") :]
+    assert "<th>step</th>" in table and "<td class='l'>acc</td><td>600</td>" in table

@@ -276,9 +276,9 @@ def test_a_plot_that_cannot_be_drawn_costs_only_that_plot(tmp_path, monkeypatch,
     importlib.import_module("matplotlib")
     real_task, real_domain = page_module.plot_task, page_module.plot_domain
 
-    def plot_task(view, path):
+    def plot_task(view, path, chance=None):
         if view.label != "broken":
-            return real_task(view, path)
+            return real_task(view, path, chance)
         path.write_bytes(b"\x89PNG half")
         raise RuntimeError("renderer\nfailed")
 

@@ -70,3 +70,44 @@ def test_too_few_evaluations_leave_the_noise_undefined():
     short = [RunHistory({"eval/downstream/piqa/acc": [(0, 0.5), (100, v)]}) for v in (0.6, 0.7)]
     (found,) = signal_to_noise(short)
     assert math.isnan(found.noise) and math.isnan(found.snr) and not found.noisy
+
+
+def noisy_pair_with_twin(twin_jitter: float) -> list:
+    """Two runs within their acc noise, with a bpb twin as noisy as `twin_jitter` makes it."""
+    runs = []
+    for seed, (level, bpb) in enumerate(((0.60, 1.20), (0.601, 1.19))):
+        run = history(seed, level, 0.03)
+        run.series["eval/downstream/piqa/bpb_gold"] = [
+            (s, bpb + twin_jitter * (-1) ** i) for i, s in enumerate(STEPS)
+        ]
+        runs.append(run)
+    return runs
+
+
+def test_a_bpb_twin_noisier_than_the_flagged_figure_is_not_advised():
+    signals = {s.figure: s for s in signal_to_noise(noisy_pair_with_twin(0.5))}
+    assert signals["acc"].noisy and signals["bpb_gold"].snr < signals["acc"].snr
+    sentence = bpb_suggestion(list(signals.values()))["piqa"]
+    assert "compare runs on bpb_gold" not in sentence
+    assert "no less noisy" in sentence and f"{signals['bpb_gold'].snr:.2f}" in sentence
+
+
+def test_a_bpb_twin_quieter_than_the_flagged_figure_is_advised():
+    signals = {s.figure: s for s in signal_to_noise(noisy_pair_with_twin(1e-4))}
+    assert signals["bpb_gold"].snr > signals["acc"].snr
+    assert "compare runs on bpb_gold" in bpb_suggestion(list(signals.values()))["piqa"]
+
+
+def test_runs_of_different_lengths_are_compared_at_their_last_common_step():
+    long = RunHistory({"eval/downstream/piqa/acc": [(s, 0.5 + s / 1000) for s in (0, 50, 100, 150)]})
+    short = RunHistory({"eval/downstream/piqa/acc": [(s, 0.4 + s / 1000) for s in (0, 50)]})
+    (found,) = signal_to_noise([long, short])
+    assert found.steps == (50, 50)
+    assert found.finals == pytest.approx((0.55, 0.45))
+
+
+def test_runs_sharing_no_step_keep_each_run_s_own_last_step():
+    a = RunHistory({"eval/downstream/piqa/acc": [(100, 0.5), (150, 0.6)]})
+    b = RunHistory({"eval/downstream/piqa/acc": [(10, 0.4), (50, 0.45)]})
+    (found,) = signal_to_noise([a, b])
+    assert found.steps == (150, 50) and found.finals == pytest.approx((0.6, 0.45))
