@@ -127,9 +127,9 @@ class ICLMetric(Metric):
         self.add_state("ll", default=[], dist_reduce_fx="cat", persistent=True)
         self.add_typed_empty_rows()
         self.outcomes: DocumentOutcomes | None = None
+        """The per-document values of the latest `compute`, over all ranks."""
         self.uncond_U: tuple[Tensor, Tensor] | None = None
         """The unconditional pairs of the latest `compute`, over all ranks: (uncond_id_U, ll_U)."""
-        """The per-document values of the latest `compute`, over all ranks."""
 
     def add_typed_empty_rows(self) -> None:
         """Put an empty [0, F] int64 and [0] float64 tensor in the list states, so that a rank that never
