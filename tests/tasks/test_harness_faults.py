@@ -130,7 +130,17 @@ def test_digits_that_are_not_an_index_are_named(tmp_path, data_root, template):
 
 
 def test_a_rendering_stops_at_its_deadline(tmp_path, data_root, monkeypatch):
-    """Work the counts undervalue still ends: each rendering has a wall-clock deadline."""
+    """Work the counts undervalue still ends: each rendering has a wall-clock deadline. The sandbox's clock is
+    one that moves 10 ms at each reading, so the deadline passes on any machine, however fast."""
+
+    class SlowClock:
+        now = 0.0
+
+        def monotonic(self):
+            self.now += 0.01
+            return self.now
+
+    monkeypatch.setattr(sandbox, "time", SlowClock())
     monkeypatch.setattr(sandbox, "MAX_RENDER_SECONDS", 0.05)
     task = template_task(tmp_path, "{% for i in range(300000) %}{% endfor %}{{ q }}")
     with pytest.raises(TaskDataError, match=r"doc 0: doc_to_text .* the rendering ran for more than 0.05 s"):
