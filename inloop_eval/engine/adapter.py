@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
+from inloop_eval.engine.tree_attention import TreeMask
 from inloop_eval.errors import ConfigError
 
 
@@ -75,8 +76,10 @@ class ForwardInputs:
     input_ids_BT: right-padded token ids.
     rows_U, cols_U: the distinct positions whose logits are read.
     position_N, target_N: target n is predicted by position `position_N[n]` of (rows_U, cols_U).
-    attention_mask_B1TT, position_ids_BT: set for a packed batch only (True = may attend); [B, 1, T, S + T]
-        after a kept prefix of S tokens, its first S columns the prefix.
+    tree: a packed batch's mask (None: plain causal rows), compact, rendered as its device takes it
+        (`tree_attention.TreeMask`); `attention_mask_B1TT` is its dense rendering.
+    position_ids_BT: set for a packed batch only: each token's position (after a kept prefix of S tokens,
+        from S on).
     min_vocab: the tokenizer's vocabulary size; logits narrower than it mean the model does not match.
     prefix: the kept prefix this batch's rows begin with (None: none), or the one this batch forwards.
     keeps_prefix: this batch is the prefix (one causal row, no targets): keep its states in `prefix.states`.
@@ -87,7 +90,7 @@ class ForwardInputs:
     cols_U: Tensor
     position_N: Tensor
     target_N: Tensor
-    attention_mask_B1TT: Tensor | None = None
+    tree: TreeMask | None = None
     position_ids_BT: Tensor | None = None
     min_vocab: int = 0
     prefix: SharedPrefix | None = None
@@ -95,7 +98,13 @@ class ForwardInputs:
 
     @property
     def packed(self) -> bool:
-        return self.attention_mask_B1TT is not None
+        return self.tree is not None
+
+    @property
+    def attention_mask_B1TT(self) -> Tensor | None:
+        """The packed batch's boolean mask [B, 1, T, S + T] (True = may attend; after a kept prefix of S
+        tokens its first S columns the prefix), made on first use; None for plain causal rows."""
+        return None if self.tree is None else self.tree.dense()
 
 
 class ModelOutputs(Protocol):

@@ -8,7 +8,7 @@ row: all choices of a letter-key document are read off the last position of one 
 
 - Packed rows (models that take an attention mask and position ids): the context once and every piece of
   its group after it. Each piece sees the context and itself, causally, not the other pieces
-  (`attention_mask_B1TT`), and its position ids restart after the context, so every pair gets the numbers
+  (`tree_attention.TreeMask`), and its position ids restart after the context, so every pair gets the numbers
   of its own unshared row. A group too long for one row (`max_length`) is cut into several rows, each
   repeating the context; a piece always fits alone (requests.py truncates contexts so that it does).
 - Plain rows (models that take `input_ids` only): at most one piece per row, i.e. context +
@@ -37,8 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from inloop_eval.distributed import AgreedSequence, TaskAgreement
 from inloop_eval.engine import prefix_sharing
@@ -99,7 +97,7 @@ class Batch:
     position_ids_BT, span_end_BT: set for packed batches only (None: plain causal rows, positions 0..T-1).
         Every row is laid out as a prefix trie in depth-first order, so a token is seen by the tokens of
         its own subtree, which follow it: the one at column j is seen by columns j..span_end_BT[b, j] - 1
-        (`attention_mask_B1TT`); padding sees itself only.
+        (`tree_attention.TreeMask`); padding sees itself only.
     prefix_length: the rows begin with a kept prefix of this many tokens (`adapter.SharedPrefix`), not in
         the batch; their position ids start there. 0: none.
     keeps_prefix: this batch is that prefix: one causal row without targets, whose states the batches after
@@ -127,20 +125,6 @@ class Batch:
         see, its row's and those of a kept prefix before it."""
         rows, width = self.input_ids_BT.shape
         return rows * width * (width + (0 if self.keeps_prefix else self.prefix_length))
-
-
-def attention_mask_B1TT(span_end_BT: Tensor, prefix_length: int = 0) -> Tensor:
-    """Boolean mask (True = may attend) for a packed batch: the token at column j is seen by columns
-    j..span_end_BT[b, j] - 1 (its subtree in the row's trie), and every real position sees the first
-    `prefix_length` columns, a kept prefix (`Batch.prefix_length`). Padding sees itself, so no row of the
-    mask is empty (no NaN from a softmax over nothing), and no real position sees padding."""
-    B, T = span_end_BT.shape
-    col_T = torch.arange(T, device=span_end_BT.device)
-    later_TT = col_T[None, :] <= col_T[:, None]  # [query, key]: the key comes no later than the query
-    mask_BTT = later_TT & (col_T[None, :, None] < span_end_BT[:, None, :])
-    if prefix_length:
-        mask_BTT = torch.cat([mask_BTT.new_ones(B, T, prefix_length), mask_BTT], dim=2)
-    return mask_BTT[:, None]
 
 
 def row_lengths(pairs: PairSet, pair_ids: np.ndarray) -> np.ndarray:

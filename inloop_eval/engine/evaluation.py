@@ -36,6 +36,7 @@ class EvalContext:
     tokens: the tokens forwarded in this run, added to at each forward.
     strict: raise a failure rather than reporting `failed = 1`.
     progress: called with the number of requests (or sequences) of each batch scored.
+    mask_rendering: how packed batches' masks are rendered (`tree_attention.mask_rendering`).
     """
 
     adapter: ModelAdapter
@@ -45,6 +46,7 @@ class EvalContext:
     tokens: TokenCount
     strict: bool = False
     progress: Callable[[int], None] | None = None
+    mask_rendering: str = "dense"
 
     @property
     def data_parallel(self) -> tuple[int, int]:
@@ -102,6 +104,7 @@ def score_share(
         describe=share.describe,
         progress=context.progress,
         min_vocab=share.min_vocab,
+        mask_rendering=context.mask_rendering,
     )
     agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
     return share.items, scores

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace, ModelAdapter, SharedPrefix, TokenCount
-from inloop_eval.engine.batching import Batch, attention_mask_B1TT
+from inloop_eval.engine.batching import Batch
+from inloop_eval.engine.tree_attention import TreeMask
 from inloop_eval.errors import ModelOutputError
 
 
@@ -30,11 +31,15 @@ class PairScores:
 
 
 def forward_inputs(
-    adapter: ModelAdapter, batch: Batch, min_vocab: int, prefix: SharedPrefix | None = None
+    adapter: ModelAdapter,
+    batch: Batch,
+    min_vocab: int,
+    prefix: SharedPrefix | None = None,
+    mask_rendering: str = "dense",
 ) -> ForwardInputs:
     """The batch's tensors on the model's device: the distinct positions read, the position of each target,
-    for a packed batch its attention mask and position ids, and the kept prefix its rows begin with (or that
-    it forwards)."""
+    for a packed batch its mask (`TreeMask`, rendered as `mask_rendering` says) and position ids, and the
+    kept prefix its rows begin with (or that it forwards)."""
     device = adapter.device
     width = batch.input_ids_BT.shape[1]
     flat_U, position_N = np.unique(batch.rows_N * width + batch.cols_N, return_inverse=True)
@@ -62,8 +67,8 @@ def forward_inputs(
         )
     if batch.span_end_BT is not None and batch.position_ids_BT is not None:
         after = 0 if batch.keeps_prefix else batch.prefix_length
-        inputs.attention_mask_B1TT = attention_mask_B1TT(t(batch.span_end_BT).to(device), after)
         inputs.position_ids_BT = t(batch.position_ids_BT).to(device)
+        inputs.tree = TreeMask(t(batch.span_end_BT).to(device), inputs.position_ids_BT, after, mask_rendering)
     return inputs
 
 
@@ -99,10 +104,12 @@ def run_batches(
     describe: Callable[[int], str] = lambda p: f"pair {p}",
     progress: Callable[[int], None] | None = None,
     min_vocab: int = 0,
+    mask_rendering: str = "dense",
 ) -> PairScores:
     """Forward every batch and sum log-probs per pair; each forward's tokens are added to `tokens` as it is
     made. Batches with no targets (dummies, kept prefixes) are forwarded and their outputs discarded; a kept
-    prefix lives until a batch that does not begin with it."""
+    prefix lives until a batch that does not begin with it. Packed batches' masks are rendered as
+    `mask_rendering` says (`tree_attention.mask_rendering`)."""
     ll_P = torch.zeros(n_pairs, dtype=torch.float64)
     n_bad_P = torch.zeros(n_pairs, dtype=torch.int64)
     start = tokens.total
@@ -110,7 +117,7 @@ def run_batches(
     kept: SharedPrefix | None = None
     for batch in batches:
         kept = _prefix_for(batch, kept)
-        inputs = forward_inputs(adapter, batch, min_vocab, kept)
+        inputs = forward_inputs(adapter, batch, min_vocab, kept, mask_rendering)
         with _naming_batch(describe, batch):
             outputs = adapter.forward(inputs)
             tokens.add(adapter.tokens_fed(inputs))

@@ -24,6 +24,7 @@ from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
 from inloop_eval.engine.adapter import AdapterNeeds
 from inloop_eval.engine.batching import BatchShape
 from inloop_eval.engine.prefix_sharing import attention_tokens_for
+from inloop_eval.engine.tree_attention import MASK_RENDERINGS
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.kinds import KINDS, EntryConfig
@@ -115,6 +116,10 @@ class EvaluatorConfig:
     planner's row cost model (how long rows sharing a prefix grow); null: the device's default
     (`prefix_sharing.ATTENTION_COST_TOKENS_BY_DEVICE`: 512 on CPU; `benchmarks/prefix_sharing.py
     --attention-tokens` compares values)."""
+    attention_mask: str = "auto"
+    """How a packed batch's mask reaches the engine's attention (`engine/tree_attention.py`): `dense`, a boolean
+    [B, 1, T, T] mask for PyTorch SDPA; `block`, a FlexAttention block mask, memory by blocks and empty blocks
+    skipped; `auto` (the default): block on CUDA, dense elsewhere."""
     compiler_reset: bool = False
     """Call `torch.compiler.reset()` after each evaluation, dropping every graph torch.compile holds
     (training's too: its next step recompiles). Evaluation itself runs the uncompiled module
@@ -137,6 +142,7 @@ class EvaluatorConfig:
     def __post_init__(self) -> None:
         check_fields(self, "")
         one_of(self.key_style, KEY_STYLES, "key_style")
+        one_of(self.attention_mask, ("auto", *MASK_RENDERINGS), "attention_mask")
         # A label names keys `<prefix>/<kind>/<label>/...`: unique among the entries of one kind.
         for type_name, kind in KINDS.items():
             entries = [e for e in self.evaluators if isinstance(e, kind.config_class)]

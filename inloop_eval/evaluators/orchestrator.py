@@ -24,6 +24,7 @@ from inloop_eval.engine.adapter import TokenCount
 from inloop_eval.engine.evaluation import EvalContext
 from inloop_eval.engine.families import make_adapter
 from inloop_eval.engine.training_state import training_untouched
+from inloop_eval.engine.tree_attention import mask_rendering
 from inloop_eval.evaluators.base import EvalOutput, Evaluator
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.kinds import KINDS
@@ -87,7 +88,10 @@ class InLoopEvaluator:
         shape = self.config.batch_shape(needs, adapter.device.type)
         self._tokens = TokenCount()
         max_length = self.config.max_length or adapter.max_length
-        context = EvalContext(adapter, max_length, group, shape, self._tokens, self.config.strict, progress)
+        rendering = mask_rendering(adapter.device, self.config.attention_mask)
+        context = EvalContext(
+            adapter, max_length, group, shape, self._tokens, self.config.strict, progress, rendering
+        )
         try:
             with training_untouched(adapter.model):
                 self.last_outputs = {name: e.run(context) for name, e in self.evaluators.items()}

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from inloop_eval.engine import batching, prefix_sharing
-from inloop_eval.engine.batching import BatchShape, attention_mask_B1TT, minimum_tokens, plan_batches
+from inloop_eval.engine.batching import BatchShape, minimum_tokens, plan_batches
 from inloop_eval.engine.prefix_sharing import trie_minimum_tokens
+from inloop_eval.engine.tree_attention import dense_mask
 from inloop_eval.requests.table import PairSet, build_requests
 from inloop_eval.tasks import get_task, load_docs
 
@@ -47,7 +48,7 @@ def test_a_tree_row_literally():
     np.testing.assert_array_equal(tree.input_ids_BT[row], [1, 2, 3, 4, 10, 21, 50, 51, 61])
     np.testing.assert_array_equal(tree.position_ids_BT[row], [0, 1, 2, 3, 4, 5, 4, 5, 6])
     np.testing.assert_array_equal(tree.span_end_BT[row], [9, 9, 9, 9, 6, 6, 9, 9, 9])
-    mask = attention_mask_B1TT(torch.from_numpy(tree.span_end_BT))[row, 0]
+    mask = dense_mask(torch.from_numpy(tree.span_end_BT))[row, 0]
     # B's first own token (column 6) sees the prefix and itself, not A's tokens.
     assert mask[6].tolist() == [True, True, True, True, False, False, True, False, False]
     # A's piece (column 5) sees the prefix, A's context token and itself.
@@ -73,7 +74,7 @@ def test_a_kept_prefix_literally(monkeypatch):
     assert after.prefix_length == 4 and not after.keeps_prefix
     np.testing.assert_array_equal(after.input_ids_BT, [[50, 51, 61], [10, 21, 0]])
     np.testing.assert_array_equal(after.position_ids_BT, [[4, 5, 6], [4, 5, 0]])
-    mask = attention_mask_B1TT(torch.from_numpy(after.span_end_BT), after.prefix_length)
+    mask = dense_mask(torch.from_numpy(after.span_end_BT), after.prefix_length)
     assert mask.shape == (2, 1, 3, 7)
     assert mask[1, 0, 1].tolist() == [True] * 4 + [True, True, False]  # A's piece: the prefix, 10, itself
     picked = sorted(zip(after.pair_N.tolist(), after.rows_N.tolist(), after.cols_N.tolist(), strict=True))

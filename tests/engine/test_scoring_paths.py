@@ -22,7 +22,6 @@ from inloop_eval.engine.adapter import ForwardInputs, ModelAdapter, TokenCount
 from inloop_eval.engine.adapters.logits import LogitsAdapter
 from inloop_eval.engine.batching import (
     BatchShape,
-    attention_mask_B1TT,
     minimum_tokens,
     plan_batches,
     row_lengths,
@@ -30,6 +29,7 @@ from inloop_eval.engine.batching import (
 from inloop_eval.engine.families import make_adapter
 from inloop_eval.engine.outputs import projected_head
 from inloop_eval.engine.scoring import PairScores, run_batches
+from inloop_eval.engine.tree_attention import dense_mask
 from inloop_eval.errors import ModelOutputError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -225,7 +225,7 @@ def test_a_packed_batch_literally(share_prefixes):
     np.testing.assert_array_equal(batch.input_ids_BT, [[11, 12, 13, 21, 31, 32], [51, 52, 61, 62, 71, 0]])
     np.testing.assert_array_equal(batch.position_ids_BT, [[0, 1, 2, 3, 3, 4], [0, 1, 2, 3, 2, 0]])
     np.testing.assert_array_equal(batch.span_end_BT, [[6, 6, 6, 4, 6, 6], [5, 5, 4, 4, 5, 6]])
-    mask = attention_mask_B1TT(torch.from_numpy(batch.span_end_BT))
+    mask = dense_mask(torch.from_numpy(batch.span_end_BT))
     expected_a = [
         [1, 0, 0, 0, 0, 0],
         [1, 1, 0, 0, 0, 0],
