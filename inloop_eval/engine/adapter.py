@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
-from inloop_eval.engine.tree_attention import TreeMask
+from inloop_eval.engine.tree_attention import TreeMask, causal_tree
 from inloop_eval.errors import ConfigError
 
 
@@ -83,6 +83,7 @@ class ForwardInputs:
     min_vocab: the tokenizer's vocabulary size; logits narrower than it mean the model does not match.
     prefix: the kept prefix this batch's rows begin with (None: none), or the one this batch forwards.
     keeps_prefix: this batch is the prefix (one causal row, no targets): keep its states in `prefix.states`.
+    mask_rendering: how masks are rendered for the engine's attention ("dense" or "block", `tree_attention`).
     """
 
     input_ids_BT: Tensor
@@ -95,6 +96,7 @@ class ForwardInputs:
     min_vocab: int = 0
     prefix: SharedPrefix | None = None
     keeps_prefix: bool = False
+    mask_rendering: str = "dense"
 
     @property
     def packed(self) -> bool:
@@ -105,6 +107,14 @@ class ForwardInputs:
         """The packed batch's boolean mask [B, 1, T, S + T] (True = may attend; after a kept prefix of S
         tokens its first S columns the prefix), made on first use; None for plain causal rows."""
         return None if self.tree is None else self.tree.dense()
+
+    def tree_or_causal(self) -> TreeMask:
+        """The batch's mask for the engine's attention: its tree, or plain causal rows' for an unpacked batch
+        (a kept prefix, a plain row) of a model whose attention is routed through the engine's."""
+        if self.tree is not None:
+            return self.tree
+        B, T = self.input_ids_BT.shape
+        return causal_tree(B, T, self.input_ids_BT.device, self.mask_rendering)
 
 
 class ModelOutputs(Protocol):

@@ -54,6 +54,7 @@ def forward_inputs(
         min_vocab=min_vocab,
         prefix=prefix,
         keeps_prefix=batch.keeps_prefix,
+        mask_rendering=mask_rendering,
     )
     if (batch.span_end_BT is not None or batch.prefix_length) and not adapter.needs.packing:
         raise ValueError(

@@ -84,6 +84,14 @@ class TreeMask:
         return self._block[window]
 
 
+def causal_tree(rows: int, width: int, device: torch.device, rendering: str = "dense") -> TreeMask:
+    """The `TreeMask` of plain causal rows [rows, width] at positions 0..width-1: each column seen by every
+    later one (right padding follows the real positions, so none sees it)."""
+    span_end_BT = torch.full((rows, width), width, dtype=torch.long, device=device)
+    position_ids_BT = torch.arange(width, device=device).expand(rows, width)
+    return TreeMask(span_end_BT, position_ids_BT, 0, rendering)
+
+
 def tree_attention(
     q_BHTD: Tensor,
     k_BGKD: Tensor,

@@ -10,13 +10,15 @@ checks `olmo_core_fsdp` and `olmo_core_tp`.)
 
 from __future__ import annotations
 
+import copy
 import logging
+import warnings
 
 import numpy as np
 import pytest
 import torch
 from olmo_core.nn.attention import GateConfig, SlidingWindowAttentionConfig
-from olmo_core.nn.attention.backend import FlashAttention2Backend
+from olmo_core.nn.attention.backend import TorchAttentionBackend
 from olmo_core.nn.transformer import Transformer, TransformerBlockType, TransformerConfig
 
 from inloop_eval.engine.adapter import TokenCount
@@ -285,21 +287,92 @@ def test_compiled_blocks_run_uncompiled_and_training_does_not_recompile(requests
     assert len(graphs) == compiled, "training recompiled after the evaluation"
 
 
-def flash_backend_model(monkeypatch) -> torch.nn.Module:
-    """The llama shape with flash-attention 2 as the first block's backend (built without flash-attn: this
-    machine cannot run it, only the refusal is checked)."""
+class UnverifiedBackend(TorchAttentionBackend):
+    """A user's own attention backend: what its forward does was never seen."""
+
+
+def unverified_backend_model() -> torch.nn.Module:
+    """The llama shape with a user's backend in its first block."""
     model = olmo_core_model("llama")
-    monkeypatch.setattr(FlashAttention2Backend, "assert_supported", classmethod(lambda cls: None))
     attention = model.blocks["0"].attention
-    attention.backend = FlashAttention2Backend(head_dim=attention.head_dim, n_heads=attention.n_heads)
+    attention.backend = UnverifiedBackend(head_dim=attention.head_dim, n_heads=attention.n_heads)
     return model
+
+
+def no_flash_kernel(*args, **kwargs):
+    raise AssertionError("flash-attention's kernel was called during an evaluation")
+
+
+def olmo3_flash_model(monkeypatch, window: int = 16) -> torch.nn.Module:
+    """OLMo-core's OLMo 3 config as its users build it (`TransformerConfig.olmo3_1M`: flash-attention 2, its
+    default backend, a sliding window on three layers of four), here with a `window`-token window that
+    every context here is longer than. Built on this CPU machine, a GPU and flash-attn shimmed for the
+    build only; its flash kernel raises if anything calls it."""
+    import olmo_core.nn.attention.backend as backends
+
+    monkeypatch.setattr(backends, "has_flash_attn_2", lambda: True)
+    monkeypatch.setattr(backends, "dispatch_flash_attn", no_flash_kernel)
+    sliding = SlidingWindowAttentionConfig(
+        pattern=[window, window, window, -1],
+        force_full_attention_on_first_layer=False,
+        force_full_attention_on_last_layer=True,
+    )
+    config = TransformerConfig.olmo3_1M(vocab_size=VOCAB, sliding_window=sliding)
+    with monkeypatch.context() as build:
+        build.setattr(torch.cuda, "is_available", lambda: True)
+        torch.manual_seed(0)
+        model = config.build(init_device="cpu")
+    model.init_weights(max_seq_len=MAX_LENGTH, device=torch.device("cpu"))
+    backends_found = {type(block.attention.backend).__name__ for block in model.blocks.values()}
+    assert backends_found == {"FlashAttention2Backend"}, backends_found
+    return model.eval()
+
+
+def torch_backend_twin(model: torch.nn.Module) -> torch.nn.Module:
+    """The same weights and windows on OLMo-core's torch backend: what flash-attention computes, on CPU."""
+    twin = copy.deepcopy(model)
+    for block in twin.blocks.values():
+        flash = block.attention.backend
+        block.attention.backend = TorchAttentionBackend(
+            head_dim=flash.head_dim, n_heads=flash.n_heads, n_kv_heads=flash.n_kv_heads,
+            scale=flash.scale, window_size=flash.window_size,
+        )  # fmt: skip
+    return twin
+
+
+def test_an_olmo3_flash_model_packs_through_the_engines_attention(monkeypatch, requests):
+    """OLMo 3 on flash-attention 2 (sliding windows, QK norms, GQA): packed rows and kept prefixes in both
+    mask renderings give every request, letter keys and unconditional (PMI) requests included, the numbers
+    of one plain forward per request on the same weights (1e-5, the same greedy flags), flash-attention's
+    kernel never called; fewer tokens than one request per row."""
+    model = olmo3_flash_model(monkeypatch)
+    twin = torch_backend_twin(model)
+    adapter = make_adapter(model, MAX_LENGTH)
+    assert adapter.needs.packing and adapter.needs.prefix_reuse
+    for task, (pairs, ids) in requests.items():
+        ref_ll, ref_greedy = reference_scores(twin, pairs, ids)
+        plain = score(adapter, pairs, ids, batch_tokens=4096, shape=BatchShape(packing=False))
+        for rendering in ("dense", "block"):
+            for keep in (False, True):
+                batches = plan_batches(pairs, ids, **packed_plan(keep_prefixes=keep))
+                with torch.no_grad(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # flex_attention unfused on CPU says so
+                    found = run_batches(adapter, batches, len(ids), TokenCount(), mask_rendering=rendering)
+                name = f"{task}: {rendering}, {'kept prefixes' if keep else 'packed'}"
+                np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0, err_msg=name)
+                np.testing.assert_array_equal(found.greedy, ref_greedy, err_msg=name)
+        np.testing.assert_allclose(plain.ll, ref_ll, atol=1e-5, rtol=0, err_msg=f"{task}: one request per row")
+        if task not in LETTER_KEYS:
+            assert found.tokens_forwarded < plain.tokens_forwarded, task
+    with pytest.raises(AssertionError, match="flash-attention's kernel was called"):
+        model(torch.zeros(1, 4, dtype=torch.long))  # the shim holds outside an evaluation
 
 
 class SubclassedTransformer(Transformer):
     """A user's subclass: its forward may differ from the verified one."""
 
 
-def refused_models(monkeypatch) -> dict[str, tuple[torch.nn.Module, str]]:
+def refused_models() -> dict[str, tuple[torch.nn.Module, str]]:
     """Model -> the words its log line must hold."""
     dropout = olmo_core_model("llama")
     dropout.blocks["1"].attention.backend.dropout_p = 0.1
@@ -311,9 +384,9 @@ def refused_models(monkeypatch) -> dict[str, tuple[torch.nn.Module, str]]:
     sub.__class__ = SubclassedTransformer
     ngpt = TransformerConfig.ngpt_like(d_model=32, vocab_size=VOCAB, n_layers=1, n_heads=2).build()
     return {
-        "flash": (
-            flash_backend_model(monkeypatch),
-            "attention backend FlashAttention2Backend (takes no attention mask) at 'blocks.0.attention'",
+        "backend": (
+            unverified_backend_model(),
+            f"attention backend {__name__}.UnverifiedBackend (not verified) at 'blocks.0.attention'",
         ),
         "dropout": (dropout, "attention dropout 0.1 (applied in eval mode too) at 'blocks.1.attention'"),
         "moe": (moe, "model type MoETransformer (only Transformer is verified)"),
@@ -334,7 +407,7 @@ def test_unverified_models_go_one_request_per_row_said_once(monkeypatch, caplog)
         ),
         np.arange(2), 4096, BatchShape(packing=True), max_length=64,
     )  # fmt: skip
-    for name, (model, why) in refused_models(monkeypatch).items():
+    for name, (model, why) in refused_models().items():
         caplog.clear()
         with caplog.at_level(logging.INFO, logger=olmo_core_attention.__name__):
             adapters = [make_adapter(model, MAX_LENGTH) for _ in range(3)]

@@ -20,7 +20,7 @@ from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter
 from inloop_eval.engine.outputs.full_logits import FullLogits
 from inloop_eval.engine.outputs.sequence_sharded import SequenceShard
 from inloop_eval.errors import ConfigError, ModelOutputError
-from inloop_eval.integrations.olmo_core.attention import keeping_prefix, packed_attention, packs
+from inloop_eval.integrations.olmo_core.attention import packs, routed_attention
 from inloop_eval.integrations.olmo_core.topology import SequenceSplit, read_sequence_split
 
 
@@ -42,11 +42,12 @@ def build_adapter(model: Any, max_length: int | None) -> ModelAdapter:
 class OLMoCoreAdapter(ModelAdapter):
     """An OLMo-core `Transformer`, called through `__call__` so that FSDP's hooks run. Its forward takes
     `logits_to_keep` [B, K] (positions per row), so the output head projects only the positions read. Its
-    forward ignores an attention mask and position ids, so packed rows run inside `packed_attention`
-    (`attention`), which gives its attention both; a model that module was not verified for
-    (`packing_refusal`: flash backends, MoE, ...) is scored one request per row, said once in the log. A
-    model that packs keeps prefixes too (`adapter.SharedPrefix`): the keys and values of each attention,
-    recorded by `keeping_prefix` while the prefix is forwarded, are attended to by the batches after it.
+    forward ignores an attention mask and position ids, so every forward of a model that packs runs inside
+    `routed_attention` (`attention`), which gives its attention both through the engine's attention, on
+    every backend; a model that module was not verified for (`packing_refusal`: MoE, attention sinks, ...)
+    is scored one request per row, said once in the log. A model that packs keeps prefixes too
+    (`adapter.SharedPrefix`): the keys and values of each attention, recorded while the prefix is
+    forwarded, are attended to by the batches after it.
 
     max_length: the context length it was trained at (the train module's `max_sequence_length`); the model
         does not record it, and RoPE would run past it without complaint.
@@ -78,29 +79,32 @@ class OLMoCoreAdapter(ModelAdapter):
         return FullLogits(logits_BKV[rows_U, slot_U])
 
     def _packed(self, inputs: ForwardInputs) -> AbstractContextManager[None]:
-        """The context a forward of this batch runs in: `keeping_prefix` for a kept prefix (its states: what
-        each attention recorded), `packed_attention` for a packed batch (after the kept prefix it reads)."""
-        mask, position_ids, prefix = inputs.attention_mask_B1TT, inputs.position_ids_BT, inputs.prefix
-        if mask is None and position_ids is None and prefix is None:
-            return nullcontext()
+        """The context a forward of this batch runs in: for a model that packs, `routed_attention` whatever the
+        batch (a packed batch under its tree, after the kept prefix it reads; a kept prefix or a plain row
+        causal, a kept prefix recording each attention's keys and values), so no backend kernel runs."""
+        prefix = inputs.prefix
         if not self.packing:
-            raise ValueError(
-                f"OLMoCoreAdapter: packed rows were planned for {type(self.model).__name__}, which is scored "
-                "one request per row (see the log); plan with the adapter's needs.packing"
-            )
+            if inputs.packed or prefix is not None:
+                raise ValueError(
+                    f"OLMoCoreAdapter: packed rows were planned for {type(self.model).__name__}, which is scored "
+                    "one request per row (see the log); plan with the adapter's needs.packing"
+                )
+            return nullcontext()
+        tree = inputs.tree_or_causal()
+        positions = inputs.position_ids_BT if inputs.position_ids_BT is not None else tree.position_ids_BT
         if inputs.keeps_prefix and prefix is not None:
             prefix.states = {}
-            return keeping_prefix(self.model, prefix.states)
+            return routed_attention(self.model, tree, positions, record=prefix.states, max_positions=self.max_length)
         B, T = inputs.input_ids_BT.shape
         K = T + (prefix.length if prefix is not None else 0)
-        shapes = [None if x is None else tuple(x.shape) for x in (mask, position_ids)]
-        if shapes != [(B, 1, T, K), (B, T)]:
+        shapes = [tuple(tree.span_end_BT.shape), tree.keys, tuple(positions.shape)]
+        if shapes != [(B, T), K, (B, T)]:
             raise ValueError(
-                f"OLMoCoreAdapter: a packed batch of input ids {(B, T)} needs an attention mask "
-                f"{(B, 1, T, K)} and position ids {(B, T)}, found {shapes[0]} and {shapes[1]}"
+                f"OLMoCoreAdapter: a packed batch of input ids {(B, T)} needs a mask of {(B, T)} rows and {K} "
+                f"keys and position ids {(B, T)}, found {shapes[0]}, {shapes[1]} and {shapes[2]}"
             )
         kept = prefix.states if prefix is not None else None
-        return packed_attention(self.model, mask, position_ids, kept, max_positions=self.max_length)
+        return routed_attention(self.model, tree, positions, kept, max_positions=self.max_length)
 
 
 def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:
