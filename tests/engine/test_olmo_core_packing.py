@@ -17,6 +17,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from flash_on_cpu import flash_build, flash_kernel
 from olmo_core.nn.attention import GateConfig, SlidingWindowAttentionConfig
 from olmo_core.nn.attention.backend import TorchAttentionBackend
 from olmo_core.nn.transformer import Transformer, TransformerBlockType, TransformerConfig
@@ -299,27 +300,17 @@ def unverified_backend_model() -> torch.nn.Module:
     return model
 
 
-def no_flash_kernel(*args, **kwargs):
-    raise AssertionError("flash-attention's kernel was called during an evaluation")
-
-
-def olmo3_flash_model(monkeypatch, window: int = 16) -> torch.nn.Module:
+def olmo3_flash_model(window: int = 16) -> torch.nn.Module:
     """OLMo-core's OLMo 3 config as its users build it (`TransformerConfig.olmo3_1M`: flash-attention 2, its
     default backend, a sliding window on three layers of four), here with a `window`-token window that
-    every context here is longer than. Built on this CPU machine, a GPU and flash-attn shimmed for the
-    build only; its flash kernel raises if anything calls it."""
-    import olmo_core.nn.attention.backend as backends
-
-    monkeypatch.setattr(backends, "has_flash_attn_2", lambda: True)
-    monkeypatch.setattr(backends, "dispatch_flash_attn", no_flash_kernel)
+    every context here is longer than; built on this CPU machine (`flash_on_cpu`)."""
     sliding = SlidingWindowAttentionConfig(
         pattern=[window, window, window, -1],
         force_full_attention_on_first_layer=False,
         force_full_attention_on_last_layer=True,
     )
     config = TransformerConfig.olmo3_1M(vocab_size=VOCAB, sliding_window=sliding)
-    with monkeypatch.context() as build:
-        build.setattr(torch.cuda, "is_available", lambda: True)
+    with flash_build():
         torch.manual_seed(0)
         model = config.build(init_device="cpu")
     model.init_weights(max_seq_len=MAX_LENGTH, device=torch.device("cpu"))
@@ -340,32 +331,34 @@ def torch_backend_twin(model: torch.nn.Module) -> torch.nn.Module:
     return twin
 
 
-def test_an_olmo3_flash_model_packs_through_the_engines_attention(monkeypatch, requests):
+def test_an_olmo3_flash_model_packs_through_the_engines_attention(requests):
     """OLMo 3 on flash-attention 2 (sliding windows, QK norms, GQA): packed rows and kept prefixes in both
     mask renderings give every request, letter keys and unconditional (PMI) requests included, the numbers
     of one plain forward per request on the same weights (1e-5, the same greedy flags), flash-attention's
-    kernel never called; fewer tokens than one request per row."""
-    model = olmo3_flash_model(monkeypatch)
+    kernel never called (`flash_on_cpu.stand_in_kernel` raises in a forward without gradient); fewer tokens
+    than one request per row."""
+    model = olmo3_flash_model()
     twin = torch_backend_twin(model)
     adapter = make_adapter(model, MAX_LENGTH)
     assert adapter.needs.packing and adapter.needs.prefix_reuse
-    for task, (pairs, ids) in requests.items():
-        ref_ll, ref_greedy = reference_scores(twin, pairs, ids)
-        plain = score(adapter, pairs, ids, batch_tokens=4096, shape=BatchShape(packing=False))
-        for rendering in ("dense", "block"):
-            for keep in (False, True):
-                batches = plan_batches(pairs, ids, **packed_plan(keep_prefixes=keep))
-                with torch.no_grad(), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # flex_attention unfused on CPU says so
-                    found = run_batches(adapter, batches, len(ids), TokenCount(), mask_rendering=rendering)
-                name = f"{task}: {rendering}, {'kept prefixes' if keep else 'packed'}"
-                np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0, err_msg=name)
-                np.testing.assert_array_equal(found.greedy, ref_greedy, err_msg=name)
-        np.testing.assert_allclose(plain.ll, ref_ll, atol=1e-5, rtol=0, err_msg=f"{task}: one request per row")
-        if task not in LETTER_KEYS:
-            assert found.tokens_forwarded < plain.tokens_forwarded, task
-    with pytest.raises(AssertionError, match="flash-attention's kernel was called"):
-        model(torch.zeros(1, 4, dtype=torch.long))  # the shim holds outside an evaluation
+    with flash_kernel():
+        for task, (pairs, ids) in requests.items():
+            ref_ll, ref_greedy = reference_scores(twin, pairs, ids)
+            plain = score(adapter, pairs, ids, batch_tokens=4096, shape=BatchShape(packing=False))
+            for rendering in ("dense", "block"):
+                for keep in (False, True):
+                    batches = plan_batches(pairs, ids, **packed_plan(keep_prefixes=keep))
+                    with torch.no_grad(), warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # flex_attention unfused on CPU says so
+                        found = run_batches(adapter, batches, len(ids), TokenCount(), mask_rendering=rendering)
+                    name = f"{task}: {rendering}, {'kept prefixes' if keep else 'packed'}"
+                    np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0, err_msg=name)
+                    np.testing.assert_array_equal(found.greedy, ref_greedy, err_msg=name)
+            np.testing.assert_allclose(plain.ll, ref_ll, atol=1e-5, rtol=0, err_msg=f"{task}: one request per row")
+            if task not in LETTER_KEYS:
+                assert found.tokens_forwarded < plain.tokens_forwarded, task
+    with torch.no_grad(), flash_kernel(), pytest.raises(AssertionError, match="kernel was called during an evaluation"):
+        model(torch.zeros(1, 4, dtype=torch.long))  # the stand-in would have told
 
 
 class SubclassedTransformer(Transformer):

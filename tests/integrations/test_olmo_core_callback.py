@@ -43,12 +43,15 @@ def downstream(metrics: dict[str, float]) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def single_runs(data_root, tmp_path_factory):
-    """Single-process runs: with dropout with and without the callback, and without dropout with it."""
+    """Single-process runs: with dropout with and without the callback, and without dropout with it; on
+    flash-attention 2 (`flash_on_cpu`), with dropout with and without the callback."""
     out = {}
     for name, kwargs in {
         "dropout_cb": dict(with_callback=True, dropout=0.1),
         "dropout_plain": dict(with_callback=False, dropout=0.1),
         "cb": dict(with_callback=True),
+        "flash_dropout_cb": dict(with_callback=True, dropout=0.1, flash=True),
+        "flash_dropout_plain": dict(with_callback=False, dropout=0.1, flash=True),
     }.items():
         result, _ = train(tmp_path_factory.mktemp(name), data_root, **kwargs)
         out[name] = result
@@ -73,12 +76,17 @@ def test_trainer_records_the_figures_at_eval_steps_once(single_runs):
     assert single_runs["dropout_cb"]["max_lengths"] == {task: SEQ_LEN for task in TASKS}
 
 
-def test_training_is_bit_identical_with_and_without_the_callback(single_runs):
-    with_cb, plain = single_runs["dropout_cb"], single_runs["dropout_plain"]
+@pytest.mark.parametrize("backend", ["torch", "flash"])
+def test_training_is_bit_identical_with_and_without_the_callback(single_runs, backend):
+    """Dropout on; on flash-attention 2 the evaluations ran through the engine's attention (its kernel
+    raises in a forward without gradient), training through the kernel."""
+    prefix = "flash_" if backend == "flash" else ""
+    with_cb, plain = single_runs[f"{prefix}dropout_cb"], single_runs[f"{prefix}dropout_plain"]
     assert with_cb["params_sha"] == plain["params_sha"]
     for step in ("1", "2", "3", "4"):
         assert with_cb["logged"][step]["train/CE loss"] == plain["logged"][step]["train/CE loss"]
     assert not any(downstream(m) for m in plain["logged"].values())
+    assert [s for s, m in with_cb["logged"].items() if downstream(m)] == EVAL_STEPS
 
 
 def test_two_gloo_ranks_match_one_process(single_runs, data_root, tmp_path):

@@ -10,6 +10,7 @@ step, the evaluator's max_length per task, and a hash of the trained parameters.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 from datetime import timedelta
@@ -89,6 +90,7 @@ def train(
     *,
     with_callback: bool,
     dropout: float = 0.0,
+    flash: bool = False,
     autocast: DType | None = None,
     steps: int = STEPS,
     tokenizer: TokenizerConfig | None = None,
@@ -102,6 +104,8 @@ def train(
     """Train the seeded tiny model for `steps` steps; returns (what OLMo-core logged, the evaluator's
     max_length per task (with the callback) and a hash of the final parameters; the trainer).
 
+    flash: the model on flash-attention 2 (`flash_on_cpu`: built as on a GPU, trained with a stand-in kernel
+        that raises in any forward without gradient, as an evaluation's).
     tokenizer: of the model, the data and the callback; default GPT-NeoX (OLMo 1's).
     callback: the in-loop callback's config (default `callback_config(data_root)`), under `inloop_eval`.
     extra_callbacks: more callbacks by name. save_interval: save a checkpoint every this many steps into
@@ -114,8 +118,17 @@ def train(
     tokenizer = tokenizer or TokenizerConfig.gpt_neox_olmo_dolma_v1_5()
     config = model_config(tokenizer)
     config.block.dropout = dropout or None
+    kernel: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     torch.manual_seed(0)
-    model = config.build(init_device="cpu")
+    if flash:
+        from flash_on_cpu import flash_build, flash_kernel
+
+        config.block.sequence_mixer.backend = "flash_2"
+        with flash_build():
+            model = config.build(init_device="cpu")
+        kernel = flash_kernel()
+    else:
+        model = config.build(init_device="cpu")
     module_fields: dict[str, Any] = {
         "dp_config": TransformerDataParallelConfig(name=DataParallelType.ddp) if distributed else None,
         **(train_module_fields or {}),
@@ -163,7 +176,8 @@ def train(
     trainer = trainer_config.build(train_module, loader)
     if not fit:
         return {}, trainer
-    trainer.fit()
+    with kernel:
+        trainer.fit()
     return collected(trainer), trainer
 
 
