@@ -181,9 +181,16 @@ def test_fsdp_olmo_core_models_pack_and_give_single_process_numbers(single, laun
             assert sum(r[label] for r in result["tokens_forwarded"]) < tokens, label
 
 
-def test_tensor_parallel_olmo_core_models_are_not_packed(launched):
-    for _, _, result in ranks_with(launched, "olmo_core_tp"):
-        assert result["packs"] is False
+def test_tensor_parallel_olmo_core_models_pack_and_give_single_process_numbers(single, launched):
+    """An OLMo-core Transformer under its own tensor parallelism (heads sharded, sequence parallel norms):
+    packed rows, the numbers of the plain model scored one request per row in one process, and fewer tokens
+    than it; the single-device check still names the mesh dimension it does not allow."""
+    expected = single["olmo_core_fsdp"]
+    for nproc, rank, result in ranks_with(launched, "olmo_core_tp"):
+        assert result["packs"] is True
+        assert_same_metrics(result["metrics"], expected["metrics"], f"olmo_core_tp world size {nproc} rank {rank}")
+        for label, tokens in expected["tokens_forwarded"][0].items():
+            assert result["tokens_forwarded"][label] < tokens, label
         assert (
             result["refusal"] == "its parameters are split over the model-parallel mesh dimension(s) ['tp']"
         )

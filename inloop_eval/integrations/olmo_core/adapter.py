@@ -66,7 +66,7 @@ class OLMoCoreAdapter(ModelAdapter):
 
     def forward(self, inputs: ForwardInputs) -> ModelOutputs:
         input_ids_BT, rows_U, cols_U = inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
-        packed = self._packed(inputs)
+        packed = attention_for(self, inputs)
         if not self.keeps_logits:
             with packed:
                 logits_BTV = self.model(input_ids_BT)
@@ -78,33 +78,38 @@ class OLMoCoreAdapter(ModelAdapter):
         _check_logits(logits_BKV, keep_BK.shape[0], keep_BK.shape[1])
         return FullLogits(logits_BKV[rows_U, slot_U])
 
-    def _packed(self, inputs: ForwardInputs) -> AbstractContextManager[None]:
-        """The context a forward of this batch runs in: for a model that packs, `routed_attention` whatever the
-        batch (a packed batch under its tree, after the kept prefix it reads; a kept prefix or a plain row
-        causal, a kept prefix recording each attention's keys and values), so no backend kernel runs."""
-        prefix = inputs.prefix
-        if not self.packing:
-            if inputs.packed or prefix is not None:
-                raise ValueError(
-                    f"OLMoCoreAdapter: packed rows were planned for {type(self.model).__name__}, which is scored "
-                    "one request per row (see the log); plan with the adapter's needs.packing"
-                )
-            return nullcontext()
-        tree = inputs.tree_or_causal()
-        positions = inputs.position_ids_BT if inputs.position_ids_BT is not None else tree.position_ids_BT
-        if inputs.keeps_prefix and prefix is not None:
-            prefix.states = {}
-            return routed_attention(self.model, tree, positions, record=prefix.states, max_positions=self.max_length)
-        B, T = inputs.input_ids_BT.shape
-        K = T + (prefix.length if prefix is not None else 0)
-        shapes = [tuple(tree.span_end_BT.shape), tree.keys, tuple(positions.shape)]
-        if shapes != [(B, T), K, (B, T)]:
+
+def attention_for(
+    adapter: OLMoCoreAdapter | OLMoCoreSequenceSplitAdapter, inputs: ForwardInputs
+) -> AbstractContextManager[None]:
+    """The context a forward of this batch runs in: for a model that packs, `routed_attention` whatever the
+    batch (a packed batch under its tree, after the kept prefix it reads; a kept prefix or a plain row
+    causal, a kept prefix recording each attention's keys and values), so that no backend kernel runs."""
+    model, prefix = adapter.model, inputs.prefix
+    if not adapter.packing:
+        if inputs.packed or prefix is not None:
             raise ValueError(
-                f"OLMoCoreAdapter: a packed batch of input ids {(B, T)} needs a mask of {(B, T)} rows and {K} "
-                f"keys and position ids {(B, T)}, found {shapes[0]}, {shapes[1]} and {shapes[2]}"
+                f"{type(adapter).__name__}: packed rows were planned for {type(model).__name__}, which is "
+                "scored one request per row (see the log); plan with the adapter's needs.packing"
             )
-        kept = prefix.states if prefix is not None else None
-        return routed_attention(self.model, tree, positions, kept, max_positions=self.max_length)
+        return nullcontext()
+    tree = inputs.tree_or_causal()
+    positions = inputs.position_ids_BT if inputs.position_ids_BT is not None else tree.position_ids_BT
+    if inputs.keeps_prefix and prefix is not None:
+        prefix.states = {}
+        return routed_attention(
+            model, tree, positions, record=prefix.states, max_positions=adapter.max_length
+        )
+    B, T = inputs.input_ids_BT.shape
+    K = T + (prefix.length if prefix is not None else 0)
+    shapes = [tuple(tree.span_end_BT.shape), tree.keys, tuple(positions.shape)]
+    if shapes != [(B, T), K, (B, T)]:
+        raise ValueError(
+            f"{type(adapter).__name__}: a packed batch of input ids {(B, T)} needs a mask of {(B, T)} rows and "
+            f"{K} keys and position ids {(B, T)}, found {shapes[0]}, {shapes[1]} and {shapes[2]}"
+        )
+    kept = prefix.states if prefix is not None else None
+    return routed_attention(model, tree, positions, kept, max_positions=adapter.max_length)
 
 
 def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:
@@ -122,7 +127,10 @@ def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:
 
 class OLMoCoreSequenceSplitAdapter(ModelAdapter):
     """An OLMo-core `Transformer` under tensor or (Ulysses) context parallelism: each rank scores the positions
-    it holds (`SequenceSplit`), its batches padded to a multiple of TP x CP, never packed.
+    it holds (`SequenceSplit`), its batches padded to a multiple of TP x CP. Under tensor parallelism alone
+    its rows are packed as `OLMoCoreAdapter`'s are (`routed_attention`: every rank's attention sees every
+    position, its own heads), without kept prefixes (a prefix's row is not padded to the width multiple);
+    under context parallelism, one request per row.
 
     max_length: the context length it was trained at (as for `OLMoCoreAdapter`).
     split: how the model splits the sequence over ranks (`topology.read_sequence_split`).
@@ -133,21 +141,25 @@ class OLMoCoreSequenceSplitAdapter(ModelAdapter):
         self.max_length = max_length
         self.vocab_size = int(model.vocab_size)
         self.split = split
+        self.packing = split.cp_size == 1 and packs(model, tensor_parallel=True)
 
     @property
     def needs(self) -> AdapterNeeds:
-        return AdapterNeeds(width_multiple=self.split.multiple, peer_groups=tuple(self.split.groups()))
+        return AdapterNeeds(
+            width_multiple=self.split.multiple, packing=self.packing, peer_groups=tuple(self.split.groups())
+        )
 
     def forward(self, inputs: ForwardInputs) -> SequenceShard:
         """Run `model` on the full inputs, projecting only the positions (rows_U, cols_U) in this rank's
         chunk (`logits_to_keep` in the chunk's coordinates; under tensor parallelism a replicated DTensor, the
         logits coming back sharded over the kept slots), and keep the logits of those this rank holds."""
         split, input_ids_BT, rows_U, cols_U = self.split, inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
-        if inputs.packed:
-            raise ValueError(
-                "OLMoCoreSequenceSplitAdapter: packed rows were planned, but a model whose sequence is split "
-                "over ranks is never packed; plan with the adapter's needs.packing"
-            )
+        with attention_for(self, inputs):
+            return self._forward(split, input_ids_BT, rows_U, cols_U)
+
+    def _forward(
+        self, split: SequenceSplit, input_ids_BT: Tensor, rows_U: Tensor, cols_U: Tensor
+    ) -> SequenceShard:
         start, width = split.held(input_ids_BT.shape[1])
         chunk_C = torch.nonzero((cols_U >= start) & (cols_U < start + width))[:, 0]
         rows_C = rows_U[chunk_C]
@@ -196,7 +208,11 @@ def _sequence_local(logits_BTV: object) -> Tensor:
 
 
 def _check_local(logits_BXV: object, shape: tuple[int, ...] | torch.Size, how: str) -> None:
-    if not isinstance(logits_BXV, Tensor) or logits_BXV.dim() != 3 or tuple(logits_BXV.shape[:2]) != tuple(shape):
+    if (
+        not isinstance(logits_BXV, Tensor)
+        or logits_BXV.dim() != 3
+        or tuple(logits_BXV.shape[:2]) != tuple(shape)
+    ):
         found = tuple(logits_BXV.shape) if isinstance(logits_BXV, Tensor) else type(logits_BXV).__name__
         raise ModelOutputError(
             f"sequence-parallel OLMo-core model output ({how}): expected this rank's logits of shape "

@@ -25,7 +25,8 @@ those keys and values before the batch's own (the tree's keys are S + T).
 sequence mixers are all plain `Attention` on a backend of VERIFIED_BACKENDS (GQA, QK norms, head-wise QK
 norms, sliding windows), with default RoPE or none; no attention sinks, scalable softmax, attention dropout
 (OLMo-core's backends apply it in eval mode too) or KV cache; parameters split over no model-parallel mesh
-dimension (tensor, context or pipeline parallelism: `OLMoCoreSequenceSplitAdapter`, one request per row).
+dimension but OLMo-core's tensor parallelism (under which `OLMoCoreSequenceSplitAdapter` packs rows; context
+and pipeline parallelism: one request per row).
 
 Legend: B rows, T time, S a kept prefix's length, H query heads, G key/value heads, D head width.
 """
@@ -78,8 +79,10 @@ def own_class(module: nn.Module) -> type:
     return next(c for c in type(module).__mro__ if not c.__module__.startswith("torch."))
 
 
-def packing_refusal(model: nn.Module) -> str | None:
-    """Why `model` (an OLMo-core Transformer) cannot be fed packed rows, or None when it can."""
+def packing_refusal(model: nn.Module, tensor_parallel: bool = False) -> str | None:
+    """Why `model` (an OLMo-core Transformer) cannot be fed packed rows, or None when it can. With
+    `tensor_parallel`, OLMo-core's tensor parallelism is allowed (its attention sees every position, its
+    heads sharded: the mask and positions are per position); pipeline and context parallelism never are."""
     from olmo_core.nn.attention import Attention
     from olmo_core.nn.attention.base import SequenceMixer
     from olmo_core.nn.rope import RotaryEmbedding
@@ -88,11 +91,21 @@ def packing_refusal(model: nn.Module) -> str | None:
 
     if own_class(model) is not Transformer:
         return f"model type {own_class(model).__name__} (only Transformer is verified)"
-    dims = model_parallel_dims(model)
+    tp_enabled = bool(getattr(model, "tp_enabled", False))
+    tp_name = model._tp_mesh.mesh_dim_names if tensor_parallel and tp_enabled else None
+    dims = [
+        (mesh, dim)
+        for mesh, dim in model_parallel_dims(model)
+        if tp_name is None or mesh.mesh_dim_names is None or mesh.mesh_dim_names[dim] not in tp_name
+    ]
     if dims:
         names = sorted({(mesh.mesh_dim_names or ("unnamed",) * mesh.ndim)[dim] for mesh, dim in dims})
         return f"its parameters are split over the model-parallel mesh dimension(s) {names}"
-    if model.tp_enabled or model.pp_enabled or getattr(model, "_cp_load_balancer", None) is not None:
+    if (
+        (tp_enabled and not tensor_parallel)
+        or model.pp_enabled
+        or getattr(model, "_cp_load_balancer", None) is not None
+    ):
         return "tensor, pipeline or context parallelism is applied"
     for name, module in model.named_modules():
         cls = own_class(module)
@@ -110,7 +123,10 @@ def packing_refusal(model: nn.Module) -> str | None:
 def _attention_refusal(attention: Any, default_rope: type) -> str | None:
     backend = attention.backend
     backend_class = own_class(backend)
-    if backend_class.__module__ != "olmo_core.nn.attention.backend" or backend_class.__name__ not in VERIFIED_BACKENDS:
+    if (
+        backend_class.__module__ != "olmo_core.nn.attention.backend"
+        or backend_class.__name__ not in VERIFIED_BACKENDS
+    ):
         return f"attention backend {backend_class.__module__}.{backend_class.__name__} (not verified)"
     if attention.rope is not None and own_class(attention.rope) is not default_rope:
         return f"RoPE type {own_class(attention.rope).__name__}"
@@ -127,10 +143,10 @@ def _attention_refusal(attention: Any, default_rope: type) -> str | None:
     return None
 
 
-def packs(model: nn.Module) -> bool:
-    """Whether `model` takes packed rows; when it does not, one log line per model says why and that its
-    requests go one per row."""
-    refusal = packing_refusal(model)
+def packs(model: nn.Module, tensor_parallel: bool = False) -> bool:
+    """Whether `model` takes packed rows (`packing_refusal`); when it does not, one log line per model says
+    why and that its requests go one per row."""
+    refusal = packing_refusal(model, tensor_parallel)
     if refusal is not None and model not in _REPORTED:
         _REPORTED.add(model)
         log.info(
@@ -165,7 +181,10 @@ def routed_attention(
             backend = module.backend
             if module.rope is not None:
                 n_positions = tree.keys if max_positions is None else min(tree.keys, max_positions)
-                overrides[id(module.rope)] = (module.rope, _rope_at(module.rope, position_ids_BT, n_positions))
+                overrides[id(module.rope)] = (
+                    module.rope,
+                    _rope_at(module.rope, position_ids_BT, n_positions),
+                )
             prefix = None if kept is None else kept[backend]
             overrides[id(backend)] = (backend, _tree_attention_of(backend, tree, prefix, record))
     with _overridden(model, overrides):

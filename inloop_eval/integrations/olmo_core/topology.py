@@ -84,5 +84,9 @@ def read_sequence_split(model: nn.Module) -> SequenceSplit | None:
                 "without context parallelism",
             )
         mesh = model.lm_head._cp_mesh
-        split.cp_size, split.cp_rank, split.cp_group = balancer.cp_world_size, balancer.cp_rank, mesh.get_group()
+        split.cp_size, split.cp_rank, split.cp_group = (
+            balancer.cp_world_size,
+            balancer.cp_rank,
+            mesh.get_group(),
+        )
     return split if split.multiple > 1 else None

@@ -278,13 +278,20 @@ def check_olmo_core_fsdp(ctx: Context) -> dict[str, Any]:
 
 
 def check_olmo_core_tp(ctx: Context) -> dict[str, Any]:
-    """An OLMo-core Transformer under its own `apply_tp` over every rank (a "tp" mesh) is not packed, and
-    the reason names the mesh dimension."""
+    """An OLMo-core Transformer under its own `apply_tp` over every rank (a "tp" mesh): its figures packed,
+    whether it packs, and why the single-device adapter's check would refuse it."""
     from torch.distributed.device_mesh import init_device_mesh
 
     model = tiny_olmo_core()
-    model.apply_tp(init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("tp",)))
-    return {"packs": OLMoCoreAdapter(model, MAX_LENGTH).needs.packing, "refusal": packing_refusal(model)}
+    mesh = init_device_mesh("cpu", (1, ctx.world_size), mesh_dim_names=("dp", "tp"))
+    model.apply_tp(mesh["tp"])
+    ev = ctx.evaluator(OLMO_CORE_TASKS, strict=True)
+    return {
+        "metrics": ev.run(model, dp_group=mesh["dp"]),
+        "packs": make_adapter(model, MAX_LENGTH).needs.packing,
+        "refusal": packing_refusal(model),
+        "tokens_forwarded": tokens_forwarded(ev),
+    }
 
 
 @contextmanager
