@@ -58,6 +58,7 @@ from benchmarks.common import (
     task_requests,
     trie_minimum,
 )
+from benchmarks.flash_attention import flash_kernel_stand_in, flash_model_build
 from inloop_eval import (
     EvaluatorConfig,
     InLoopEvaluator,
@@ -115,16 +116,19 @@ class TimedForward:
         return self.model(input_ids)
 
 
-def olmo_core_train_module(batch_tokens: int) -> Any:
+def olmo_core_train_module(batch_tokens: int, attn_backend: str) -> Any:
     """A tiny OLMo-core `olmo2` Transformer (d_model 256, 4 layers, 8 heads, the NeoX vocabulary padded to
-    50304), seeded random init, in an eval-only `TransformerTrainModule` (which initialises its weights):
-    its eval batch spec is what `DownstreamEvaluatorCallbackConfig.build` hands each evaluator."""
+    50304) on `attn_backend` (flash_2 where no GPU is: `flash_attention`), seeded random init, in an eval-only
+    `TransformerTrainModule` (which initialises its weights): its eval batch spec is what
+    `DownstreamEvaluatorCallbackConfig.build` hands each evaluator."""
     from olmo_core.nn.transformer import TransformerConfig
     from olmo_core.optim import AdamWConfig
     from olmo_core.train.train_module import TransformerTrainModule
 
     torch.manual_seed(0)
-    model = TransformerConfig.olmo2_30M(vocab_size=VOCAB_SIZE).build(init_device="cpu")
+    with flash_model_build():
+        config = TransformerConfig.olmo2_30M(vocab_size=VOCAB_SIZE, attn_backend=attn_backend)
+        model = config.build(init_device="cpu")
     return TransformerTrainModule(
         model,
         AdamWConfig(),
@@ -172,7 +176,9 @@ def olmo_eval_reads(data_root: Path, limit: int) -> Iterator[None]:
         olmo_tasks.load_hf_dataset, olmo_tasks.load_oe_eval_requests, olmo_eval.build_task = original
 
 
-def run_olmo_core(train_module: Any, label: str, tokenizer_path: Path, data_root: Path, limit: int) -> LabelRun:
+def run_olmo_core(
+    train_module: Any, label: str, tokenizer_path: Path, data_root: Path, limit: int
+) -> LabelRun:
     """OLMo-core's `DownstreamEvaluator` on one label, driven as `EvaluatorCallback.perform_eval` drives it."""
     from olmo_core.data.utils import get_labels
     from olmo_core.train.callbacks.evaluator_callback import DownstreamEvaluator
@@ -187,7 +193,7 @@ def run_olmo_core(train_module: Any, label: str, tokenizer_path: Path, data_root
             task=label,
             batch_spec=train_module.eval_batch_spec,
             tokenizer=tokenizer,
-            device=torch.device("cpu"),
+            device=train_module.device,
         )
     prep_s = time.perf_counter() - t0
     samples = evaluator.batches.dataset.samples
@@ -209,13 +215,31 @@ def run_olmo_core(train_module: Any, label: str, tokenizer_path: Path, data_root
     minimum = minimum_tokens((s["ctx"] for s in samples), (s["continuation"] for s in samples))
     trie = trie_minimum(list(s["ctx"]) + list(s["continuation"])[:-1] for s in samples)
     return LabelRun(
-        label, "olmo_core", len({d for d, _ in scores}), batches, tokens, int(m["tokens"]), minimum, trie, None,
-        m["wall_s"], forward_s, prep_s, metrics, scores,
+        label,
+        "olmo_core",
+        len({d for d, _ in scores}),
+        batches,
+        tokens,
+        int(m["tokens"]),
+        minimum,
+        trie,
+        None,
+        m["wall_s"],
+        forward_s,
+        prep_s,
+        metrics,
+        scores,
     )
 
 
 def run_ours(
-    forward: TimedForward, label: str, limit: int, tokenizer: Any, data_root: Path, bt: int, pmi: bool,
+    forward: TimedForward,
+    label: str,
+    limit: int,
+    tokenizer: Any,
+    data_root: Path,
+    bt: int,
+    pmi: bool,
     plain_logits: bool,
 ) -> LabelRun:
     """`InLoopEvaluator` on `olmo:<label>` with OLMo-core's keys, handed the model (or, `plain_logits`, a
@@ -226,7 +250,11 @@ def run_ours(
     if not pmi:  # OLMo-core scores no unconditional request for these metric types
         entry["metrics"] = [m for m in task.metrics if m != "acc_pmi"]
     config = EvaluatorConfig(
-        evaluators=[entry], data_root=str(data_root), strict=True, key_style="olmo_core", max_length=MAX_LENGTH
+        evaluators=[entry],
+        data_root=str(data_root),
+        strict=True,
+        key_style="olmo_core",
+        max_length=MAX_LENGTH,
     )
     evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
     model = forward.model
@@ -246,11 +274,21 @@ def run_ours(
     )["score"]
     evaluator.run(PlanOnly(VOCAB_SIZE, MAX_LENGTH))  # the same documents, planned for packed rows
     return LabelRun(
-        label, "ours", len(set(table.doc_id.tolist())), forward.calls, tokens, int(m["tokens"]),
-        table_minimum(table, with_uncond=True), trie_minimum(table_rows(table, with_uncond=True)),
-        evaluator.tokens_forwarded, m["wall_s"], forward.seconds,
-        None, {k: v for k, v in metrics.items() if " (" in k},  # OLMo's figures, under OLMo-core's keys
-        dict(zip(keys, score_R.tolist(), strict=True)), m["first_run_s"],
+        label,
+        "ours",
+        len(set(table.doc_id.tolist())),
+        forward.calls,
+        tokens,
+        int(m["tokens"]),
+        table_minimum(table, with_uncond=True),
+        trie_minimum(table_rows(table, with_uncond=True)),
+        evaluator.tokens_forwarded,
+        m["wall_s"],
+        forward.seconds,
+        None,
+        {k: v for k, v in metrics.items() if " (" in k},  # OLMo's figures, under OLMo-core's keys
+        dict(zip(keys, score_R.tolist(), strict=True)),
+        m["first_run_s"],
     )
 
 
@@ -289,7 +327,10 @@ def totals(runs: list[LabelRun], comparisons: dict[str, dict[str, Any]]) -> dict
     total: dict[str, dict[str, float]] = {}
     for engine in ("ours", "olmo_core"):
         mine = [r for r in runs if r.engine == engine]
-        total[engine] = {k: sum(getattr(r, k) for r in mine) for k in ("tokens", "tokens_at_embedding", "wall_s", "forward_s")}
+        total[engine] = {
+            k: sum(getattr(r, k) for r in mine)
+            for k in ("tokens", "tokens_at_embedding", "wall_s", "forward_s")
+        }
     if runs:
         ratios = {k: total["olmo_core"][k] / total["ours"][k] for k in ("tokens", "wall_s", "forward_s")}
         total["olmo_core_over_ours"] = ratios
@@ -306,7 +347,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=200, help="documents per label (OLMo's first)")
     parser.add_argument("--pmi", action="store_true", help="ours also scores PMI's requests")
     parser.add_argument(
-        "--plain-logits", action="store_true", help="ours calls the model as a plain logits callable (no packing)"
+        "--plain-logits",
+        action="store_true",
+        help="ours calls the model as a plain logits callable (no packing)",
+    )
+    parser.add_argument(
+        "--attn-backend",
+        default="torch",
+        choices=["torch", "flash_2"],
+        help="the model's attention backend; flash_2 without a GPU: built as on one, OLMo-core's evaluator "
+        "through a stand-in kernel (benchmarks/flash_attention.py)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--batch-tokens", type=int, default=8192, help="token budget of one forward (both)")
@@ -322,26 +372,38 @@ def main(argv: list[str] | None = None) -> None:
     data_root = Path(args.data_root) if args.data_root else default_data_root()
     tok_path = neox_tokenizer_path(data_root)
     tokenizer = load_tokenizer(tok_path)
-    train_module = olmo_core_train_module(args.batch_tokens)
+    train_module = olmo_core_train_module(args.batch_tokens, args.attn_backend)
     model = train_module.model.eval()
-    with torch.no_grad():  # first-call costs (allocator, kernels) paid before either engine is timed
+    with torch.no_grad(), flash_kernel_stand_in():  # first-call costs paid before either engine is timed
         model(torch.zeros((1, 128), dtype=torch.long))
     forward = TimedForward(model)
     runs: list[LabelRun] = []
     comparisons: dict[str, dict[str, Any]] = {}
     for label in args.labels.split(","):
         if get_task(f"olmo:{label}").olmo_metric_type == "pmi_dc":
-            print(f"{label}: pmi_dc; OLMo-core 3.0.0's update_metrics passes no domain-conditional logits; skipped")
+            print(
+                f"{label}: pmi_dc; OLMo-core 3.0.0's update_metrics passes no domain-conditional logits; skipped"
+            )
             continue
-        theirs = run_olmo_core(train_module, label, tok_path, data_root, args.limit)
-        ours = run_ours(
-            forward, label, args.limit, tokenizer, data_root, args.batch_tokens, args.pmi, args.plain_logits
-        )
+        with flash_kernel_stand_in():  # OLMo-core's evaluator, and ours on a plain logits callable, call it
+            theirs = run_olmo_core(train_module, label, tok_path, data_root, args.limit)
+            ours = run_ours(
+                forward,
+                label,
+                args.limit,
+                tokenizer,
+                data_root,
+                args.batch_tokens,
+                args.pmi,
+                args.plain_logits,
+            )
         comparisons[label] = compare_label(ours, theirs)
         runs.extend([ours, theirs])
         print_label_runs([ours, theirs], comparisons)
         for doc, margin in comparisons[label]["differing_docs_margin"].items():
-            print(f"  olmo_core predicts doc {doc} differently; ours' two choices' scores differ by {margin:.1e}")
+            print(
+                f"  olmo_core predicts doc {doc} differently; ours' two choices' scores differ by {margin:.1e}"
+            )
         print(flush=True)
     total = totals(runs, comparisons)
     print("=" * 40, "all labels")
@@ -350,7 +412,8 @@ def main(argv: list[str] | None = None) -> None:
     report = {
         "args": vars(args),
         "threads": torch.get_num_threads(),
-        "model": "OLMo-core TransformerConfig.olmo2_30M(vocab_size=50304), seeded random init, float32, CPU",
+        "model": f"OLMo-core TransformerConfig.olmo2_30M(vocab_size=50304, attn_backend={args.attn_backend}), "
+        "seeded random init, float32, CPU",
         "ours_adapter": "LogitsAdapter (a plain logits callable: no packing, full logits)"
         if args.plain_logits
         else "OLMoCoreAdapter (packed rows, logits_to_keep)",

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 MASK_RENDERINGS = ("dense", "block")
 # FlexAttention's block: each side of a block of queries x keys the kernel skips or computes whole.
@@ -58,7 +59,7 @@ class TreeMask:
     prefix_length: int = 0
     rendering: str = "dense"
     _dense: dict[tuple[int, int], Tensor] = field(default_factory=dict, repr=False)
-    _block: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
+    _block: dict[tuple[int, int], BlockMask] = field(default_factory=dict, repr=False)
 
     @property
     def keys(self) -> int:
@@ -76,7 +77,7 @@ class TreeMask:
                 self._dense[window] = self.dense() & within_KT[:, None]
         return self._dense[window]
 
-    def block(self, window: tuple[int, int] = NO_WINDOW) -> Any:
+    def block(self, window: tuple[int, int] = NO_WINDOW) -> BlockMask:
         """The FlexAttention `BlockMask` of the same mask, narrowed to `window` where one is set."""
         window = tuple(window)
         if window not in self._block:
@@ -154,12 +155,10 @@ def _within_window(position_ids_BT: Tensor, prefix_length: int, window: tuple[in
     return back_BTK <= window[0]
 
 
-def _block_mask(mask: TreeMask, window: tuple[int, int]) -> Any:
+def _block_mask(mask: TreeMask, window: tuple[int, int]) -> BlockMask:
     """The `BlockMask` of `mask`: its table lists, for each block of queries, the blocks of keys some query
     of it sees (the kept prefix's, and each key j's whose queries j..span_end - 1 reach into the block),
     found from `span_end_BT` in [B, T, T / BLOCK_SIZE] steps; its mask function decides within a block."""
-    from torch.nn.attention.flex_attention import BlockMask
-
     span_end_BT, S = mask.span_end_BT, mask.prefix_length
     B, T = span_end_BT.shape
     K = S + T
@@ -200,8 +199,6 @@ def _mask_mod(mask: TreeMask, window: tuple[int, int]) -> Any:
 def _flex_attention(device_type: str) -> Any:
     """`flex_attention`, compiled on CUDA, where it runs fused; as is elsewhere (an unfused reference that
     gives the same numbers, used on CPU to check the block rendering)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     if device_type == "cuda":
         return torch.compile(flex_attention, dynamic=False)
     return flex_attention
