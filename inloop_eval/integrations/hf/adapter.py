@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
 from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter, ModelOutputs
 from inloop_eval.engine.outputs.full_logits import FullLogits
@@ -132,8 +133,6 @@ def hf_keeps_prefixes(model: Any) -> bool:
 def prefix_cache(config: Any, kept: list[tuple[Tensor, Tensor]], rows: int) -> Any:
     """A fresh `DynamicCache` holding a kept prefix's keys and values (each layer's [1, H, S, Dh]) expanded
     over `rows` rows. A new one per batch: the model appends the batch's own keys and values to it."""
-    from transformers import DynamicCache  # an optional dependency, loaded with any Hugging Face model
-
     cache = DynamicCache(config=config)
     for layer, (keys, values) in zip(cache.layers, kept, strict=True):
         # Set, not `update`d: update concatenates onto an empty tensor, a copy of the prefix per row.
