@@ -1,3 +1,4 @@
 """Everything Hugging Face needs: `adapter` (causal LMs: the head at the positions read, packed rows and kept
-prefixes through its cache for the verified model types) and `callback` (the `Trainer` hook,
-`InLoopEvalCallback`). docs/hf_lightning.md shows the set-up."""
+prefixes through its cache for the verified model types), `attention` (the engine's attention set as their
+implementation for an evaluation's forwards, whatever kernel they train with) and `callback` (the `Trainer`
+hook, `InLoopEvalCallback`). docs/hf_lightning.md shows the set-up."""

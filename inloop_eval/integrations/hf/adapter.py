@@ -1,5 +1,6 @@
 """The adapter of Hugging Face causal LMs (`AutoModelForCausalLM`): hidden states and head where its logits are
-exactly the head's, packed rows and kept prefixes (its cache) for the verified model types.
+exactly the head's, packed rows and kept prefixes (its cache) for the verified model types, whose every
+forward runs the engine's attention (`attention.routed_attention`) whatever implementation they train with.
 Legend: B batch, T time, U positions read, S kept prefix, H heads, Dh head width.
 """
 
@@ -10,10 +11,12 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
 from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter, ModelOutputs
 from inloop_eval.engine.outputs.full_logits import FullLogits
 from inloop_eval.engine.outputs.projected_head import Head, ProjectedHead
+from inloop_eval.integrations.hf.attention import TREE_KEYWORD, causal_tree, routed_attention
 
 # Hugging Face model types whose logits are exactly lm_head(final hidden state): no soft-capping or
 # scaling after the projection, so projecting only the selected positions gives the same numbers.
@@ -24,18 +27,16 @@ _HF_PLAIN_HEAD_TYPES = frozenset(
 # plain when it is unset): the same ops, in the same dtype, on the selected positions only.
 _HF_SOFTCAP_HEAD_TYPES = frozenset({"gemma2", "gemma3_text"})
 
-# Hugging Face model types checked (tests/engine/test_scoring_paths.py, transformers 5.24) to take a 4D
-# attention mask and position ids and give, for each packed continuation, the numbers of its own unshared row.
+# Hugging Face model types checked (tests/engine/test_scoring_paths.py, tests/integrations/test_hf_packing.py,
+# transformers 5.24) to take position ids and, with their attention routed through the engine's
+# (`attention.routed_attention`), give for each packed continuation the numbers of its own unshared row.
 HF_PACKING_TYPES = frozenset(
     {"llama", "gpt_neox", "qwen2", "qwen3", "olmo", "olmo2", "gpt2", "phi3", "gemma"}
 )
-# Packing types checked (tests/engine/test_scoring_paths.py, transformers 5.24) to keep a prefix's keys and
-# values from a forward with `use_cache=True` and give, for each row read after it through a fresh cache of
-# them and a [B, 1, T, S + T] mask (returned as given by `masking_utils.create_causal_mask`, as any 4D mask
-# is), the numbers of its own unshared row.
+# Packing types checked (same tests) to keep a prefix's keys and values from a forward with `use_cache=True`
+# and give, for each row read after it through a fresh cache of them (its attention seeing K = S + T keys),
+# the numbers of its own unshared row.
 HF_PREFIX_REUSE_TYPES = HF_PACKING_TYPES
-# Attention implementations that apply a 4D mask as given: sdpa takes it boolean, eager additive.
-_HF_PACKING_ATTENTION = frozenset({"sdpa", "eager"})
 
 
 def build_adapter(model: Any, max_length: int | None) -> ModelAdapter:
@@ -62,7 +63,6 @@ class HFCausalLMAdapter(ModelAdapter):
         ) or model_type in _HF_SOFTCAP_HEAD_TYPES
         self.packing = hf_supports_packing(config)
         self.prefix_reuse = self.packing and hf_keeps_prefixes(model)
-        self.additive_mask = getattr(config, "_attn_implementation", None) == "eager"
         self.vocab_size = model.get_input_embeddings().num_embeddings
 
     @property
@@ -70,14 +70,11 @@ class HFCausalLMAdapter(ModelAdapter):
         return AdapterNeeds(packing=self.packing, prefix_reuse=self.prefix_reuse)
 
     def forward(self, inputs: ForwardInputs) -> ModelOutputs:
+        """One forward of the batch; for a model that packs, every forward (packed or not) attends through
+        the engine's attention under the batch's tree mask (plain causal rows: a causal one)."""
         kwargs: dict[str, Any] = {"use_cache": inputs.keeps_prefix}
-        attention_mask = inputs.attention_mask_B1TT
-        if attention_mask is not None:
-            if self.additive_mask:  # eager attention adds the mask to the scores
-                dtype = self.model.dtype
-                zeros = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
-                attention_mask = zeros.masked_fill_(~attention_mask, torch.finfo(dtype).min)
-            kwargs["attention_mask"] = attention_mask
+        if self.packing:
+            kwargs[TREE_KEYWORD] = inputs.tree if inputs.tree is not None else causal_tree(inputs.input_ids_BT)
         if inputs.position_ids_BT is not None:
             kwargs["position_ids"] = inputs.position_ids_BT
         if inputs.prefix is not None and not inputs.keeps_prefix:
@@ -85,7 +82,11 @@ class HFCausalLMAdapter(ModelAdapter):
         if inputs.keeps_prefix and not self.plain_head:
             kwargs["logits_to_keep"] = 1  # a kept prefix has no targets: its logits are never read
         model = self.model.base_model if self.plain_head else self.model
-        out = model(input_ids=inputs.input_ids_BT, **kwargs)
+        if self.packing:
+            with routed_attention(self.model):
+                out = model(input_ids=inputs.input_ids_BT, **kwargs)
+        else:
+            out = model(input_ids=inputs.input_ids_BT, **kwargs)
         if inputs.keeps_prefix and inputs.prefix is not None:
             inputs.prefix.states = [(layer.keys, layer.values) for layer in out.cache.layers]
         rows_U, cols_U = inputs.rows_U, inputs.cols_U
@@ -109,12 +110,12 @@ class SoftCappedHead:
 
 
 def hf_supports_packing(config: Any) -> bool:
-    """Whether a Hugging Face model of this config may be fed packed rows: a verified model type, an
-    attention implementation that applies a 4D mask as given, and no sliding window (which a custom mask
-    would silently replace)."""
+    """Whether a Hugging Face model of this config may be fed packed rows: a verified model type without a
+    sliding window (not verified routed). Its attention implementation does not matter: sdpa, eager,
+    flash_attention_2/3, flex_attention, a hub kernel or one unknown here, each is replaced by the engine's
+    attention for the length of an evaluation's forward (`attention.routed_attention`)."""
     return (
         getattr(config, "model_type", "") in HF_PACKING_TYPES
-        and getattr(config, "_attn_implementation", None) in _HF_PACKING_ATTENTION
         and getattr(config, "sliding_window", None) is None
     )
 
@@ -132,8 +133,6 @@ def hf_keeps_prefixes(model: Any) -> bool:
 def prefix_cache(config: Any, kept: list[tuple[Tensor, Tensor]], rows: int) -> Any:
     """A fresh `DynamicCache` holding a kept prefix's keys and values (each layer's [1, H, S, Dh]) expanded
     over `rows` rows. A new one per batch: the model appends the batch's own keys and values to it."""
-    from transformers import DynamicCache  # an optional dependency, loaded with any Hugging Face model
-
     cache = DynamicCache(config=config)
     for layer, (keys, values) in zip(cache.layers, kept, strict=True):
         # Set, not `update`d: update concatenates onto an empty tensor, a copy of the prefix per row.
