@@ -217,12 +217,25 @@ def test_training_through_megatrons_schedule_is_unchanged_by_evaluations(referen
 
 
 def test_a_stage_that_raises_fails_the_task_on_every_rank(launched) -> None:
-    """The first stage raises in its third forward: both stages raise its error (strict), or report the
-    task failed, and the launch ends (no stage left waiting in a receive)."""
+    """The first stage raises in its third forward (packed, routed): both stages raise its error (strict), or
+    report the task failed, and the launch ends (no stage left waiting in a receive); no routing override is
+    left on either stage."""
     errors = [r["stage_failure"]["strict"] for r in launched[2]]
     assert errors[0] == errors[1] and "Megatron stage 0: RuntimeError: boom in the first stage" in errors[0]
+    assert "rotary_pos_emb" in launched[2][0]["stage_failure"]["routed_when_raised"]
     for result in launched[2]:
         assert result["stage_failure"]["lenient"] == {"eval/downstream/copa/failed": 1.0}
+        assert result["stage_failure"]["overrides_left"] == []
+
+
+def test_routing_is_removed_after_a_keyboard_interrupt(launched) -> None:
+    """Inside `routed_attention` the RoPE and every core attention hold an override; after a KeyboardInterrupt
+    raised in its body none does."""
+    for result in launched[2]:
+        interrupted = result["refusals"]["interrupted"]
+        cores = [f"decoder.layers.{i}.self_attention.core_attention" for i in range(4)]
+        assert sorted(interrupted["inside"]) == sorted(["rotary_pos_emb", *cores])
+        assert interrupted["after"] == []
 
 
 def test_peers_must_share_a_data_parallel_rank(launched) -> None:

@@ -48,6 +48,7 @@ from workers.launch import checks_main  # noqa: E402
 import inloop_eval.integrations.megatron.attention as megatron_attention  # noqa: E402
 import inloop_eval.integrations.megatron.forward as megatron_forward  # noqa: E402
 from inloop_eval.engine.adapter import ForwardInputs  # noqa: E402
+from inloop_eval.engine.tree_attention import TreeMask  # noqa: E402
 from inloop_eval.errors import ModelOutputError  # noqa: E402
 from inloop_eval.evaluators.config import EvaluatorConfig  # noqa: E402
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator  # noqa: E402
@@ -370,18 +371,25 @@ def check_layouts(ctx: Context) -> dict[str, Any]:
     }
 
 
+def overrides_left(gpt: nn.Module) -> list[str]:
+    """The modules of `gpt` holding an instance-level `forward` (an override left behind)."""
+    return [name for name, module in gpt.named_modules() if "forward" in module.__dict__]
+
+
 def check_stage_failure(ctx: Context) -> dict[str, Any]:
-    """PP=2 whose first stage raises in its third forward: every rank raises that error (strict), or reports
-    the task failed (not strict), and the launch ends."""
+    """The RoPE model at PP=2 whose first stage raises in its third forward (a packed micro-batch, routed):
+    every rank raises that error (strict), or reports the task failed (not strict), the launch ends, and no
+    override is left on either stage."""
     sizes = {"pipeline_model_parallel_size": 2}
     out: dict[str, Any] = {}
     with megatron_cpu.model_parallel(**sizes):
-        chunks = build_model(sizes, False)
+        chunks = build_model(sizes, False, **ROPE_MODEL)
         calls = [0]
 
         def boom(module: nn.Module, args: Any) -> None:
             calls[0] += 1
             if parallel_state.is_pipeline_first_stage() and calls[0] == 3:
+                out["routed_when_raised"] = overrides_left(module)
                 raise RuntimeError("boom in the first stage")
 
         chunks[0].register_forward_pre_hook(boom)
@@ -394,6 +402,7 @@ def check_stage_failure(ctx: Context) -> dict[str, Any]:
             out["strict"] = str(exc)
         calls[0] = 0
         out["lenient"] = evaluator(ctx, TASKS[:1], strict=False).run(adapter, dp_group=dp_group)
+        out["overrides_left"] = overrides_left(chunks[0])
     return out
 
 
@@ -415,7 +424,26 @@ def check_refusals(ctx: Context) -> dict[str, Any]:
             MegatronAdapter(models["core"])
         (gpt,) = build_model(sizes, False)
         gpt.config = dataclasses.replace(gpt.config, context_parallel_size=2)
-        return {"cp": refusal(lambda: MegatronAdapter(gpt)), "packing_blockers": blockers, "log": lines}
+        return {
+            "cp": refusal(lambda: MegatronAdapter(gpt)),
+            "packing_blockers": blockers,
+            "log": lines,
+            "interrupted": interrupted_routing(models["rope"]),
+        }
+
+
+def interrupted_routing(gpt: nn.Module) -> dict[str, list[str]]:
+    """The overrides `gpt` holds inside `routed_attention` and after a KeyboardInterrupt raised in it."""
+    position_ids_RT = torch.arange(4)[None]
+    tree = TreeMask(torch.full((1, 4), 4), position_ids_RT)
+    held: list[str] = []
+    try:
+        with megatron_attention.routed_attention(gpt, position_ids_RT, tree):
+            held = overrides_left(gpt)
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    return {"inside": held, "after": overrides_left(gpt)}
 
 
 @contextlib.contextmanager
