@@ -119,6 +119,11 @@ def batch_attention(inputs: ForwardInputs, padded_BT: Tensor) -> BatchAttention:
         prefix.states = {}
         return BatchAttention(position_ids_BT, causal_11TT, keeping=(prefix.length, prefix.states))
     if inputs.tree is None:
+        if prefix is not None:
+            raise ValueError(
+                f"MegatronAdapter: a batch after a kept prefix of {prefix.length} tokens came without its packed "
+                "mask (ForwardInputs.tree); the planner packs every batch that reads a kept prefix"
+            )
         return BatchAttention(position_ids_BT, causal_11TT)
     B, T = inputs.input_ids_BT.shape
     tree = inputs.tree
