@@ -2,14 +2,17 @@
 torchrun): TP=2, TP=2 with sequence parallelism, PP=2, PP=2 with two virtual stages per rank, TP=2 x PP=2 with
 sequence parallelism, and DP=2 x TP=2, fed packed rows (prefix tries), give the figures of the same weights in
 one process on one request per row (accuracies identical, greedy flags identical, other figures and per-request
-loglikelihoods within 1e-5) on an rc, a letter-key, a PMI and a 5-shot task and perplexity domains; models
-whose attention would not apply a packed row's mask or position ids (RoPE, a sliding window, the fused softmax)
-are given one request per row; the scoring allocates at most [positions, V/TP]; training through Megatron's
-schedule is bit for bit the same with evaluations; a stage that raises fails the task on every rank; layouts
-it cannot score, and a data-parallel group that splits model-parallel peers, are refused.
+loglikelihoods within 1e-5) on an rc, a letter-key, a PMI and a 5-shot task and perplexity domains; so does a
+RoPE model with tied output weights and grouped-query attention, packed below a kept prefix, in every layout,
+with the mask rendered dense or block; models with an attention the packed routing was not verified for (a
+sliding window, another core attention) are given one request per row, said once in the log with the module's
+path; the scoring allocates at most [positions, V/TP]; training through Megatron's schedule is bit for bit the
+same with evaluations; a stage that raises fails the task on every rank; layouts it cannot score, and a
+data-parallel group that splits model-parallel peers, are refused.
 
 Three launches of tests/support/megatron_checks.py: one process (train two steps, save the weights, evaluate
-them unsplit through the engine's plain-logits path: the reference), two and four processes (the layouts).
+them unsplit through the engine's plain-logits path: the reference; the same for the RoPE model, and its packed
+figures with either rendering), two and four processes (the layouts).
 """
 
 from __future__ import annotations
@@ -87,18 +90,51 @@ def test_every_layout_gives_the_figures_of_one_process(reference, launched) -> N
         assert_same_metrics(result["metrics"], reference["metrics"], f"{name} rank {rank}", 1e-5)
 
 
+def assert_same_requests(found: list[dict[str, Any]], expected: list[dict[str, Any]], where: str) -> None:
+    """Every request found has the loglikelihoods (within 1e-5) and greedy flag of the one expected."""
+    by_key = {request_key(s): s for s in expected}
+    for s in found:
+        ref = by_key[request_key(s)]
+        assert s["is_greedy"] == ref["is_greedy"], (where, s, ref)
+        assert math.isclose(s["ll"], ref["ll"], rel_tol=1e-5, abs_tol=1e-5), (where, s, ref)
+        # Every record carries its unconditional loglikelihood, even where another data-parallel rank
+        # scored that unconditional request.
+        assert (s["ll_uncond"] is None) == (ref["ll_uncond"] is None), (where, s, ref)
+        if ref["ll_uncond"] is not None:
+            assert math.isclose(s["ll_uncond"], ref["ll_uncond"], rel_tol=1e-5, abs_tol=1e-5), (where, s)
+
+
 def test_every_request_gets_the_loglikelihood_of_one_process(reference, launched) -> None:
-    expected = {request_key(s): s for s in reference["samples"]}
     for name, rank, result in layout_results(launched):
-        for s in result["samples"]:
-            ref = expected[request_key(s)]
-            assert s["is_greedy"] == ref["is_greedy"], (name, rank, s, ref)
-            assert math.isclose(s["ll"], ref["ll"], rel_tol=1e-5, abs_tol=1e-5), (name, rank, s, ref)
-            # Every record carries its unconditional loglikelihood, even where another data-parallel rank
-            # scored that unconditional request.
-            assert (s["ll_uncond"] is None) == (ref["ll_uncond"] is None), (name, rank, s, ref)
-            if ref["ll_uncond"] is not None:
-                assert math.isclose(s["ll_uncond"], ref["ll_uncond"], rel_tol=1e-5, abs_tol=1e-5), (name, s)
+        assert_same_requests(result["samples"], reference["samples"], f"{name} rank {rank}")
+
+
+def test_a_rope_model_packed_below_kept_prefixes_gives_in_every_layout_the_numbers_of_one_process(
+    reference, launched
+) -> None:
+    """RoPE rotates each token at its own position and the core attention runs through the engine's tree
+    attention, after the kept prefix's keys and values: per request the one-process figures, in every layout,
+    output weights tied and 4 query heads over 2 key/value heads."""
+    expected = reference["rope"]
+    for name, rank, result in layout_results(launched):
+        rope = result["rope"]
+        assert_same_requests(rope["samples"], expected["samples"], f"RoPE {name} rank {rank}")
+        assert_same_metrics(rope["metrics"], expected["metrics"], f"RoPE {name} rank {rank}", 1e-5)
+        batches = rope["batches"]
+        assert 0 < batches["packed"] < batches["all"], (name, rank, batches)
+        assert batches["keeps_prefix"] > 0 and batches["after_prefix"] > 0, (name, rank, batches)
+
+
+def test_dense_and_block_renderings_of_the_mask_give_the_same_numbers(reference) -> None:
+    """One process, the RoPE model packed through MegatronAdapter with the mask rendered dense (SDPA) and as
+    a FlexAttention block mask: the one-process figures of one request per row, either way."""
+    renderings = reference["rope_renderings"]
+    assert set(renderings) == {"dense", "block"}
+    for rendering, result in renderings.items():
+        assert result["batches"]["packed"] > 0 and result["batches"]["after_prefix"] > 0, rendering
+        assert_same_requests(result["samples"], reference["rope"]["samples"], rendering)
+        assert_same_metrics(result["metrics"], reference["rope"]["metrics"], rendering, 1e-5)
+    assert_same_requests(renderings["block"]["samples"], renderings["dense"]["samples"], "block vs dense")
 
 
 def test_every_layout_is_fed_packed_rows(launched) -> None:
@@ -107,12 +143,18 @@ def test_every_layout_is_fed_packed_rows(launched) -> None:
         assert 0 < batches["packed"] <= batches["all"], (name, rank, batches)
 
 
-def test_models_whose_attention_would_not_apply_the_mask_or_positions_are_not_packed(launched) -> None:
+def test_models_with_an_attention_the_routing_was_not_verified_for_are_not_packed_said_once(launched) -> None:
     for result in launched[2]:
-        blockers = result["refusals"]["packing_blockers"]
-        assert "rotary position embedding (rope) is computed per column" in blockers["rope"]
-        assert "sliding-window attention replaces the mask" in blockers["window"]
-        assert "fused softmax kernel (fp16/bf16 with masked_softmax_fusion)" in blockers["fused_softmax"]
+        refusals = result["refusals"]
+        blockers = refusals["packing_blockers"]
+        assert blockers["rope"] == ""
+        window = "its sliding-window core attention at 'decoder.layers.0.self_attention.core_attention'"
+        core = "its core attention UnverifiedCoreAttention at 'decoder.layers.1.self_attention.core_attention'"
+        assert blockers["window"].startswith(window) and blockers["core"].startswith(core)
+        # Two adapters of the model with the other core attention: one line.
+        assert [line for line in refusals["log"] if core in line] == [
+            f"Megatron GPTModel: scoring one request per row, no shared contexts: {blockers['core']}"
+        ]
 
 
 def test_model_parallel_peers_hold_the_same_scores_and_data_parallel_ranks_split_the_documents(
@@ -159,9 +201,10 @@ def test_scoring_allocates_at_most_the_positions_by_the_vocabulary_slice(launche
 
 
 def test_training_through_megatrons_schedule_is_unchanged_by_evaluations(reference, launched) -> None:
-    """TP=2 x PP=2 with sequence parallelism and dropout, evaluating at steps 0 and 2 through the same
-    schedule, every forward drawing from the global RNGs and Megatron's RNG tracker: the same losses, weights
-    and tracker states bit for bit; the first evaluation gives the one-process figures."""
+    """The RoPE model (its evaluation forwards routed) at TP=2 x PP=2 with sequence parallelism and dropout,
+    evaluating at steps 0 and 2 through the same schedule, every forward drawing from the global RNGs and
+    Megatron's RNG tracker: the same losses, weights and tracker states bit for bit; the first evaluation gives
+    the one-process figures."""
     for rank, result in enumerate(launched[4]):
         runs = result["training"]
         assert runs["with_eval"]["losses"] == runs["without"]["losses"], f"rank {rank}"
@@ -174,12 +217,25 @@ def test_training_through_megatrons_schedule_is_unchanged_by_evaluations(referen
 
 
 def test_a_stage_that_raises_fails_the_task_on_every_rank(launched) -> None:
-    """The first stage raises in its third forward: both stages raise its error (strict), or report the
-    task failed, and the launch ends (no stage left waiting in a receive)."""
+    """The first stage raises in its third forward (packed, routed): both stages raise its error (strict), or
+    report the task failed, and the launch ends (no stage left waiting in a receive); no routing override is
+    left on either stage."""
     errors = [r["stage_failure"]["strict"] for r in launched[2]]
     assert errors[0] == errors[1] and "Megatron stage 0: RuntimeError: boom in the first stage" in errors[0]
+    assert "rotary_pos_emb" in launched[2][0]["stage_failure"]["routed_when_raised"]
     for result in launched[2]:
         assert result["stage_failure"]["lenient"] == {"eval/downstream/copa/failed": 1.0}
+        assert result["stage_failure"]["overrides_left"] == []
+
+
+def test_routing_is_removed_after_a_keyboard_interrupt(launched) -> None:
+    """Inside `routed_attention` the RoPE and every core attention hold an override; after a KeyboardInterrupt
+    raised in its body none does."""
+    for result in launched[2]:
+        interrupted = result["refusals"]["interrupted"]
+        cores = [f"decoder.layers.{i}.self_attention.core_attention" for i in range(4)]
+        assert sorted(interrupted["inside"]) == sorted(["rotary_pos_emb", *cores])
+        assert interrupted["after"] == []
 
 
 def test_peers_must_share_a_data_parallel_rank(launched) -> None:

@@ -4,8 +4,10 @@
 
 World size 1 runs `reference`: the seeded model trained two steps through Megatron's schedule, its weights saved
 to $MEGATRON_WEIGHTS, and the same weights evaluated through the engine's one-process path (a plain callable
-returning full logits: no MegatronAdapter). The other launches load those weights into each layout (sliced
-along each parameter's `partition_dim` for TP, the layers of each pipeline stage by their global number) and
+returning full logits: no MegatronAdapter); the same for a seeded RoPE model (`ROPE_MODEL`, its weights saved
+beside), whose packed figures through `MegatronAdapter` are also taken with the mask rendered dense and block.
+The other launches load those weights into each layout (sliced along each parameter's `partition_dim` for TP,
+the layers of each pipeline stage by their global number, a tied output layer from the word embeddings) and
 evaluate them through `MegatronAdapter`. Every rank writes `<out>/rank<r>.json`; tests/integrations/
 test_megatron.py compares them. The perplexity domains are written under $INLOOP_EVAL_HOME.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import os
 import re
 import sys
@@ -38,11 +41,14 @@ from megatron.core import parallel_state, tensor_parallel  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
 from megatron.core.transformer import TransformerConfig  # noqa: E402
+from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
 from workers.dist_checks import Context, draw_random_numbers, params_digest, refusal, samples  # noqa: E402
 from workers.launch import checks_main  # noqa: E402
 
+import inloop_eval.integrations.megatron.attention as megatron_attention  # noqa: E402
 import inloop_eval.integrations.megatron.forward as megatron_forward  # noqa: E402
 from inloop_eval.engine.adapter import ForwardInputs  # noqa: E402
+from inloop_eval.engine.tree_attention import TreeMask  # noqa: E402
 from inloop_eval.errors import ModelOutputError  # noqa: E402
 from inloop_eval.evaluators.config import EvaluatorConfig  # noqa: E402
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator  # noqa: E402
@@ -61,6 +67,13 @@ TASKS: list[dict[str, Any]] = [
     {"task": "arc_easy", "limit": 5, "batch_tokens": 200, "metrics": ["acc", "acc_norm", "acc_pmi"]},
 ]
 TRAIN_TASKS: list[dict[str, Any]] = [{"task": "copa", "limit": 4, "batch_tokens": 256}]
+# The RoPE model: output weights tied to the word embeddings, 4 query heads over 2 key/value heads (one of each
+# per rank at TP=2); seeded, not trained. Its tasks: a 5-shot task (its shots a kept prefix) and copa.
+ROPE_MODEL: dict[str, Any] = {"positions": "rope", "tied": True, "num_attention_heads": 4, "num_query_groups": 2}
+ROPE_TASKS: list[dict[str, Any]] = [
+    {"task": "olmo:arc_easy_rc_5shot", "limit": 4, "batch_tokens": 300},
+    {"task": "copa", "limit": 5, "batch_tokens": 160},
+]
 # Layout name -> (processes, parallel_state sizes, sequence parallel).
 LAYOUTS: dict[str, tuple[int, dict[str, int], bool]] = {
     "tp2": (2, {"tensor_model_parallel_size": 2}, False),
@@ -74,14 +87,15 @@ LAYOUTS: dict[str, tuple[int, dict[str, int], bool]] = {
 
 def build_model(
     sizes: dict[str, int], sequence_parallel: bool, dropout: float = 0.0, positions: str = "learned_absolute",
-    **config: Any,
+    tied: bool = False, **config: Any,
 ) -> list[nn.Module]:
     """This rank's chunks of the seeded GPTModel in the current parallel_state (one per virtual stage), with
-    position embeddings `positions` and TransformerConfig fields `config`."""
+    position embeddings `positions`, output weights `tied` to the word embeddings or not, and TransformerConfig
+    fields `config`."""
     tp = sizes.get("tensor_model_parallel_size", 1)
     pp = sizes.get("pipeline_model_parallel_size", 1)
     vp = sizes.get("virtual_pipeline_model_parallel_size")
-    config = TransformerConfig(
+    fields: dict[str, Any] = dict(
         num_layers=LAYERS,
         hidden_size=32,
         num_attention_heads=2,
@@ -96,8 +110,8 @@ def build_model(
         batch_p2p_comm=False,
         hidden_dropout=dropout,
         attention_dropout=dropout,
-        **config,
     )
+    config = TransformerConfig(**{**fields, **config})
     chunks = []
     for stage in range(vp or 1):
         stage_arg = stage if vp else None
@@ -110,7 +124,7 @@ def build_model(
                 max_sequence_length=SEQ_LEN,
                 pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage_arg),
                 post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage_arg),
-                share_embeddings_and_output_weights=False,
+                share_embeddings_and_output_weights=tied,
                 position_embedding_type=positions,
                 vp_stage=stage_arg,
             )
@@ -120,7 +134,8 @@ def build_model(
 
 def load_full_weights(chunks: list[nn.Module], full: dict[str, Tensor]) -> None:
     """Copy the one-process weights `full` into this rank's chunks: each tensor-parallel parameter the slice
-    of its `partition_dim` this rank holds, each layer by its global number."""
+    of its `partition_dim` this rank holds, each layer by its global number, the last stage's copy of tied
+    output weights from the word embeddings."""
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     for chunk in chunks:
@@ -128,6 +143,8 @@ def load_full_weights(chunks: list[nn.Module], full: dict[str, Tensor]) -> None:
         for name, param in chunk.named_parameters():
             local = re.match(r"decoder\.layers\.(\d+)\.", name)
             key = name if local is None else f"decoder.layers.{numbers[int(local[1])]}.{name[local.end():]}"
+            if key == "output_layer.weight" and chunk.share_embeddings_and_output_weights:
+                key = "embedding.word_embeddings.weight"
             value = full[key]
             if getattr(param, "tensor_model_parallel", False) and tp_size > 1:
                 value = value.chunk(tp_size, dim=param.partition_dim)[tp_rank]
@@ -196,9 +213,12 @@ def sum_sequence_parallel_grads(chunks: list[nn.Module]) -> None:
                 dist.all_reduce(param.grad, group=group)
 
 
-def evaluator(ctx: Context, entries: list[dict[str, Any]], strict: bool = True) -> InLoopEvaluator:
+def evaluator(
+    ctx: Context, entries: list[dict[str, Any]], strict: bool = True, attention_mask: str = "auto"
+) -> InLoopEvaluator:
     config = EvaluatorConfig(
-        evaluators=[dict(e) for e in entries], data_root=str(ctx.data_root), max_length=SEQ_LEN, strict=strict
+        evaluators=[dict(e) for e in entries], data_root=str(ctx.data_root), max_length=SEQ_LEN, strict=strict,
+        attention_mask=attention_mask,
     )
     return InLoopEvaluator(config, tokenizer=ctx.tokenizer)
 
@@ -214,8 +234,15 @@ def entries(ctx: Context) -> list[dict[str, Any]]:
     return [*TASKS, lm_entry(files, home / "lm_cache", batch_tokens=300)]
 
 
+def rope_weights() -> Path:
+    """Where the one-process launch saves the RoPE model's weights: beside $MEGATRON_WEIGHTS."""
+    return Path(os.environ["MEGATRON_WEIGHTS"]).with_name("gpt_rope.pt")
+
+
 def check_reference(ctx: Context) -> dict[str, Any]:
-    """One process: train two steps, save the weights, evaluate them unsplit through the engine's own path."""
+    """One process: train two steps, save the weights, evaluate them unsplit through the engine's own path;
+    save the seeded RoPE model's weights and evaluate them the same way, and packed through MegatronAdapter
+    with the mask rendered dense and block."""
     sizes: dict[str, int] = {}
     with megatron_cpu.model_parallel(**sizes):
         (gpt,) = build_model(sizes, False)
@@ -225,7 +252,20 @@ def check_reference(ctx: Context) -> dict[str, Any]:
         gpt.eval()
         ev = evaluator(ctx, entries(ctx))
         reference = {"metrics": ev.run(full_logits(gpt)), "samples": samples(ev)}
-        reference["train_tasks"] = evaluator(ctx, TRAIN_TASKS).run(full_logits(gpt))
+        (rope,) = build_model(sizes, False, **ROPE_MODEL)
+        torch.save({k: p.detach().clone() for k, p in rope.named_parameters()}, rope_weights())
+        rope.eval()
+        reference["train_tasks"] = evaluator(ctx, TRAIN_TASKS).run(full_logits(rope))
+        ev = evaluator(ctx, ROPE_TASKS)
+        reference["rope"] = {"metrics": ev.run(full_logits(rope)), "samples": samples(ev)}
+        reference["rope_renderings"] = {}
+        for rendering in ("dense", "block"):
+            ev = evaluator(ctx, ROPE_TASKS, attention_mask=rendering)
+            adapter = CountingAdapter(rope)
+            metrics = ev.run(adapter)
+            reference["rope_renderings"][rendering] = {
+                "metrics": metrics, "samples": samples(ev), "batches": dict(adapter.batches)
+            }
     return reference
 
 
@@ -265,22 +305,30 @@ def scoring_memory(record: list[dict[str, int]]) -> Iterator[None]:
 
 
 class CountingAdapter(MegatronAdapter):
-    """MegatronAdapter counting the batches it is given, and the packed ones among them."""
+    """MegatronAdapter counting the batches it is given, the packed ones among them, the kept prefixes and the
+    batches after one."""
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
-        self.batches = {"all": 0, "packed": 0}
+        self.batches = {"all": 0, "packed": 0, "keeps_prefix": 0, "after_prefix": 0}
 
     def forward(self, inputs: ForwardInputs) -> Any:
         self.batches["all"] += 1
         self.batches["packed"] += int(inputs.packed)
+        self.batches["keeps_prefix"] += int(inputs.keeps_prefix)
+        self.batches["after_prefix"] += int(inputs.prefix is not None and not inputs.keeps_prefix)
         return super().forward(inputs)
 
 
-def evaluate_layout(ctx: Context, name: str, ev: InLoopEvaluator, full: dict[str, Tensor]) -> dict[str, Any]:
+def evaluate_layout(
+    ctx: Context, name: str, evaluators: tuple[InLoopEvaluator, InLoopEvaluator], weights: tuple[dict, dict]
+) -> dict[str, Any]:
     """The saved weights in layout `name`, evaluated through MegatronAdapter over Megatron's data-parallel
-    group; also the batches it was given, packed or not, and the scoring's largest allocations."""
+    group; also the batches it was given, packed or not, and the scoring's largest allocations; and the RoPE
+    model's saved weights in the same layout (`rope`: its figures and batches)."""
     _, sizes, sequence_parallel = LAYOUTS[name]
+    ev, rope_ev = evaluators
+    full, rope_full = weights
     with megatron_cpu.model_parallel(**sizes):
         chunks = build_model(sizes, sequence_parallel)
         load_full_weights(chunks, full)
@@ -304,28 +352,44 @@ def evaluate_layout(ctx: Context, name: str, ev: InLoopEvaluator, full: dict[str
         if name in ("tp2", "tp2pp2"):
             out["no_group"] = refusal(lambda: ev.run(adapter))
             out["world_group"] = refusal(lambda: ev.run(adapter, dp_group=dist.group.WORLD))
+        chunks = build_model(sizes, sequence_parallel, **ROPE_MODEL)
+        load_full_weights(chunks, rope_full)
+        adapter = CountingAdapter(chunks if len(chunks) > 1 else chunks[0])
+        metrics = rope_ev.run(adapter, dp_group=dp_group)
+        out["rope"] = {"metrics": metrics, "samples": samples(rope_ev), "batches": dict(adapter.batches)}
     return out
 
 
 def check_layouts(ctx: Context) -> dict[str, Any]:
     """Every layout of this world size, one after the other in this launch."""
-    full = torch.load(os.environ["MEGATRON_WEIGHTS"])
-    ev = evaluator(ctx, entries(ctx))
-    return {name: evaluate_layout(ctx, name, ev, full) for name, (n, _, _) in LAYOUTS.items() if n == ctx.world_size}
+    weights = torch.load(os.environ["MEGATRON_WEIGHTS"]), torch.load(rope_weights())
+    evaluators = evaluator(ctx, entries(ctx)), evaluator(ctx, ROPE_TASKS)
+    return {
+        name: evaluate_layout(ctx, name, evaluators, weights)
+        for name, (n, _, _) in LAYOUTS.items()
+        if n == ctx.world_size
+    }
+
+
+def overrides_left(gpt: nn.Module) -> list[str]:
+    """The modules of `gpt` holding an instance-level `forward` (an override left behind)."""
+    return [name for name, module in gpt.named_modules() if "forward" in module.__dict__]
 
 
 def check_stage_failure(ctx: Context) -> dict[str, Any]:
-    """PP=2 whose first stage raises in its third forward: every rank raises that error (strict), or reports
-    the task failed (not strict), and the launch ends."""
+    """The RoPE model at PP=2 whose first stage raises in its third forward (a packed micro-batch, routed):
+    every rank raises that error (strict), or reports the task failed (not strict), the launch ends, and no
+    override is left on either stage."""
     sizes = {"pipeline_model_parallel_size": 2}
     out: dict[str, Any] = {}
     with megatron_cpu.model_parallel(**sizes):
-        chunks = build_model(sizes, False)
+        chunks = build_model(sizes, False, **ROPE_MODEL)
         calls = [0]
 
         def boom(module: nn.Module, args: Any) -> None:
             calls[0] += 1
             if parallel_state.is_pipeline_first_stage() and calls[0] == 3:
+                out["routed_when_raised"] = overrides_left(module)
                 raise RuntimeError("boom in the first stage")
 
         chunks[0].register_forward_pre_hook(boom)
@@ -338,32 +402,71 @@ def check_stage_failure(ctx: Context) -> dict[str, Any]:
             out["strict"] = str(exc)
         calls[0] = 0
         out["lenient"] = evaluator(ctx, TASKS[:1], strict=False).run(adapter, dp_group=dp_group)
+        out["overrides_left"] = overrides_left(chunks[0])
     return out
 
 
+class UnverifiedCoreAttention(DotProductAttention):
+    """A core attention the packed routing was not verified for (as Transformer Engine's would be)."""
+
+
 def check_refusals(ctx: Context) -> dict[str, Any]:
-    """Context parallelism (a model whose config says so: Megatron cannot build one on CPU) is refused; the
-    models whose attention would not apply a packed row's mask or position ids are given one request per row
-    (the reason each blocker names)."""
+    """Context parallelism (a model whose config says so: Megatron cannot build one on CPU) is refused; RoPE
+    models pack, and models with an attention the routing was not verified for (a sliding window, another core
+    attention) are given one request per row (the reason each blocker names, said once per model in the log)."""
     sizes = {"tensor_model_parallel_size": 2}
-    unpacked = {
-        "rope": {"positions": "rope"},
-        "window": {"window_size": (8, 0)},
-        "fused_softmax": {"bf16": True, "masked_softmax_fusion": True},
-    }
     with megatron_cpu.model_parallel(**sizes):
-        blockers = {name: MegatronAdapter(build_model(sizes, False, **kw)[0]).topology.packing_blocker
-                    for name, kw in unpacked.items()}
+        models = {name: build_model(sizes, False, **kw)[0] for name, kw in
+                  (("rope", ROPE_MODEL), ("window", {"window_size": (8, 0)}), ("core", {}))}
+        models["core"].decoder.layers[1].self_attention.core_attention.__class__ = UnverifiedCoreAttention
+        with logged(megatron_attention.log) as lines:
+            blockers = {name: MegatronAdapter(gpt).topology.packing_blocker for name, gpt in models.items()}
+            MegatronAdapter(models["core"])
         (gpt,) = build_model(sizes, False)
         gpt.config = dataclasses.replace(gpt.config, context_parallel_size=2)
-        return {"cp": refusal(lambda: MegatronAdapter(gpt)), "packing_blockers": blockers}
+        return {
+            "cp": refusal(lambda: MegatronAdapter(gpt)),
+            "packing_blockers": blockers,
+            "log": lines,
+            "interrupted": interrupted_routing(models["rope"]),
+        }
+
+
+def interrupted_routing(gpt: nn.Module) -> dict[str, list[str]]:
+    """The overrides `gpt` holds inside `routed_attention` and after a KeyboardInterrupt raised in it."""
+    position_ids_RT = torch.arange(4)[None]
+    tree = TreeMask(torch.full((1, 4), 4), position_ids_RT)
+    held: list[str] = []
+    try:
+        with megatron_attention.routed_attention(gpt, position_ids_RT, tree):
+            held = overrides_left(gpt)
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    return {"inside": held, "after": overrides_left(gpt)}
+
+
+@contextlib.contextmanager
+def logged(logger: logging.Logger) -> Iterator[list[str]]:
+    """The lines `logger` writes (at INFO and above) during the body."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def train(ctx: Context, sizes: dict[str, int], full: dict[str, Tensor], *, eval_every: int | None) -> dict[str, Any]:
     """Training on from the saved weights, with dropout, through Megatron's schedule, evaluating every
     `eval_every` steps (step 0 included: the saved weights' figures kept). The batches come from their own
     generator; dropout draws from the global RNG, which an evaluation that moved it would change."""
-    chunks = build_model(sizes, True, dropout=0.1)
+    chunks = build_model(sizes, True, dropout=0.1, **ROPE_MODEL)
     load_full_weights(chunks, full)
     chunks[0].register_forward_pre_hook(draw_random_numbers)
     chunks[0].register_forward_pre_hook(draw_from_rng_tracker)
@@ -406,9 +509,10 @@ def tracker_digest() -> str:
 
 
 def check_training(ctx: Context) -> dict[str, Any]:
-    """TP=2 x PP=2 with sequence parallelism: training ends bit for bit the same with and without evaluations."""
+    """The RoPE model at TP=2 x PP=2 with sequence parallelism: training ends bit for bit the same with and
+    without evaluations."""
     sizes = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
-    full = torch.load(os.environ["MEGATRON_WEIGHTS"])
+    full = torch.load(rope_weights())
     with megatron_cpu.model_parallel(**sizes):
         with_eval = train(ctx, sizes, full, eval_every=2)
     with megatron_cpu.model_parallel(**sizes):

@@ -15,10 +15,16 @@ Megatron targets CUDA; without Transformer Engine or apex it falls back to plain
    parallelism (transformer/torch_norm.py: "sequence parallel not supported by torch LayerNorm") though the
    arithmetic is the same: `local_spec` and the block's final norm use `SequenceParallelLayerNorm`, a torch
    LayerNorm whose parameters carry Megatron's `sequence_parallel` mark (their gradients are summed over TP,
-   as apex's and Transformer Engine's norms are).
+   as apex's and Transformer Engine's norms are);
+7. models/common/embeddings/rotary_pos_embedding.py moves RoPE's inverse frequencies to
+   `torch.cuda.current_device()` before its first table (`RotaryEmbedding.get_emb`);
+8. models/common/language_module/language_module.py, for output weights tied to the embedding under pipeline
+   parallelism, moves the last stage's copy to CUDA (`weight.data.cuda()`) before the all-reduce that makes it
+   the first stage's (`setup_embeddings_and_output_layer`); here `Tensor.cuda` returns the tensor during that
+   method only.
 
-Each module named above sees a `torch` whose CUDA calls answer for the CPU; torch itself is not patched. Only
-this file patches Megatron; inloop_eval.integrations.megatron patches nothing.
+Each module named above sees a `torch` whose CUDA calls answer for the CPU; torch itself is patched only
+during the method of 8. Only this file patches Megatron; inloop_eval.integrations.megatron patches nothing.
 """
 
 from __future__ import annotations
@@ -122,8 +128,29 @@ def _tracked_states() -> None:
     mrandom.CudaRNGStatesTracker.add = add
 
 
+def _tied_output_on_cpu() -> None:
+    """`LanguageModule.setup_embeddings_and_output_layer` with `Tensor.cuda` returning the tensor (8 above)."""
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    setup = LanguageModule.setup_embeddings_and_output_layer
+    if getattr(setup, "on_cpu", False):
+        return
+
+    def setup_on_cpu(self: Any) -> None:
+        cuda = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda tensor, *args, **kwargs: tensor  # type: ignore[method-assign]
+        try:
+            setup(self)
+        finally:
+            torch.Tensor.cuda = cuda  # type: ignore[method-assign]
+
+    setup_on_cpu.on_cpu = True  # type: ignore[attr-defined]
+    LanguageModule.setup_embeddings_and_output_layer = setup_on_cpu  # type: ignore[method-assign]
+
+
 def use_cpu() -> None:
-    """Points megatron-core at the CPU (1-6 above). Call before building a model; idempotent."""
+    """Points megatron-core at the CPU (1-8 above). Call before building a model; idempotent."""
+    import megatron.core.models.common.embeddings.rotary_pos_embedding as rotary
     import megatron.core.pipeline_parallel.p2p_communication as p2p
     import megatron.core.pipeline_parallel.schedules as schedules
     import megatron.core.tensor_parallel.layers as layers
@@ -132,9 +159,10 @@ def use_cpu() -> None:
     import megatron.core.utils as mutils
 
     cpu_torch = _CPUTorch()
-    for module in (mutils, schedules, p2p, mappings, layers):
+    for module in (mutils, schedules, p2p, mappings, layers, rotary):
         module.torch = cpu_torch
     _tracked_states()
+    _tied_output_on_cpu()
     transformer_block.LayerNormImpl = SequenceParallelLayerNorm
 
 

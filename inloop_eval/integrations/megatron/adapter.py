@@ -8,7 +8,6 @@ it: one chunk, or one per virtual pipeline stage) and passes it to `InLoopEvalua
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,17 +15,16 @@ from torch import nn
 
 from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter
 from inloop_eval.engine.outputs.pipeline_stage import ScoredTargets
+from inloop_eval.integrations.megatron.attention import report_unpacked
 from inloop_eval.integrations.megatron.forward import (
     LastStageScores,
-    attention_inputs,
+    batch_attention,
     forward_only,
     micro_batches,
     rng_tracker_untouched,
     share_scores,
 )
-from inloop_eval.integrations.megatron.topology import read_topology
-
-log = logging.getLogger(__name__)
+from inloop_eval.integrations.megatron.topology import read_topology, unwrap_gpt
 
 
 class MegatronAdapter(ModelAdapter):
@@ -49,20 +47,21 @@ class MegatronAdapter(ModelAdapter):
         self.max_length = self.topology.max_length
         self.vocab_size = self.topology.vocab_size
         if self.topology.packing_blocker:
-            log.info("MegatronAdapter: one request per row, not packed: %s", self.topology.packing_blocker)
+            report_unpacked(unwrap_gpt(chunks[0]), self.topology.packing_blocker)
 
     @property
     def needs(self) -> AdapterNeeds:
-        """Widths a multiple of TP under sequence parallelism; packed rows where the model applies the mask and
-        position ids it is given (`topology.packing_blocker`: under TP, SP and PP alike, since the mask is per
-        position, not per head, sequence parallelism gathers the whole sequence before core attention, and
-        every stage is given them); its tensor and pipeline peers fed the same documents."""
+        """Widths a multiple of TP under sequence parallelism; packed rows and kept prefixes where
+        `attention.routed_attention` was verified for the model (`topology.packing_blocker`: under TP, SP and
+        PP alike, since the mask is per position, not per head, sequence parallelism gathers the whole sequence
+        before core attention, and every stage's chunks are routed); its tensor and pipeline peers fed the
+        same documents."""
         named = (("tensor", self.topology.tp_group), ("pipeline", self.topology.pp_group))
         peers = tuple((name, g) for name, g in named if g is not None)
-        # Not packed where the model would not apply the given mask or position ids: RoPE, a sliding window, a
-        # fused softmax kernel, an attention other than Megatron's local one (`packing_blocker` says which).
         packing = not self.topology.packing_blocker
-        return AdapterNeeds(width_multiple=self.topology.sequence_multiple, packing=packing, peer_groups=peers)
+        return AdapterNeeds(
+            width_multiple=self.topology.sequence_multiple, packing=packing, peer_groups=peers, prefix_reuse=packing
+        )
 
     def tokens_fed(self, inputs: ForwardInputs) -> int:
         """The tokens of the whole micro-batches the schedule runs."""
@@ -75,7 +74,7 @@ class MegatronAdapter(ModelAdapter):
         scores = LastStageScores(
             self.topology, inputs.rows_U, inputs.cols_U, inputs.position_N, inputs.target_N, inputs.min_vocab, rows
         )
-        attention = attention_inputs(inputs, padded_BT)
+        attention = batch_attention(inputs, padded_BT)
         with rng_tracker_untouched():
             failure = forward_only(self.chunks, self.topology, padded_BT, rows, attention, scores)
         logp_N, greedy_N = share_scores(self.topology, scores, failure)

@@ -7,8 +7,10 @@ of each tensor- and pipeline-parallel group, so the evaluator hands peers the sa
 way into `M` micro-batches of `R` rows (right padding, rows of padding for the last; neither seen by a real
 position), the width a multiple of TP under sequence parallelism, and one call of
 `get_forward_backward_func()(..., forward_only=True)`. Every stage's forward is given the micro-batch's
-position ids and Megatron's attention mask (True: masked out): causal for plain rows, the planner's mask
-inverted for packed rows (`attention_inputs`). On the last stage, as each micro-batch's logits arrive,
+position ids and Megatron's causal attention mask (True: masked out); a packed micro-batch is run under
+`attention.routed_attention` (RoPE at its position ids, the core attention through the engine's
+`tree_attention` under the planner's mask), a kept prefix under `attention.keeping_prefix`
+(`BatchAttention`). On the last stage, as each micro-batch's logits arrive,
 the positions it holds are selected (a chunk of at most `HEAD_ELEMENTS` floats at a time) and scored over the
 tensor-parallel group (`outputs.vocab_sharded.sharded_logprobs`: four all-reduces per chunk, the vocabulary never
 gathered). Then one all-reduce over the pipeline group says whether a stage failed, and the last stage
@@ -30,7 +32,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,7 +44,9 @@ from torch import Tensor
 
 from inloop_eval.engine.adapter import ForwardInputs
 from inloop_eval.engine.outputs.vocab_sharded import VocabShard, sharded_logprobs
+from inloop_eval.engine.tree_attention import TreeMask
 from inloop_eval.errors import ModelOutputError
+from inloop_eval.integrations.megatron.attention import KeptKeysValues, keeping_prefix, routed_attention
 from inloop_eval.integrations.megatron.topology import MegatronTopology, unwrap_gpt
 
 log = logging.getLogger(__name__)
@@ -72,21 +77,63 @@ def causal_inputs(n_rows: int, width: int, device: torch.device) -> tuple[Tensor
     return position_ids_RT, mask_11TT
 
 
-def attention_inputs(inputs: ForwardInputs, padded_BT: Tensor) -> tuple[Tensor, Tensor]:
-    """Position ids [B', T'] and Megatron's attention mask (True: masked out) for the padded batch [B', T']:
-    causal [1, 1, T', T'] for plain rows; for packed rows the planner's mask inverted, [B', 1, T', T'], the
-    padding `micro_batches` added seeing only itself, at position 0."""
+@dataclass
+class BatchAttention:
+    """How each micro-batch of a padded batch [B', T'] is run: the position ids [B', T'] and Megatron's causal
+    mask [1, 1, T', T'] (True: masked out) `GPTModel.forward` is given, and for a packed batch its `TreeMask`
+    over the padded batch (the padding `micro_batches` added seeing only itself, at position 0), run under
+    `attention.routed_attention` after the kept prefix `kept` where one is; for a kept prefix its length and
+    where each layer's keys and values are recorded (`attention.keeping_prefix`)."""
+
+    position_ids_BT: Tensor
+    causal_11TT: Tensor
+    tree: TreeMask | None = None
+    kept: KeptKeysValues | None = None
+    keeping: tuple[int, KeptKeysValues] | None = None
+    _trees: dict[int, TreeMask] = field(default_factory=dict, repr=False)
+
+    def around(self, gpt: Any, m: int, rows: int) -> AbstractContextManager[None]:
+        """The context chunk `gpt` forwards micro-batch m (rows m * rows ..) in."""
+        micro = slice(m * rows, (m + 1) * rows)
+        if self.tree is not None:
+            if m not in self._trees:
+                tree = self.tree
+                self._trees[m] = TreeMask(
+                    tree.span_end_BT[micro], tree.position_ids_BT[micro], tree.prefix_length, tree.rendering
+                )
+            return routed_attention(gpt, self.position_ids_BT[micro], self._trees[m], self.kept)
+        if self.keeping is not None and m == 0:
+            return keeping_prefix(gpt, *self.keeping)
+        return nullcontext()
+
+
+def batch_attention(inputs: ForwardInputs, padded_BT: Tensor) -> BatchAttention:
+    """The `BatchAttention` of `inputs` padded to `padded_BT` [B', T']: plain causal rows, a kept prefix (one
+    causal row whose keys and values are recorded in `inputs.prefix.states`), or a packed batch (after the
+    kept prefix `inputs.prefix` where one is)."""
     n_rows, width = padded_BT.shape
     device = padded_BT.device
-    if not inputs.packed:
-        return causal_inputs(n_rows, width, device)
+    position_ids_BT, causal_11TT = causal_inputs(n_rows, width, device)
+    prefix = inputs.prefix
+    if inputs.keeps_prefix and prefix is not None:
+        prefix.states = {}
+        return BatchAttention(position_ids_BT, causal_11TT, keeping=(prefix.length, prefix.states))
+    if inputs.tree is None:
+        if prefix is not None:
+            raise ValueError(
+                f"MegatronAdapter: a batch after a kept prefix of {prefix.length} tokens came without its packed "
+                "mask (ForwardInputs.tree); the planner packs every batch that reads a kept prefix"
+            )
+        return BatchAttention(position_ids_BT, causal_11TT)
     B, T = inputs.input_ids_BT.shape
+    tree = inputs.tree
     position_ids_BT = torch.zeros(n_rows, width, dtype=torch.long, device=device)
-    position_ids_BT[:B, :T] = inputs.position_ids_BT
-    masked_B1TT = torch.ones(n_rows, 1, width, width, dtype=torch.bool, device=device)
-    masked_B1TT.diagonal(dim1=2, dim2=3).fill_(False)
-    masked_B1TT[:B, :, :T, :T] = ~inputs.attention_mask_B1TT
-    return position_ids_BT, masked_B1TT
+    position_ids_BT[:B, :T] = tree.position_ids_BT
+    span_end_BT = torch.arange(1, width + 1, device=device).expand(n_rows, width).clone()
+    span_end_BT[:B, :T] = tree.span_end_BT
+    padded = TreeMask(span_end_BT, position_ids_BT, tree.prefix_length, tree.rendering)
+    kept = prefix.states if prefix is not None and tree.prefix_length else None
+    return BatchAttention(position_ids_BT, causal_11TT, padded, kept)
 
 
 def forward_only(
@@ -94,14 +141,13 @@ def forward_only(
     topology: MegatronTopology,
     padded_BT: Tensor,
     rows: int,
-    attention: tuple[Tensor, Tensor],
+    attention: BatchAttention,
     on_logits: Callable[[int, Tensor], None],
 ) -> str:
-    """Run Megatron's schedule forward only over the micro-batches of `padded_BT`, with `attention_inputs`'
-    position ids and mask; on the last stage call `on_logits(m, logits_RTL)` for micro-batch m. Returns '' or
+    """Run Megatron's schedule forward only over the micro-batches of `padded_BT`, each run as `attention`
+    says; on the last stage call `on_logits(m, logits_RTL)` for micro-batch m. Returns '' or
     the error a forward raised on this rank."""
     count, width = padded_BT.shape[0] // rows, padded_BT.shape[1]
-    position_ids_BT, mask_B1TT = attention
     failures: list[str] = []
 
     def step(data_iterator: Iterator[int], model: Any) -> tuple[Tensor, Callable[..., None]]:
@@ -111,8 +157,8 @@ def forward_only(
         if not failures:
             try:
                 micro = slice(m * rows, (m + 1) * rows)
-                mask_R1TT = mask_B1TT[micro] if mask_B1TT.shape[0] > 1 else mask_B1TT
-                output = model(padded_BT[micro], position_ids_BT[micro], mask_R1TT)
+                with attention.around(gpt, m, rows):
+                    output = model(padded_BT[micro], attention.position_ids_BT[micro], attention.causal_11TT)
             except Exception as exc:  # shared after the schedule, so that no stage waits for this one
                 log.exception("Megatron stage %d: the forward of micro-batch %d raised", topology.pp_rank, m)
                 failures.append(f"Megatron stage {topology.pp_rank}: {type(exc).__name__}: {exc}")

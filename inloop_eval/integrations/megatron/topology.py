@@ -10,9 +10,9 @@ only Transformer Engine's attention runs it, and that needs CUDA, so it was neve
 parallelism over several ranks (its all-to-all would pair data-parallel ranks' different batches; not run
 here), multi-token prediction (its forward needs labels), and any module that is not a `GPTModel`.
 
-Packed rows (`packing_blocker`) are taken where Megatron applies the mask and the position ids it is given:
-learned absolute position embeddings (or none) and Megatron's local `DotProductAttention` whose softmax
-reads the mask. Elsewhere rows are one request each, for the reason `packing_blocker` names.
+Packed rows are taken where `attention.routed_attention` was verified (`attention.packing_refusal`: learned
+absolute positions, none or RoPE, and Megatron's local `DotProductAttention`); elsewhere rows are one request
+each, for the reason `packing_blocker` names.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from typing import Any
 
 import torch.distributed as dist
 from megatron.core.models.gpt import GPTModel
-from megatron.core.transformer.attention import Attention
-from megatron.core.transformer.dot_product_attention import DotProductAttention
 from torch import nn
 from torch.distributed import ProcessGroup
 
 from inloop_eval.engine.adapter import refuse_model
 from inloop_eval.errors import ConfigError
+from inloop_eval.integrations.megatron.attention import packing_refusal
 
 
 @dataclass(frozen=True)
@@ -78,37 +77,6 @@ def unwrap_gpt(chunk: Any) -> Any:
             f"Megatron's DistributedDataParallel / Float16Module), found {type(chunk).__name__}"
         )
     return inner
-
-
-def packing_blocker(gpts: Sequence[Any]) -> str:
-    """'' when the chunks take packed rows exactly (the mask [B, 1, T, T] and position ids [B, T] given to
-    `GPTModel.forward` are the ones applied), else why not. Every stage decides alike: the conditions are
-    the model's configuration and layer spec, the same in every chunk."""
-    config = gpts[0].config
-    positions = gpts[0].position_embedding_type
-    # GPTModel._preprocess builds the rotary table from the sequence length, not from position_ids (as
-    # multi-latent attention does its own): a piece after its siblings in a packed row would be rotated by
-    # its column, not by its position in its own row.
-    if positions not in ("learned_absolute", "none"):
-        return f"its rotary position embedding ({positions}) is computed per column, not from position ids"
-    if config.multi_latent_attention:
-        return "its multi-latent attention rotates queries and keys per column, not from position ids"
-    for gpt in gpts:
-        for module in gpt.modules():
-            if not isinstance(module, Attention):
-                continue
-            core = module.core_attention
-            if not isinstance(core, DotProductAttention):
-                # Transformer Engine's attention ignores the mask under AttnMaskType.causal; with `arbitrary`
-                # it needs CUDA, so it was never run here.
-                return f"its core attention {type(core).__name__} was never run here on packed rows"
-            softmax = core.scale_mask_softmax
-            if softmax.window_size is not None:
-                return "its sliding-window attention replaces the mask it is given by a causal window"
-            if softmax.scaled_masked_softmax_fusion and softmax.input_in_float16:
-                # The fused causal kernel ignores the mask; the fused masked one needs CUDA, never run here.
-                return "its fused softmax kernel (fp16/bf16 with masked_softmax_fusion) was never run here on packed rows"
-    return ""
 
 
 def _size_and_rank(group: ProcessGroup | None) -> tuple[int, int]:
@@ -165,5 +133,5 @@ def read_topology(chunks: Sequence[Any]) -> MegatronTopology:
         vocab_size=int(first.vocab_size),
         max_length=int(first.max_sequence_length),
         hidden_size=int(config.hidden_size),
-        packing_blocker=packing_blocker(gpts),
+        packing_blocker=packing_refusal(gpts),
     )
