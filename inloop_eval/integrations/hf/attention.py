@@ -29,12 +29,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from inloop_eval.engine.tree_attention import TreeMask, mask_rendering, tree_attention
+from inloop_eval.engine.tree_attention import TreeMask, tree_attention
 
 # The name the engine's attention is registered under in transformers' `AttentionInterface`.
 ATTENTION_NAME = "inloop_eval_tree"
@@ -65,23 +64,17 @@ def tree_attention_forward(
             "attention implementation is set only during an evaluation's forward, which passes it"
         )
     if dropout:
-        raise RuntimeError(f"tree attention: {name} asks for dropout {dropout}; evaluate the model in eval mode")
+        raise RuntimeError(
+            f"tree attention: {name} asks for dropout {dropout}; evaluate the model in eval mode"
+        )
     refused = [k for k in _REFUSED_KEYWORDS if kwargs.get(k) is not None]
     if refused or attention_mask is not None:
         what = ", ".join(refused) if refused else "an attention mask of its own"
-        raise RuntimeError(f"tree attention: {name} was called with {what}, which packed rows were not verified with")
+        raise RuntimeError(
+            f"tree attention: {name} was called with {what}, which packed rows were not verified with"
+        )
     out_BHTD = tree_attention(query, key, value, tree, scale=scaling)
     return out_BHTD.transpose(1, 2).contiguous(), None
-
-
-def causal_tree(input_ids_BT: Tensor) -> TreeMask:
-    """The `TreeMask` of plain causal rows (each column seen by every later one), rendered as the device
-    takes it: for the forwards of an evaluation that are not packed (a kept prefix, rows of one request)."""
-    B, T = input_ids_BT.shape
-    device = input_ids_BT.device
-    span_end_BT = torch.full((B, T), T, dtype=torch.long, device=device)
-    position_ids_BT = torch.arange(T, device=device).expand(B, T)
-    return TreeMask(span_end_BT, position_ids_BT, rendering=mask_rendering(device))
 
 
 def model_configs(model: nn.Module) -> list[Any]:

@@ -60,7 +60,10 @@ class MegatronAdapter(ModelAdapter):
         peers = tuple((name, g) for name, g in named if g is not None)
         packing = not self.topology.packing_blocker
         return AdapterNeeds(
-            width_multiple=self.topology.sequence_multiple, packing=packing, peer_groups=peers, prefix_reuse=packing
+            width_multiple=self.topology.sequence_multiple,
+            packing=packing,
+            peer_groups=peers,
+            prefix_reuse=packing,
         )
 
     def tokens_fed(self, inputs: ForwardInputs) -> int:
@@ -70,9 +73,17 @@ class MegatronAdapter(ModelAdapter):
 
     def forward(self, inputs: ForwardInputs) -> ScoredTargets:
         """log p(target) [N] and greedy flags [N] on every rank, scored on the last stage."""
-        padded_BT, rows = micro_batches(inputs.input_ids_BT, self.topology, self.micro_batch_size, self.pad_id)
+        padded_BT, rows = micro_batches(
+            inputs.input_ids_BT, self.topology, self.micro_batch_size, self.pad_id
+        )
         scores = LastStageScores(
-            self.topology, inputs.rows_U, inputs.cols_U, inputs.position_N, inputs.target_N, inputs.min_vocab, rows
+            self.topology,
+            inputs.rows_U,
+            inputs.cols_U,
+            inputs.position_N,
+            inputs.target_N,
+            inputs.min_vocab,
+            rows,
         )
         attention = batch_attention(inputs, padded_BT)
         with rng_tracker_untouched():

@@ -47,6 +47,7 @@ from megatron.core.transformer.attention import Attention, SelfAttention
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from torch import Tensor, nn
 
+from inloop_eval.engine.forward_overrides import overridden_forwards
 from inloop_eval.engine.tree_attention import TreeMask, tree_attention
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,6 @@ log = logging.getLogger(__name__)
 KeptKeysValues = dict[nn.Module, tuple[Tensor, Tensor]]
 # Models whose refusal was logged already: one line per model, not one per adapter.
 _REPORTED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-_MISSING = object()
 
 
 def packing_refusal(gpts: Sequence[Any]) -> str:
@@ -121,7 +121,7 @@ def routed_attention(
         overrides[gpt.rotary_pos_emb] = _rope_at(gpt.rotary_pos_emb, position_ids_RT)
     for core in core_attentions(gpt):
         overrides[core] = _attend_under(core, tree, None if kept is None else kept[core])
-    with _overridden(overrides):
+    with overridden_forwards(gpt, overrides):
         yield
 
 
@@ -130,25 +130,8 @@ def keeping_prefix(gpt: nn.Module, length: int, kept: KeptKeysValues) -> Iterato
     """During the body (the forward of the micro-batch whose row 0 is a prefix of `length` tokens), every
     core attention of `gpt` runs as it is and records the prefix's keys and values into `kept`; on exit the
     chunk is exactly as it was."""
-    with _overridden({core: _recording(core, length, kept) for core in core_attentions(gpt)}):
+    with overridden_forwards(gpt, {core: _recording(core, length, kept) for core in core_attentions(gpt)}):
         yield
-
-
-@contextmanager
-def _overridden(overrides: dict[nn.Module, Callable[..., Any]]) -> Iterator[None]:
-    """During the body each module's `forward` is its override; on exit every instance attribute is as it
-    was, whether the body returns or raises."""
-    saved = [(m, m.__dict__.get("forward", _MISSING)) for m in overrides]
-    try:
-        for module, forward in overrides.items():
-            module.forward = forward
-        yield
-    finally:
-        for module, forward in saved:
-            if forward is _MISSING:
-                del module.__dict__["forward"]
-            else:
-                module.__dict__["forward"] = forward
 
 
 def _rope_at(rope: RotaryEmbedding, position_ids_RT: Tensor) -> Callable[..., Tensor]:

@@ -55,7 +55,9 @@ log = logging.getLogger(__name__)
 HEAD_ELEMENTS = 1 << 24
 
 
-def micro_batches(input_ids_BT: Tensor, topology: MegatronTopology, rows: int | None, pad_id: int) -> tuple[Tensor, int]:
+def micro_batches(
+    input_ids_BT: Tensor, topology: MegatronTopology, rows: int | None, pad_id: int
+) -> tuple[Tensor, int]:
     """The batch padded to M micro-batches of R rows, and R. R: `rows`, or the batch split over the pipeline's
     stages; M at least the pipeline size and a multiple of the interleaved schedule's group."""
     n_rows, width = input_ids_BT.shape
@@ -65,7 +67,9 @@ def micro_batches(input_ids_BT: Tensor, topology: MegatronTopology, rows: int | 
     multiple = topology.microbatch_multiple()
     count = -(-count // multiple) * multiple
     wide = -(-width // topology.sequence_multiple) * topology.sequence_multiple
-    padded_BT = torch.full((count * per_micro, wide), pad_id, dtype=input_ids_BT.dtype, device=input_ids_BT.device)
+    padded_BT = torch.full(
+        (count * per_micro, wide), pad_id, dtype=input_ids_BT.dtype, device=input_ids_BT.device
+    )
     padded_BT[:n_rows, :width] = input_ids_BT
     return padded_BT, per_micro
 
@@ -193,7 +197,9 @@ def forward_only(
 def _stand_in(gpt: Any, topology: MegatronTopology, rows: int, width: int, device: torch.device) -> Tensor:
     """Zeros of the activation a stage sends on [T / TP under sequence parallelism, R, H]."""
     dtype = getattr(gpt.config, "pipeline_dtype", None) or next(gpt.parameters()).dtype
-    return torch.zeros(width // topology.sequence_multiple, rows, topology.hidden_size, dtype=dtype, device=device)
+    return torch.zeros(
+        width // topology.sequence_multiple, rows, topology.hidden_size, dtype=dtype, device=device
+    )
 
 
 class LastStageScores:
@@ -283,7 +289,9 @@ def share_scores(topology: MegatronTopology, scores: LastStageScores, failure: s
         if failure:
             raise ModelOutputError(failure)
         return scores.logp_N, scores.greedy_N
-    code = torch.tensor([topology.pp_size - topology.pp_rank if failure else 0], dtype=torch.int64, device=device)
+    code = torch.tensor(
+        [topology.pp_size - topology.pp_rank if failure else 0], dtype=torch.int64, device=device
+    )
     dist.all_reduce(code, op=dist.ReduceOp.MAX, group=topology.pp_group)
     if int(code[0]):
         message = [failure]

@@ -89,7 +89,9 @@ def read_topology(chunks: Sequence[Any]) -> MegatronTopology:
     """The topology of this rank's model chunks (one per virtual pipeline stage, in order); ConfigError for a
     topology the evaluator does not score."""
     if not chunks:
-        raise ConfigError("MegatronAdapter: no model chunks; pass the model (or list of chunks) Megatron trains")
+        raise ConfigError(
+            "MegatronAdapter: no model chunks; pass the model (or list of chunks) Megatron trains"
+        )
     gpts = [unwrap_gpt(c) for c in chunks]
     first = gpts[0]
     config = first.config
@@ -115,7 +117,9 @@ def read_topology(chunks: Sequence[Any]) -> MegatronTopology:
             "evaluate the model built without MTP layers",
         )
     if any(g.config.sequence_parallel != config.sequence_parallel for g in gpts):
-        raise ConfigError("MegatronAdapter: the model chunks disagree on sequence_parallel; pass one model's chunks")
+        raise ConfigError(
+            "MegatronAdapter: the model chunks disagree on sequence_parallel; pass one model's chunks"
+        )
     tp_group = getattr(groups, "tp", None)
     pp_group = getattr(groups, "pp", None)
     tp_size, tp_rank = _size_and_rank(tp_group)

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from inloop_eval.distributed import model_parallel_dims
+from inloop_eval.engine.forward_overrides import overridden_forwards
 from inloop_eval.engine.tree_attention import TreeMask, tree_attention
 
 log = logging.getLogger(__name__)
@@ -65,12 +66,8 @@ VERIFIED_BACKENDS = frozenset(
 # Models whose refusal was logged already: one line per model, not one per evaluation.
 _REPORTED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
-_MISSING = object()
-
 # What a forward with `record` records of a prefix: each attention backend's keys and values [1, S, G, D].
 KeptKeysValues = dict[nn.Module, tuple[Tensor, Tensor]]
-# Instance-level `forward` overrides: id(module) -> (module, its forward meanwhile).
-Overrides = dict[int, tuple[nn.Module, Callable[..., Any]]]
 
 
 def own_class(module: nn.Module) -> type:
@@ -175,43 +172,17 @@ def routed_attention(
     so that OLMo-core never caches a table longer than its own forwards would."""
     from olmo_core.nn.attention import Attention
 
-    overrides: Overrides = {}
+    overrides: dict[nn.Module, Callable[..., Any]] = {}
     for module in model.modules():
         if isinstance(module, Attention):
             backend = module.backend
             if module.rope is not None:
                 n_positions = tree.keys if max_positions is None else min(tree.keys, max_positions)
-                overrides[id(module.rope)] = (
-                    module.rope,
-                    _rope_at(module.rope, position_ids_BT, n_positions),
-                )
+                overrides[module.rope] = _rope_at(module.rope, position_ids_BT, n_positions)
             prefix = None if kept is None else kept[backend]
-            overrides[id(backend)] = (backend, _tree_attention_of(backend, tree, prefix, record))
-    with _overridden(model, overrides):
+            overrides[backend] = _tree_attention_of(backend, tree, prefix, record)
+    with overridden_forwards(model, overrides):
         yield
-
-
-@contextmanager
-def _overridden(model: nn.Module, overrides: Overrides) -> Iterator[None]:
-    """During the body, each module's `forward` is its override and compiled modules run uncompiled; on
-    exit every instance attribute is as it was, whether the body returns or raises."""
-    compiled = [m for m in model.modules() if m._compiled_call_impl is not None]
-    saved_forward = [(m, m.__dict__.get("forward", _MISSING)) for m, _ in overrides.values()]
-    saved_compiled = [(m, m._compiled_call_impl) for m in compiled]
-    try:
-        for module, forward in overrides.values():
-            module.forward = forward
-        for module in compiled:
-            module._compiled_call_impl = None
-        yield
-    finally:
-        for module, impl in saved_compiled:
-            module._compiled_call_impl = impl
-        for module, forward in saved_forward:
-            if forward is _MISSING:
-                del module.__dict__["forward"]
-            else:
-                module.__dict__["forward"] = forward
 
 
 def _rope_at(rope: Any, position_ids_BT: Tensor, n_positions: int) -> Callable[..., tuple[Tensor, Tensor]]:
