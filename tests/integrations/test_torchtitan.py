@@ -91,12 +91,14 @@ def test_per_request_scores_and_greedy_flags_equal_the_unsharded_model(launched)
 def test_the_validator_packs_rows_and_keeps_the_shots(launched) -> None:
     """The tensor-parallel model takes packed rows (fewer tokens than one request per row) and keeps the five
     shots' keys and values (this rank's heads) for the rows after them, their row padded to a multiple of 4
-    (sequence parallelism's divisor); the figures above are theirs."""
+    (sequence parallelism's divisor); the figures above are theirs, and every module's forward is
+    torchtitan's own again after each validation."""
     layout, ranks = launched
     for rank, result in enumerate(ranks):
         assert result["validator"]["tokens"] < result["reference"]["tokens"], (layout, rank)
         kept = result["validator"]["kept_prefixes"]
         assert kept and any(length % 4 for length in kept), (layout, rank, kept)
+        assert result["forwards_changed"] == [], (layout, rank)  # torchtitan's own wrappers put back
 
 
 def test_tensor_parallel_peers_score_the_same_documents_and_data_parallel_ranks_share_them_out(

@@ -9,7 +9,8 @@ evaluates it the plain way (full logits, no tensor parallelism, documents sharde
 reference the validator's figures must equal. Every rank writes `<out>/rank<r>.json`: the validator's figures
 and per-request scores at the last step, the reference's, and the keys torchtitan's metric logger received
 per step, the tokens each forwarded (the validator's packed rows and kept prefixes, the reference's one
-request per row) and the lengths of the prefixes the validator kept.
+request per row), the lengths of the prefixes the validator kept, and the modules whose instance `forward`
+differs after training and validating from before.
 """
 
 from __future__ import annotations
@@ -159,6 +160,12 @@ def count_kept_prefixes() -> list[int]:
     return lengths
 
 
+def instance_forwards(model: torch.nn.Module) -> dict[str, tuple[Any, Any]]:
+    """Each module's instance `forward` (torchtitan's parallelize wrapper, or none) and compiled call, by name:
+    what a packed evaluation overrides for the length of a forward and must put back."""
+    return {name: (m.__dict__.get("forward"), m._compiled_call_impl) for name, m in model.named_modules()}
+
+
 def scores(evaluator: Any) -> list[dict[str, Any]]:
     return [
         {k: s[k] for k in ("task", "doc_id", "cont_id", "ll", "ll_uncond", "is_greedy")}
@@ -186,7 +193,9 @@ def main() -> None:
         torchtitan_cpu.sum_reductions(trainer.model_parts[0])
         recorder = MetricsRecorder()
         trainer.metrics_processor.logger = recorder
+        before = instance_forwards(trainer.model_parts[0])
         trainer.train()
+        after = instance_forwards(trainer.model_parts[0])
         validator = trainer.validator
         reference = unsharded_copy(trainer)
         plain = InLoopEvaluator(validator.evaluator.config, tokenizer=validator.evaluator.tokenizer)
@@ -201,6 +210,7 @@ def main() -> None:
             "reference": {"metrics": expected, "samples": scores(plain), "tokens": plain.tokens_forwarded},
             "logged": {str(step): keys for step, keys in recorder.keys.items()},
             "trained_steps": trainer.step,
+            "forwards_changed": sorted(name for name in before if before[name] != after[name]),
             "mesh": {"tp": trainer.parallel_dims.tp, "batch": validator.dp_world_size},
         }
         (Path(args.out) / f"rank{dist.get_rank()}.json").write_text(
