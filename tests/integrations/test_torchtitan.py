@@ -1,7 +1,8 @@
 """The in-loop validator in torchtitan's real `Trainer` (torchtitan 0.3.0, CPU, gloo): a two-layer llama3
-trained under tensor parallelism (vocabulary-sharded head) and FSDP x TP, evaluated at torchtitan's
-validation steps; its figures equal those of the same trained weights gathered into an unsharded model and
-scored the plain way (full logits). How torchtitan is made to run on CPU: tests/support/torchtitan_cpu.py.
+trained under tensor parallelism (vocabulary-sharded head, heads sharded, sequence parallel) and FSDP x TP,
+evaluated at torchtitan's validation steps in packed rows with kept prefixes; its figures equal those of
+the same trained weights gathered into an unsharded model and scored the plain way (full logits, one
+request per row). How torchtitan is made to run on CPU: tests/support/torchtitan_cpu.py.
 
 One launch per layout runs tests/support/workers/torchtitan_train.py.
 """
@@ -19,13 +20,14 @@ from workers.launch import REPO, launch, read_ranks, worker_env
 from inloop_eval.errors import ConfigError
 from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
 
-# A ranked-classification task, a letter-key task and PMI (unconditional requests); limits no world size
-# divides evenly.
+# A ranked-classification task, a letter-key task, PMI (unconditional requests) and five shots (kept once, 167
+# tokens: their row padded to sequence parallelism's multiple, 4); limits no world size divides evenly.
 EVAL_CONFIG = {
     "evaluators": [
         {"task": "copa", "limit": 9, "batch_tokens": 96},
         {"task": "mmlu_mc", "limit": 7, "batch_tokens": 256},
         {"task": "arc_easy", "limit": 7, "batch_tokens": 160, "metrics": ["acc", "acc_norm", "acc_pmi"]},
+        {"task": "olmo:piqa_rc_5shot", "limit": 5, "batch_tokens": 512},
     ],
     "outcomes": False,
 }
@@ -84,6 +86,19 @@ def test_per_request_scores_and_greedy_flags_equal_the_unsharded_model(launched)
             assert math.isclose(s["ll"], ref["ll"], rel_tol=1e-5, abs_tol=1e-5), (layout, rank, s, ref)
             scored.add((s["task"], s["doc_id"], s["cont_id"]))
     assert scored == set(expected), layout
+
+
+def test_the_validator_packs_rows_and_keeps_the_shots(launched) -> None:
+    """The tensor-parallel model takes packed rows (fewer tokens than one request per row) and keeps the five
+    shots' keys and values (this rank's heads) for the rows after them, their row padded to a multiple of 4
+    (sequence parallelism's divisor); the figures above are theirs, and every module's forward is
+    torchtitan's own again after each validation."""
+    layout, ranks = launched
+    for rank, result in enumerate(ranks):
+        assert result["validator"]["tokens"] < result["reference"]["tokens"], (layout, rank)
+        kept = result["validator"]["kept_prefixes"]
+        assert kept and any(length % 4 for length in kept), (layout, rank, kept)
+        assert result["forwards_changed"] == [], (layout, rank)  # torchtitan's own wrappers put back
 
 
 def test_tensor_parallel_peers_score_the_same_documents_and_data_parallel_ranks_share_them_out(

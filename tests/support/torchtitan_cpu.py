@@ -21,6 +21,8 @@ inloop_eval.integrations.torchtitan. torchtitan targets CUDA and a torch nightly
    gloo lacks: `sum_reductions` switches to a plain sum (the same numbers at factor 1).
 
 Only this file patches torchtitan or torch; inloop_eval.integrations.torchtitan patches nothing.
+`tiny_decoder` builds small seeded llama3 and qwen3 decoders with the attention torchtitan's configs give
+them (FlexAttention) or causal SDPA (5 above), for the packing tests.
 """
 
 from __future__ import annotations
@@ -71,3 +73,55 @@ def sum_reductions(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_force_sum_reduction_for_comms(True)
+
+
+VOCAB = 50304  # the GPT-NeoX tokenizer's 50277 ids, rounded up to a multiple of 64
+
+
+def tiny_decoder(
+    family: str, core: str = "sdpa", max_seq_len: int = 512, seed: int = 0, moe: bool = False
+) -> torch.nn.Module:
+    """A seeded torchtitan decoder of the GPT-NeoX vocabulary, d_model 32, two layers, 4 query heads on 2
+    key/value heads, in eval mode: `family` "llama3" (fused QKV, complex RoPE with llama scaling) or "qwen3"
+    (QK norms, head width 16 beside d_model 32, cos/sin RoPE, tied embeddings; with `moe`, two experts in
+    place of the feed-forward); `core` its core attention: "sdpa" (causal `ScaledDotProductAttention`),
+    "flex" (torchtitan's default, `FlexAttention`) or "varlen"."""
+    from torchtitan.models.common import ComplexRoPE, CosSinRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
+    from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_layers, _build_qwen3_moe_layers, _qwen3_norm
+
+    dim, n_heads, n_kv_heads = 32, 4, 2
+    backend = "flex" if core == "sdpa" else core
+    parts = dict(
+        dim=dim,
+        vocab_size=VOCAB,
+        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=dim),
+        lm_head=Linear.Config(in_features=dim, out_features=VOCAB),
+    )
+    if family == "llama3":
+        rope = ComplexRoPE.Config(dim=dim // n_heads, max_seq_len=max_seq_len, theta=500000, scaling="llama")
+        layers = _build_llama3_layers(
+            n_layers=2, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, hidden_dim=64, rope=rope,
+            attn_backend=backend,
+        )  # fmt: skip
+        config = Llama3Model.Config(**parts, norm=RMSNorm.Config(normalized_shape=dim), layers=layers)
+    elif family == "qwen3":
+        head_dim = 16
+        rope = CosSinRoPE.Config(dim=head_dim, max_seq_len=max_seq_len, theta=1000000.0)
+        heads = dict(n_layers=2, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+        if moe:
+            layers = _build_qwen3_moe_layers(
+                **heads, moe_hidden_dim=32, num_experts=2, top_k=1, attn_backend=backend,
+                moe_comm_backend="standard", rope=rope,
+            )  # fmt: skip
+        else:
+            layers = _build_qwen3_layers(**heads, hidden_dim=64, attn_backend=backend, rope=rope)
+        config = Qwen3Model.Config(**parts, norm=_qwen3_norm(dim), layers=layers, enable_weight_tying=True)
+    else:
+        raise ValueError(family)
+    if core == "sdpa":
+        cpu_model_config(config)
+    torch.manual_seed(seed)
+    model = config.build()
+    model.init_weights(buffer_device=None)
+    return model.eval()

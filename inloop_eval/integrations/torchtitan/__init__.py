@@ -1,4 +1,5 @@
 """Everything torchtitan needs: `adapter` (its decoders as trained under FSDP, HSDP and TP: hidden states then
-`lm_head` at the positions read, or logits sharded on the vocabulary) and `validator` (the trainer hook:
-`InLoopValidator`, torchtitan's validator slot, with its parallelism checks and tokenizer). docs/torchtitan.md
-shows the set-up."""
+`lm_head` at the positions read, or logits sharded on the vocabulary), `attention` (packed rows and kept
+prefixes: RoPE at each token's position, core attention through the engine's tree attention) and `validator`
+(the trainer hook: `InLoopValidator`, torchtitan's validator slot, with its parallelism checks and tokenizer).
+docs/torchtitan.md shows the set-up."""

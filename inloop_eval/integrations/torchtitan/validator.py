@@ -14,9 +14,11 @@ the same documents), and the model called as torchtitan's own validator calls it
 attention masks, under its validation context). A model whose output head is skipped (`ChunkedLossWrapper`
 applies it in the loss) returns hidden states, and only the positions read go through `lm_head`, once per
 forward (FSDP gathers its weights on every call); a tensor-parallel head returns logits sharded on the
-vocabulary, scored without gathering it (engine/outputs/vocab_sharded.py). The figures go to torchtitan's metric
-logger (TensorBoard, W&B) under our keys, and stay in `last_metrics`. `loss_validation=True` also runs
-torchtitan's own loss validation.
+vocabulary, scored without gathering it (engine/outputs/vocab_sharded.py). A llama3 or qwen3 decoder is fed
+packed rows and keeps shared shots (`attention`: for each forward its RoPE reads each token's position and its
+core attention runs the engine's tree attention; the masks built for its own kernel go unused). The figures go
+to torchtitan's metric logger (TensorBoard, W&B) under our keys, and stay in `last_metrics`.
+`loss_validation=True` also runs torchtitan's own loss validation.
 
 Context and pipeline parallelism are refused when the validator is built (their forward needs sharded inputs
 or a schedule this validator does not drive yet).

@@ -8,7 +8,9 @@ After training, every rank gathers the trained weights into an unsharded copy of
 evaluates it the plain way (full logits, no tensor parallelism, documents sharded over the world): the
 reference the validator's figures must equal. Every rank writes `<out>/rank<r>.json`: the validator's figures
 and per-request scores at the last step, the reference's, and the keys torchtitan's metric logger received
-per step.
+per step, the tokens each forwarded (the validator's packed rows and kept prefixes, the reference's one
+request per row), the lengths of the prefixes the validator kept, and the modules whose instance `forward`
+differs after training and validating from before.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch.utils.data import IterableDataset
 
 STEPS = 2
 FREQ = 2  # torchtitan validates at step 1 and every FREQ steps: both steps here
-SEQ_LEN = 64
+SEQ_LEN = 256  # room for five shots, which the validator keeps once (a prefix is kept from 64 tokens on)
 LOCAL_BATCH = 2
 N_LAYERS = 2
 VOCAB = 50304  # the GPT-NeoX tokenizer's 50277 ids, rounded up to a multiple of 64
@@ -142,6 +144,28 @@ def unsharded_copy(trainer: Any) -> torch.nn.Module:
     return reference.eval()
 
 
+def count_kept_prefixes() -> list[int]:
+    """The length of every prefix the torchtitan adapter keeps from now on, in the list returned (its
+    `keeping_prefix`, counted)."""
+    import inloop_eval.integrations.torchtitan.adapter as titan_adapter
+
+    lengths: list[int] = []
+    keeping_prefix = titan_adapter.keeping_prefix
+
+    def counted(model: Any, mask: Any, kept: Any, length: int) -> Any:
+        lengths.append(length)
+        return keeping_prefix(model, mask, kept, length)
+
+    titan_adapter.keeping_prefix = counted
+    return lengths
+
+
+def instance_forwards(model: torch.nn.Module) -> dict[str, tuple[Any, Any]]:
+    """Each module's instance `forward` (torchtitan's parallelize wrapper, or none) and compiled call, by name:
+    what a packed evaluation overrides for the length of a forward and must put back."""
+    return {name: (m.__dict__.get("forward"), m._compiled_call_impl) for name, m in model.named_modules()}
+
+
 def scores(evaluator: Any) -> list[dict[str, Any]]:
     return [
         {k: s[k] for k in ("task", "doc_id", "cont_id", "ll", "ll_uncond", "is_greedy")}
@@ -162,21 +186,31 @@ def main() -> None:
     from inloop_eval.engine.adapters.logits import LogitsAdapter
     from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 
+    kept = count_kept_prefixes()
+
     trainer = trainer_config(args).build()
     try:
         torchtitan_cpu.sum_reductions(trainer.model_parts[0])
         recorder = MetricsRecorder()
         trainer.metrics_processor.logger = recorder
+        before = instance_forwards(trainer.model_parts[0])
         trainer.train()
+        after = instance_forwards(trainer.model_parts[0])
         validator = trainer.validator
         reference = unsharded_copy(trainer)
         plain = InLoopEvaluator(validator.evaluator.config, tokenizer=validator.evaluator.tokenizer)
         expected = plain.run(LogitsAdapter(reference, validator.evaluator.config.max_length))
         result = {
-            "validator": {"metrics": validator.last_metrics, "samples": scores(validator.evaluator)},
-            "reference": {"metrics": expected, "samples": scores(plain)},
+            "validator": {
+                "metrics": validator.last_metrics,
+                "samples": scores(validator.evaluator),
+                "tokens": validator.evaluator.tokens_forwarded,
+                "kept_prefixes": kept,
+            },
+            "reference": {"metrics": expected, "samples": scores(plain), "tokens": plain.tokens_forwarded},
             "logged": {str(step): keys for step, keys in recorder.keys.items()},
             "trained_steps": trainer.step,
+            "forwards_changed": sorted(name for name in before if before[name] != after[name]),
             "mesh": {"tp": trainer.parallel_dims.tp, "batch": validator.dp_world_size},
         }
         (Path(args.out) / f"rank{dist.get_rank()}.json").write_text(
