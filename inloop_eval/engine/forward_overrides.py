@@ -5,7 +5,8 @@ modules are routed through the engine's attention during an evaluation, and only
 attribute, so `__call__` and every hook, FSDP2's included, still run), and the modules of `model` compiled
 with `Module.compile` run uncompiled (no compiled graph traces an override, and training never recompiles);
 on exit every instance attribute is as it was, whether the body returns, raises or is interrupted.
-Parameters, buffers, hooks and classes are never touched.
+Parameters, buffers, hooks and classes are never touched. `own_class(module)`: the class a module was
+written as, under the wrapper classes torch swaps in, for the routing modules' checks of what they verified.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ from typing import Any
 from torch import nn
 
 _MISSING = object()
+
+
+def own_class(module: nn.Module) -> type:
+    """The module's class under the wrapper classes torch swaps in (FSDP2's `FSDP<name>`, `replicate`'s): the
+    first class of its MRO defined outside torch."""
+    return next(c for c in type(module).__mro__ if not c.__module__.startswith("torch."))
 
 
 @contextmanager

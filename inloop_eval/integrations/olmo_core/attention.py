@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from inloop_eval.distributed import model_parallel_dims
-from inloop_eval.engine.forward_overrides import overridden_forwards
+from inloop_eval.engine.forward_overrides import overridden_forwards, own_class
 from inloop_eval.engine.tree_attention import TreeMask, tree_attention
 
 log = logging.getLogger(__name__)
@@ -70,12 +70,6 @@ _REPORTED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 KeptKeysValues = dict[nn.Module, tuple[Tensor, Tensor]]
 
 
-def own_class(module: nn.Module) -> type:
-    """The module's class under the wrapper classes torch swaps in (FSDP2's `FSDP<name>`, `replicate`'s):
-    the first class of its MRO defined outside torch."""
-    return next(c for c in type(module).__mro__ if not c.__module__.startswith("torch."))
-
-
 def packing_refusal(model: nn.Module, tensor_parallel: bool = False) -> str | None:
     """Why `model` (an OLMo-core Transformer) cannot be fed packed rows, or None when it can. With
     `tensor_parallel`, OLMo-core's tensor parallelism is allowed (its attention sees every position, its
@@ -88,22 +82,9 @@ def packing_refusal(model: nn.Module, tensor_parallel: bool = False) -> str | No
 
     if own_class(model) is not Transformer:
         return f"model type {own_class(model).__name__} (only Transformer is verified)"
-    tp_enabled = bool(getattr(model, "tp_enabled", False))
-    tp_name = model._tp_mesh.mesh_dim_names if tensor_parallel and tp_enabled else None
-    dims = [
-        (mesh, dim)
-        for mesh, dim in model_parallel_dims(model)
-        if tp_name is None or mesh.mesh_dim_names is None or mesh.mesh_dim_names[dim] not in tp_name
-    ]
-    if dims:
-        names = sorted({(mesh.mesh_dim_names or ("unnamed",) * mesh.ndim)[dim] for mesh, dim in dims})
-        return f"its parameters are split over the model-parallel mesh dimension(s) {names}"
-    if (
-        (tp_enabled and not tensor_parallel)
-        or model.pp_enabled
-        or getattr(model, "_cp_load_balancer", None) is not None
-    ):
-        return "tensor, pipeline or context parallelism is applied"
+    refusal = _parallelism_refusal(model, tensor_parallel)
+    if refusal is not None:
+        return refusal
     for name, module in model.named_modules():
         cls = own_class(module)
         if isinstance(module, TransformerBlockBase) and cls.__name__ not in VERIFIED_BLOCKS:
@@ -114,6 +95,25 @@ def packing_refusal(model: nn.Module, tensor_parallel: bool = False) -> str | No
             refusal = _attention_refusal(module, RotaryEmbedding)
             if refusal is not None:
                 return f"{refusal} at {name!r}"
+    return None
+
+
+def _parallelism_refusal(model: nn.Module, tensor_parallel: bool) -> str | None:
+    """Why the way `model` is split over ranks keeps it from packing (with `tensor_parallel`, OLMo-core's
+    tensor parallelism does not), or None."""
+    tp_enabled = bool(getattr(model, "tp_enabled", False))
+    tp_name = model._tp_mesh.mesh_dim_names if tensor_parallel and tp_enabled else None
+    dims = [
+        (mesh, dim)
+        for mesh, dim in model_parallel_dims(model)
+        if tp_name is None or mesh.mesh_dim_names is None or mesh.mesh_dim_names[dim] not in tp_name
+    ]
+    if dims:
+        names = sorted({(mesh.mesh_dim_names or ("unnamed",) * mesh.ndim)[dim] for mesh, dim in dims})
+        return f"its parameters are split over the model-parallel mesh dimension(s) {names}"
+    applied = (tp_enabled and not tensor_parallel) or model.pp_enabled
+    if applied or getattr(model, "_cp_load_balancer", None) is not None:
+        return "tensor, pipeline or context parallelism is applied"
     return None
 
 

@@ -64,6 +64,7 @@ from torchtitan.models.llama3.model import Llama3Model, Llama3TransformerBlock
 from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
 
 from inloop_eval.distributed import model_parallel_dims
+from inloop_eval.engine.forward_overrides import overridden_forwards, own_class
 from inloop_eval.engine.tree_attention import TreeMask, tree_attention
 
 log = logging.getLogger(__name__)
@@ -78,18 +79,8 @@ TENSOR_PARALLEL_DIM = "tp"
 # Models whose refusal was logged already: one line per model, not one per evaluation.
 _REPORTED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
-_MISSING = object()
-
 # What `keeping_prefix` records of a prefix: each core attention's keys and values [1, G, S, D].
 KeptKeysValues = dict[nn.Module, tuple[Tensor, Tensor]]
-# Instance-level `forward` overrides: id(module) -> (module, its forward meanwhile).
-Overrides = dict[int, tuple[nn.Module, Callable[..., Any]]]
-
-
-def own_class(module: nn.Module) -> type:
-    """The module's class under the wrapper classes torch swaps in (FSDP2's `FSDP<name>`): the first class of
-    its MRO defined outside torch."""
-    return next(c for c in type(module).__mro__ if not c.__module__.startswith("torch."))
 
 
 def packing_refusal(model: nn.Module) -> str | None:
@@ -151,7 +142,7 @@ def packed_attention(model: nn.Module, mask: TreeMask, kept: KeptKeysValues | No
     """During the body, every attention of `model` rotates at `mask.position_ids_BT` and attends under
     `mask` (`tree_attention`), after the keys and values of `kept` (what `keeping_prefix` recorded of a
     prefix of `mask.prefix_length` tokens) where given; on exit the model is exactly as it was."""
-    with _overridden(model, _routes(model, mask, kept, None, 0)):
+    with overridden_forwards(model, _routes(model, mask, kept, None, 0)):
         yield
 
 
@@ -160,45 +151,22 @@ def keeping_prefix(model: nn.Module, mask: TreeMask, kept: KeptKeysValues, lengt
     """During the body (a forward of one causal row under `mask`, a prefix and any padding after it), every
     attention of `model` attends under `mask` and records its first `length` keys and values into `kept`; on
     exit the model is exactly as it was."""
-    with _overridden(model, _routes(model, mask, None, kept, length)):
+    with overridden_forwards(model, _routes(model, mask, None, kept, length)):
         yield
 
 
 def _routes(
     model: nn.Module, mask: TreeMask, read: KeptKeysValues | None, write: KeptKeysValues | None, length: int
-) -> Overrides:
+) -> dict[nn.Module, Callable[..., Any]]:
     """The overrides of one forward: each RoPE at the mask's positions, each core attention under it."""
-    overrides: Overrides = {}
+    overrides: dict[nn.Module, Callable[..., Any]] = {}
     for module in model.modules():
         if isinstance(module, GQAttention):
             rope, core = module.rope, module.inner_attention
-            overrides[id(rope)] = (rope, _rope_at(rope, mask.position_ids_BT))
+            overrides[rope] = _rope_at(rope, mask.position_ids_BT)
             prefix = None if read is None else read[core]
-            overrides[id(core)] = (core, _tree_core(core, mask, prefix, write, length))
+            overrides[core] = _tree_core(core, mask, prefix, write, length)
     return overrides
-
-
-@contextmanager
-def _overridden(model: nn.Module, overrides: Overrides) -> Iterator[None]:
-    """During the body, each module's `forward` is its override and compiled modules run uncompiled; on
-    exit every instance attribute is as it was, whether the body returns or raises."""
-    compiled = [m for m in model.modules() if m._compiled_call_impl is not None]
-    saved_forward = [(m, m.__dict__.get("forward", _MISSING)) for m, _ in overrides.values()]
-    saved_compiled = [(m, m._compiled_call_impl) for m in compiled]
-    try:
-        for module, forward in overrides.values():
-            module.forward = forward
-        for module in compiled:
-            module._compiled_call_impl = None
-        yield
-    finally:
-        for module, impl in saved_compiled:
-            module._compiled_call_impl = impl
-        for module, forward in saved_forward:
-            if forward is _MISSING:
-                del module.__dict__["forward"]
-            else:
-                module.__dict__["forward"] = forward
 
 
 def _own_forward(module: nn.Module) -> Callable[..., Any]:
