@@ -1,0 +1,134 @@
+"""The engine's attention for packed rows (`engine/tree_attention.py`): the dense and block renderings of one
+planned batch's mask are the same mask and give the same attention; the block rendering is built without a
+T x T tensor and skips the blocks no query sees; the rendering is chosen by device unless configured.
+
+The reference is independent of both renderings: each query's softmax over exactly the keys of its own row
+that it may see (its trie path at positions within the window, and a kept prefix), computed in a loop in
+float64.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.attention.flex_attention import BlockMask
+from workers.parallel_checks import LargestTensor
+
+from inloop_eval.engine.tree_attention import (
+    BLOCK_SIZE,
+    TreeMask,
+    causal_tree,
+    dense_mask,
+    mask_rendering,
+    tree_attention,
+)
+from inloop_eval.errors import ConfigError
+from inloop_eval.evaluators.config import EvaluatorConfig
+
+
+def planned_tree(rows: int, width: int, prefix: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Span ends and positions of `rows` random depth-first trie rows `width` wide: a context, then
+    continuations one below another (some nested), then right padding; positions after a kept prefix of
+    `prefix` tokens, restarting below each node at its parent's end."""
+    rng = np.random.default_rng(seed)
+    span_end = np.zeros((rows, width), dtype=np.int64)
+    positions = np.zeros((rows, width), dtype=np.int64)
+    for b in range(rows):
+        used = int(rng.integers(width // 2, width))
+        context = int(rng.integers(1, used // 2))
+        span_end[b, :context] = used
+        positions[b, :context] = prefix + np.arange(context)
+        col = context
+        while col < used:
+            piece = min(int(rng.integers(1, 40)), used - col)
+            nested = min(int(rng.integers(0, 20)), used - col - piece)
+            span_end[b, col : col + piece] = col + piece + nested  # the next `nested` tokens sit below it
+            positions[b, col : col + piece] = prefix + context + np.arange(piece)
+            tail = prefix + context + piece
+            span_end[b, col + piece : col + piece + nested] = col + piece + nested
+            positions[b, col + piece : col + piece + nested] = tail + np.arange(nested)
+            col += piece + nested
+        span_end[b, used:] = np.arange(used, width) + 1  # padding sees itself
+    return torch.from_numpy(span_end), torch.from_numpy(positions)
+
+
+def reference_attention(q, k, v, span_end, positions, prefix, window, scale):
+    """Float64, one query at a time: softmax over the keys it may see, as the module docstring defines."""
+    B, H, T, D = q.shape
+    G = k.shape[1]
+    out = torch.zeros(B, H, T, D, dtype=torch.float64)
+    key_positions = torch.cat([torch.arange(prefix).expand(B, prefix), positions], dim=1)
+    for b in range(B):
+        for i in range(T):
+            seen = [j for j in range(prefix)]
+            seen += [prefix + j for j in range(i + 1) if i < span_end[b, j]]
+            if window is not None:
+                seen = [j for j in seen if positions[b, i] - key_positions[b, j] <= window]
+            for h in range(H):
+                g = h // (H // G)
+                scores = (k[b, g, seen].double() @ q[b, h, i].double()) * scale
+                out[b, h, i] = torch.softmax(scores, 0) @ v[b, g, seen].double()
+    return out
+
+
+@pytest.mark.parametrize("prefix", [0, 70])
+@pytest.mark.parametrize("window", [None, 25])
+def test_both_renderings_are_the_reference_attention(prefix, window):
+    """Random trie rows wider than a block, GQA (4 query heads on 2 key/value heads), with and without a
+    kept prefix and a sliding window: dense and block give the reference within 1e-5, and the dense mask is
+    exactly what the span ends say."""
+    span_end, positions = planned_tree(rows=2, width=300, prefix=prefix, seed=prefix + (window or 0))
+    torch.manual_seed(0)
+    B, T, K = 2, 300, prefix + 300
+    q, k, v = torch.randn(B, 4, T, 8), torch.randn(B, 2, K, 8), torch.randn(B, 2, K, 8)
+    expected = reference_attention(q, k, v, span_end, positions, prefix, window, 8**-0.5)
+    win = (-1, -1) if window is None else (window, 0)
+    found = {}
+    for rendering in ("dense", "block"):
+        mask = TreeMask(span_end, positions, prefix, rendering)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # flex_attention runs unfused on the CPU and says so
+            found[rendering] = tree_attention(q, k, v, mask, window=win)
+        torch.testing.assert_close(found[rendering].double(), expected, atol=1e-5, rtol=0, msg=rendering)
+    assert torch.equal(dense_mask(span_end, prefix), TreeMask(span_end, positions, prefix).dense())
+
+
+def test_the_block_mask_is_built_without_a_t_by_t_tensor_and_skips_empty_blocks():
+    """A batch of 4 rows 2048 wide after a kept prefix of 300: the BlockMask's table is the only thing
+    made, its largest tensor far below T x T, and blocks no query sees (padding's, a finished subtree's)
+    are not listed; the dense rendering is never made."""
+    T, prefix = 2048, 300
+    span_end, positions = planned_tree(rows=4, width=T, prefix=prefix, seed=3)
+    mask = TreeMask(span_end, positions, prefix, "block")
+    with LargestTensor() as largest:
+        block = mask.block()
+    assert isinstance(block, BlockMask)
+    n_q, n_k = T // BLOCK_SIZE, -(-(prefix + T) // BLOCK_SIZE)
+    assert largest.largest <= 4 * n_k * BLOCK_SIZE * n_q < T * T  # [B, K padded to blocks, query blocks]
+    assert block.kv_num_blocks.shape == (4, 1, n_q)
+    listed = block.kv_num_blocks.sum().item()
+    dense = mask.dense()  # the reference, made here only to count the blocks that hold a visible pair
+    pad = torch.nn.functional.pad(dense[:, 0], (0, n_k * BLOCK_SIZE - (prefix + T)))
+    holding = pad.view(4, n_q, BLOCK_SIZE, n_k, BLOCK_SIZE).any(dim=(2, 4)).sum().item()
+    assert listed == holding < 4 * n_q * n_k
+
+
+def test_an_unpacked_forward_is_plain_causal_rows():
+    mask = causal_tree(2, 5, torch.device("cpu"), "dense")
+    assert torch.equal(mask.dense()[0, 0], torch.ones(5, 5, dtype=torch.bool).tril())
+    assert torch.equal(mask.position_ids_BT[1], torch.arange(5))
+
+
+def test_the_rendering_follows_the_device_unless_configured():
+    assert mask_rendering(torch.device("cuda")) == "block"
+    assert mask_rendering(torch.device("cpu")) == "dense"
+    assert mask_rendering(torch.device("cpu"), "block") == "block"
+    assert mask_rendering(torch.device("cuda"), "dense") == "dense"
+    assert mask_rendering(torch.device("cuda"), "auto") == "block"
+    with pytest.raises(ValueError, match="expected one of"):
+        mask_rendering(torch.device("cpu"), "sparse")
+    with pytest.raises(ConfigError, match="attention_mask"):
+        EvaluatorConfig(evaluators=[{"task": "piqa"}], attention_mask="sparse")
