@@ -21,6 +21,8 @@ else is changed:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -48,6 +50,8 @@ from doc_pages import (
     script_and_flags,
 )
 from doc_pages import anchors as page_anchors
+
+from inloop_eval.cli.main import build_parser
 
 LIMIT = 4
 PLACEHOLDER = re.compile(r"\b(HF_DIR|CKPT_DIR|RUN_DIR|RUN_A|RUN_B|DIR)\b")
@@ -153,39 +157,50 @@ def page_job(path: Path, placeholders: dict[str, str]) -> dict[str, Any]:
             argv = capped_limit([PLACEHOLDER.sub(lambda m: placeholders[m[1]], a) for a in args])
             commands.append({"where": block.where, "argv": argv})
     return {
-        "imports": import_paths(path),
+        "imports": [[*entry, page_name(path)] for entry in import_paths(path)],
         "blocks": [{"where": b.where, "code": b.text} for b in python_blocks(path, run=True)],
         "commands": commands,
     }
 
 
-@pytest.mark.parametrize("path", PAGES_WITH_EXAMPLES, ids=page_name)
-def test_the_pages_examples_run_and_their_import_paths_import(path, sandbox, environment, placeholders, tmp_path):
-    job = page_job(path, placeholders)
-    (tmp_path / "job.json").write_text(json.dumps(job))
+@pytest.fixture(scope="module")
+def page_runs(sandbox, environment, placeholders, tmp_path_factory) -> tuple[str, str]:
+    """Every page's examples, run by one `doc_runner.py` process (each block in a fresh namespace, each page
+    after the other, so that Python and torch start once): its stdout and stderr, each line naming the page
+    and line it is about."""
+    jobs = [page_job(path, placeholders) for path in PAGES_WITH_EXAMPLES]
+    job = {key: [item for j in jobs for item in j[key]] for key in ("imports", "blocks", "commands")}
+    job_path = tmp_path_factory.mktemp("pages") / "job.json"
+    job_path.write_text(json.dumps(job))
     proc = subprocess.run(
-        [sys.executable, str(RUNNER), str(tmp_path / "job.json")],
+        [sys.executable, str(RUNNER), str(job_path)],
         cwd=sandbox,
         env=environment,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
     )
-    assert proc.returncode == 0, f"{page_name(path)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-8000:]}"
-    assert proc.stdout.count(" ran in ") == len(job["blocks"]) + len(job["commands"]), proc.stdout
+    return proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("path", PAGES_WITH_EXAMPLES, ids=page_name)
+def test_the_pages_examples_run_and_their_import_paths_import(path, page_runs, placeholders):
+    stdout, stderr = page_runs
+    job, page = page_job(path, placeholders), page_name(path)
+    failed = [line for line in stderr.splitlines() if f" {page}:" in line or f"({page})" in line]
+    assert not failed, f"{page}:\n" + "\n".join(failed) + f"\n{stderr[-8000:]}"
+    ran = [line for line in stdout.splitlines() if f" {page}:" in line and " ran in " in line]
+    assert len(ran) == len(job["blocks"]) + len(job["commands"]), stdout
 
 
 def help_text(command: tuple[str, ...], cache: dict[tuple[str, ...], str]) -> str:
+    """`inloop-eval COMMAND --help`, from the command line's own parser in this process."""
     if command not in cache:
-        proc = subprocess.run(
-            [sys.executable, "-m", "inloop_eval.cli", *command, "--help"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-        assert proc.returncode == 0, f"`inloop-eval {' '.join(command)} --help` failed:\n{proc.stderr[-3000:]}"
-        cache[command] = proc.stdout
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exited:
+            build_parser(command[0]).parse_args([*command, "--help"])
+        assert exited.value.code == 0, f"`inloop-eval {' '.join(command)} --help` exited {exited.value.code}"
+        cache[command] = out.getvalue()
     return cache[command]
 
 

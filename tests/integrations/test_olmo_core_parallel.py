@@ -1,6 +1,7 @@
 """The OLMo-core callback when OLMo-core's train module splits the model: tensor parallel (TP=2, FSDP), Ulysses
 context parallel (CP=2, DDP) and FSDP=2 x TP=2 (4 processes), each a real `Trainer` run under torchrun on gloo,
-compared with one process: the same `eval/downstream/...` keys, accuracies identical, the other figures within
+compared with one process: rows packed in every layout (the attention routed through the engine's, under
+Ulysses after OLMo-core's head exchange), the same `eval/downstream/...` keys, accuracies identical, the other figures within
 1e-5 relative, for an rc, a letter-key mc and a bpb OLMo label and a PMI task, under our keys and OLMo-core's.
 Also: the scoring code allocates at most [B, T/TP, V] per batch, tokens are counted once per data-parallel
 rank, and sharding over no group or over the world is refused. The worker is
@@ -77,18 +78,18 @@ def test_every_kind_of_label_and_both_key_styles_are_compared(single) -> None:
 
 
 def test_tokens_are_counted_once_per_data_parallel_rank(single, launched) -> None:
-    """Tensor and context parallel peers forward the same batches: counted once. Padding to a multiple of
-    the degree adds a few tokens (counted: they are forwarded) to what one process forwards unpacked (split
-    layouts are never packed; one process packs, forwarding fewer); FSDP=2 x TP=2 forwards the same batches
-    as TP=2, split over two data-parallel ranks, so their totals are within the dummy batches that even out
-    the ranks."""
+    """Tensor and context parallel peers forward the same batches: counted once. The split layouts pack rows
+    as one process does, without its kept prefixes and padded to a multiple of the degree: more tokens than
+    one process packed, fewer than one process unpacked; FSDP=2 x TP=2 forwards the same batches as TP=2,
+    split over two data-parallel ranks, so their totals are within the dummy batches that even out the
+    ranks."""
     one_packed = single["evaluator_tokens"]
     one = single["unpacked_evaluator_tokens"]
     tp2_rank = launched["tp2"][0]["evaluator_tokens"]
-    assert one_packed < one <= tp2_rank < 1.05 * one
+    assert one_packed <= tp2_rank < one
     tp2 = launched["tp2"][0]["logged"]["0"]["eval/tokens_forwarded"]
     assert launched["cp2"][0]["logged"]["0"]["eval/tokens_forwarded"] == tp2
-    assert single["logged"]["0"]["eval/tokens_forwarded"] < tp2
+    assert single["logged"]["0"]["eval/tokens_forwarded"] <= tp2
     dp2tp2 = launched["dp2tp2"][0]["logged"]["0"]["eval/tokens_forwarded"]
     assert 0.9 * tp2 < dp2tp2 < 1.5 * tp2
     for ranks in launched.values():

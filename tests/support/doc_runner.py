@@ -1,12 +1,13 @@
-"""Runs one documentation page's examples for tests/test_docs.py, in a process of its own, from the current
-folder: first every import path the page names, then each Python block of the page that is run, in order, each
-in a fresh namespace (as if pasted into `python`), then each of its `inloop-eval` command lines, in order,
-through the command line's entry point (`inloop_eval.cli.main`, what the `inloop-eval` script calls), in this
-one process so that each command does not pay for starting Python and importing torch again.
+"""Runs the documentation pages' examples for tests/test_docs.py, in a process of its own, from the current
+folder: first every import path the pages name, then each Python block that is run, in order, each in a fresh
+namespace (as if pasted into `python`), then each `inloop-eval` command line, in order, through the command
+line's entry point (`inloop_eval.cli.main`, what the `inloop-eval` script calls), in this one process so that
+each does not pay for starting Python and importing torch again.
 
-Usage: python doc_runner.py JOB.json, where JOB.json holds {"imports": [[module, attribute or null], ...],
-"blocks": [{"where": "page:line", "code": "..."}, ...], "commands": [{"where": "page:line", "argv": [...]}]}.
-Exits 0 when every path imports, every block runs and every command exits 0; else 1, each failure on stderr.
+Usage: python doc_runner.py JOB.json, where JOB.json holds {"imports": [[module, attribute or null, page],
+...], "blocks": [{"where": "page:line", "code": "..."}, ...], "commands": [{"where": "page:line", "argv":
+[...]}]}. Exits 0 when every path imports, every block runs and every command exits 0; else 1, each failure on
+stderr naming its page (and line).
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ def main(job_path: str) -> int:
     with open(job_path) as f:
         job = json.load(f)
     failures = 0
-    for module, attribute in job["imports"]:
+    for module, attribute, page in job["imports"]:
         try:
             check_import(module, attribute)
         except Exception as exc:  # every failure is reported, then the next path is tried
             failures += 1
             shown = f"{module}.{attribute}" if attribute else module
-            print(f"import path {shown}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(f"import path {shown} ({page}): {type(exc).__name__}: {exc}", file=sys.stderr)
     for block in job["blocks"]:
         started = time.perf_counter()
         try:

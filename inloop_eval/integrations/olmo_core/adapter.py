@@ -127,10 +127,10 @@ def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:
 
 class OLMoCoreSequenceSplitAdapter(ModelAdapter):
     """An OLMo-core `Transformer` under tensor or (Ulysses) context parallelism: each rank scores the positions
-    it holds (`SequenceSplit`), its batches padded to a multiple of TP x CP. Under tensor parallelism alone
-    its rows are packed as `OLMoCoreAdapter`'s are (`routed_attention`: every rank's attention sees every
-    position, its own heads), without kept prefixes (a prefix's row is not padded to the width multiple);
-    under context parallelism, one request per row.
+    it holds (`SequenceSplit`), its batches padded to a multiple of TP x CP. Its rows are packed as
+    `OLMoCoreAdapter`'s are (`routed_attention`: every rank's attention sees every position and its own heads,
+    under Ulysses after the exchange OLMo-core's backends make), without kept prefixes (a prefix's row is not
+    padded to the width multiple).
 
     max_length: the context length it was trained at (as for `OLMoCoreAdapter`).
     split: how the model splits the sequence over ranks (`topology.read_sequence_split`).
@@ -141,7 +141,7 @@ class OLMoCoreSequenceSplitAdapter(ModelAdapter):
         self.max_length = max_length
         self.vocab_size = int(model.vocab_size)
         self.split = split
-        self.packing = split.cp_size == 1 and packs(model, tensor_parallel=True)
+        self.packing = packs(model, split_sequence=True)
 
     @property
     def needs(self) -> AdapterNeeds:

@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from inloop_eval.distributed import model_parallel_dims
@@ -70,10 +71,11 @@ _REPORTED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 KeptKeysValues = dict[nn.Module, tuple[Tensor, Tensor]]
 
 
-def packing_refusal(model: nn.Module, tensor_parallel: bool = False) -> str | None:
+def packing_refusal(model: nn.Module, split_sequence: bool = False) -> str | None:
     """Why `model` (an OLMo-core Transformer) cannot be fed packed rows, or None when it can. With
-    `tensor_parallel`, OLMo-core's tensor parallelism is allowed (its attention sees every position, its
-    heads sharded: the mask and positions are per position); pipeline and context parallelism never are."""
+    `split_sequence`, OLMo-core's tensor parallelism and Ulysses context parallelism are allowed (attention
+    sees every position, its heads sharded: the mask and positions are per position); pipeline parallelism
+    never is."""
     from olmo_core.nn.attention import Attention
     from olmo_core.nn.attention.base import SequenceMixer
     from olmo_core.nn.rope import RotaryEmbedding
@@ -82,7 +84,7 @@ def packing_refusal(model: nn.Module, tensor_parallel: bool = False) -> str | No
 
     if own_class(model) is not Transformer:
         return f"model type {own_class(model).__name__} (only Transformer is verified)"
-    refusal = _parallelism_refusal(model, tensor_parallel)
+    refusal = _parallelism_refusal(model, split_sequence)
     if refusal is not None:
         return refusal
     for name, module in model.named_modules():
@@ -92,32 +94,37 @@ def packing_refusal(model: nn.Module, tensor_parallel: bool = False) -> str | No
         if isinstance(module, SequenceMixer):
             if cls is not Attention:
                 return f"sequence mixer {cls.__name__} at {name!r}"
-            refusal = _attention_refusal(module, RotaryEmbedding)
+            refusal = _attention_refusal(module, RotaryEmbedding, split_sequence)
             if refusal is not None:
                 return f"{refusal} at {name!r}"
     return None
 
 
-def _parallelism_refusal(model: nn.Module, tensor_parallel: bool) -> str | None:
-    """Why the way `model` is split over ranks keeps it from packing (with `tensor_parallel`, OLMo-core's
-    tensor parallelism does not), or None."""
+def _parallelism_refusal(model: nn.Module, split_sequence: bool) -> str | None:
+    """Why the way `model` is split over ranks keeps it from packing (with `split_sequence`, OLMo-core's
+    tensor and Ulysses context parallelism do not), or None."""
     tp_enabled = bool(getattr(model, "tp_enabled", False))
-    tp_name = model._tp_mesh.mesh_dim_names if tensor_parallel and tp_enabled else None
+    balancer = getattr(model, "_cp_load_balancer", None)
+    allowed = set(model._tp_mesh.mesh_dim_names or ()) if split_sequence and tp_enabled else set()
     dims = [
         (mesh, dim)
         for mesh, dim in model_parallel_dims(model)
-        if tp_name is None or mesh.mesh_dim_names is None or mesh.mesh_dim_names[dim] not in tp_name
+        if mesh.mesh_dim_names is None or mesh.mesh_dim_names[dim] not in allowed
     ]
     if dims:
         names = sorted({(mesh.mesh_dim_names or ("unnamed",) * mesh.ndim)[dim] for mesh, dim in dims})
         return f"its parameters are split over the model-parallel mesh dimension(s) {names}"
-    applied = (tp_enabled and not tensor_parallel) or model.pp_enabled
-    if applied or getattr(model, "_cp_load_balancer", None) is not None:
+    ulysses = balancer is not None and type(balancer).__name__ == "UlyssesLoadBalancer"
+    if (
+        model.pp_enabled
+        or (not split_sequence and (tp_enabled or balancer is not None))
+        or (balancer and not ulysses)
+    ):
         return "tensor, pipeline or context parallelism is applied"
     return None
 
 
-def _attention_refusal(attention: Any, default_rope: type) -> str | None:
+def _attention_refusal(attention: Any, default_rope: type, split_sequence: bool) -> str | None:
     backend = attention.backend
     backend_class = own_class(backend)
     if (
@@ -135,15 +142,15 @@ def _attention_refusal(attention: Any, default_rope: type) -> str | None:
         return f"attention dropout {backend.dropout_p} (applied in eval mode too)"
     if attention.kv_cache_manager is not None:
         return "a KV cache"
-    if backend.cp_enabled:
+    if backend.cp_enabled and not (split_sequence and getattr(backend, "uly", None) is not None):
         return "context parallelism"
     return None
 
 
-def packs(model: nn.Module, tensor_parallel: bool = False) -> bool:
+def packs(model: nn.Module, split_sequence: bool = False) -> bool:
     """Whether `model` takes packed rows (`packing_refusal`); when it does not, one log line per model says
     why and that its requests go one per row."""
-    refusal = packing_refusal(model, tensor_parallel)
+    refusal = packing_refusal(model, split_sequence)
     if refusal is not None and model not in _REPORTED:
         _REPORTED.add(model)
         log.info(
@@ -176,19 +183,36 @@ def routed_attention(
     for module in model.modules():
         if isinstance(module, Attention):
             backend = module.backend
+            ulysses = backend.cp_pg if backend.cp_enabled else None
+            if ulysses is not None and (kept is not None or record is not None):
+                raise ValueError(
+                    "packed OLMo-core forward: kept prefixes under context parallelism are not verified"
+                )
             if module.rope is not None:
                 n_positions = tree.keys if max_positions is None else min(tree.keys, max_positions)
-                overrides[module.rope] = _rope_at(module.rope, position_ids_BT, n_positions)
+                positions = position_ids_BT if ulysses is None else _held_chunk(position_ids_BT, ulysses)
+                overrides[module.rope] = _rope_at(module.rope, positions, n_positions, ulysses is not None)
             prefix = None if kept is None else kept[backend]
-            overrides[backend] = _tree_attention_of(backend, tree, prefix, record)
+            overrides[backend] = _tree_attention_of(backend, tree, prefix, record, ulysses)
     with overridden_forwards(model, overrides):
         yield
 
 
-def _rope_at(rope: Any, position_ids_BT: Tensor, n_positions: int) -> Callable[..., tuple[Tensor, Tensor]]:
+def _held_chunk(position_ids_BT: Tensor, cp_group: Any) -> Tensor:
+    """The positions of this rank's chunk under Ulysses context parallelism: chunk r of CP, contiguous, as
+    OLMo-core's `UlyssesLoadBalancer` cuts the inputs."""
+    size, rank = dist.get_world_size(cp_group), dist.get_rank(cp_group)
+    chunk = position_ids_BT.shape[1] // size
+    return position_ids_BT[:, rank * chunk : (rank + 1) * chunk]
+
+
+def _rope_at(
+    rope: Any, position_ids_BT: Tensor, n_positions: int, sharded_buffers: bool = False
+) -> Callable[..., tuple[Tensor, Tensor]]:
     """`RotaryEmbedding.forward` for queries and keys [B, T, H, D] at `position_ids_BT` (all below
     `n_positions`): the same tables, precision and rotation as OLMo-core's, read at each token's position
-    rather than its column."""
+    rather than its column. With `sharded_buffers` (context parallelism), the sin and cos buffers OLMo-core
+    hands it (its chunk's columns) are passed over: the positions are this rank's chunk's."""
 
     def rotate(
         q: Tensor,
@@ -200,7 +224,8 @@ def _rope_at(rope: Any, position_ids_BT: Tensor, n_positions: int) -> Callable[.
         freqs_cis: Tensor | None = None,
         cu_doc_lens: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        if head_first or any(x is not None for x in (start_pos, pos_sin, pos_cos, freqs_cis, cu_doc_lens)):
+        buffers = () if sharded_buffers else (pos_sin, pos_cos, freqs_cis)
+        if head_first or any(x is not None for x in (start_pos, *buffers, cu_doc_lens)):
             raise RuntimeError(
                 "packed OLMo-core forward: RoPE was called with head-first inputs, a start position, given "
                 "buffers or document lengths, none of which the packed rows were verified with"
@@ -222,11 +247,20 @@ def _tree_attention_of(
     tree: TreeMask,
     prefix: tuple[Tensor, Tensor] | None,
     record: KeptKeysValues | None,
+    ulysses: Any = None,
 ) -> Callable[..., Tensor]:
     """An attention backend's `forward`, whatever its kernel, as the engine's `tree_attention` under `tree`
     with the backend's scale and sliding window: queries, keys and values [B, T, H or G, D] in, [B, T, H, D]
     out, as every OLMo-core backend takes and gives them. With `prefix` ([1, S, G, D] keys and values),
-    they come before the rows' own; with `record`, the rows' keys and values are recorded under `backend`."""
+    they come before the rows' own; with `record`, the rows' keys and values are recorded under `backend`.
+    Under Ulysses context parallelism (`ulysses`: its group) each rank holds a chunk of the positions and
+    every head: exchanged, as OLMo-core's backends exchange them, for every position and a share of the
+    heads before attention, and back after."""
+    from olmo_core.distributed.parallel.context_parallel import (
+        all_to_all_cp2hp,
+        all_to_all_single_cp2hp,
+        all_to_all_single_hp2cp,
+    )
 
     def attend(qkv: Any, *args: Any, **kwargs: Any) -> Tensor:
         if not isinstance(qkv, tuple) or any(x is not None for x in (*args, *kwargs.values())):
@@ -235,6 +269,9 @@ def _tree_attention_of(
                 "cache or attention sinks, none of which the packed rows were verified with"
             )
         q_BTHD, k_BTGD, v_BTGD = qkv
+        if ulysses is not None:
+            q_BTHD = all_to_all_single_cp2hp(q_BTHD, ulysses)
+            k_BTGD, v_BTGD = all_to_all_cp2hp([k_BTGD, v_BTGD], ulysses)
         if record is not None:
             record[backend] = (k_BTGD, v_BTGD)
         if prefix is not None:
@@ -243,6 +280,9 @@ def _tree_attention_of(
             v_BTGD = torch.cat([prefix[1].expand(B, -1, -1, -1), v_BTGD], dim=1)
         q, k, v = q_BTHD.transpose(1, 2), k_BTGD.transpose(1, 2), v_BTGD.transpose(1, 2)
         att_BHTD = tree_attention(q, k, v, tree, scale=backend.scale, window=tuple(backend.window_size))
-        return att_BHTD.transpose(1, 2).contiguous()
+        att_BTHD = att_BHTD.transpose(1, 2)
+        if ulysses is not None:
+            att_BTHD = all_to_all_single_hp2cp(att_BTHD, ulysses)
+        return att_BTHD.contiguous()
 
     return attend

@@ -182,7 +182,7 @@ def run_layout(layout: str, work: Path, data_root: Path) -> dict[str, Any]:
     result = collected(trainer)
     evaluator = trainer.callbacks["inloop_eval"].evaluator
     result["evaluator_tokens"] = evaluator.tokens_forwarded  # this rank's, at the last step
-    if not dist.is_initialized():  # one process packs rows; the split layouts cannot: count it unpacked too
+    if not dist.is_initialized():  # one process packs rows with kept prefixes: count it unpacked too
         model = trainer.train_module.model
         unpacked = OLMoCoreAdapter(model, trainer.train_module.eval_batch_spec.max_sequence_length)
         unpacked.packing = False
