@@ -79,8 +79,8 @@ def test_every_kind_of_label_and_both_key_styles_are_compared(single) -> None:
 
 def test_tokens_are_counted_once_per_data_parallel_rank(single, launched) -> None:
     """Tensor and context parallel peers forward the same batches: counted once. The split layouts pack rows
-    as one process does, without its kept prefixes and padded to a multiple of the degree: more tokens than
-    one process packed, fewer than one process unpacked; FSDP=2 x TP=2 forwards the same batches as TP=2,
+    and keep prefixes as one process does, padded to a multiple of the degree: at least the tokens of one
+    process packed, fewer than one process unpacked; FSDP=2 x TP=2 forwards the same batches as TP=2,
     split over two data-parallel ranks, so their totals are within the dummy batches that even out the
     ranks."""
     one_packed = single["evaluator_tokens"]

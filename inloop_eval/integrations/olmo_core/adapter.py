@@ -13,12 +13,14 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter, ModelOutputs
 from inloop_eval.engine.outputs.full_logits import FullLogits
 from inloop_eval.engine.outputs.sequence_sharded import SequenceShard
+from inloop_eval.engine.tree_attention import causal_tree
 from inloop_eval.errors import ConfigError, ModelOutputError
 from inloop_eval.integrations.olmo_core.attention import packs, routed_attention
 from inloop_eval.integrations.olmo_core.topology import SequenceSplit, read_sequence_split
@@ -80,11 +82,12 @@ class OLMoCoreAdapter(ModelAdapter):
 
 
 def attention_for(
-    adapter: OLMoCoreAdapter | OLMoCoreSequenceSplitAdapter, inputs: ForwardInputs
+    adapter: OLMoCoreAdapter | OLMoCoreSequenceSplitAdapter, inputs: ForwardInputs, width: int | None = None
 ) -> AbstractContextManager[None]:
     """The context a forward of this batch runs in: for a model that packs, `routed_attention` whatever the
     batch (a packed batch under its tree, after the kept prefix it reads; a kept prefix or a plain row
-    causal, a kept prefix recording each attention's keys and values), so that no backend kernel runs."""
+    causal, a kept prefix recording each attention's keys and values, its row fed `width` wide), so that no
+    backend kernel runs."""
     model, prefix = adapter.model, inputs.prefix
     if not adapter.packing:
         if inputs.packed or prefix is not None:
@@ -93,13 +96,15 @@ def attention_for(
                 "scored one request per row (see the log); plan with the adapter's needs.packing"
             )
         return nullcontext()
-    tree = inputs.tree_or_causal()
-    positions = inputs.position_ids_BT if inputs.position_ids_BT is not None else tree.position_ids_BT
     if inputs.keeps_prefix and prefix is not None:
         prefix.states = {}
+        tree = causal_tree(1, width or prefix.length, inputs.input_ids_BT.device, inputs.mask_rendering)
         return routed_attention(
-            model, tree, positions, record=prefix.states, max_positions=adapter.max_length
-        )
+            model, tree, tree.position_ids_BT, record=prefix.states, max_positions=adapter.max_length,
+            record_length=prefix.length,
+        )  # fmt: skip
+    tree = inputs.tree_or_causal()
+    positions = inputs.position_ids_BT if inputs.position_ids_BT is not None else tree.position_ids_BT
     B, T = inputs.input_ids_BT.shape
     K = T + (prefix.length if prefix is not None else 0)
     shapes = [tuple(tree.span_end_BT.shape), tree.keys, tuple(positions.shape)]
@@ -127,10 +132,10 @@ def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:
 
 class OLMoCoreSequenceSplitAdapter(ModelAdapter):
     """An OLMo-core `Transformer` under tensor or (Ulysses) context parallelism: each rank scores the positions
-    it holds (`SequenceSplit`), its batches padded to a multiple of TP x CP. Its rows are packed as
-    `OLMoCoreAdapter`'s are (`routed_attention`: every rank's attention sees every position and its own heads,
-    under Ulysses after the exchange OLMo-core's backends make), without kept prefixes (a prefix's row is not
-    padded to the width multiple).
+    it holds (`SequenceSplit`), its batches padded to a multiple of TP x CP. Its rows are packed and its
+    prefixes kept as `OLMoCoreAdapter`'s are (`routed_attention`: every rank's attention sees every position
+    and its own heads, under Ulysses after the exchange OLMo-core's backends make; a kept prefix's row padded
+    to the multiple, only its own positions' keys and values kept).
 
     max_length: the context length it was trained at (as for `OLMoCoreAdapter`).
     split: how the model splits the sequence over ranks (`topology.read_sequence_split`).
@@ -146,16 +151,30 @@ class OLMoCoreSequenceSplitAdapter(ModelAdapter):
     @property
     def needs(self) -> AdapterNeeds:
         return AdapterNeeds(
-            width_multiple=self.split.multiple, packing=self.packing, peer_groups=tuple(self.split.groups())
+            width_multiple=self.split.multiple,
+            packing=self.packing,
+            peer_groups=tuple(self.split.groups()),
+            prefix_reuse=self.packing,
         )
 
     def forward(self, inputs: ForwardInputs) -> SequenceShard:
         """Run `model` on the full inputs, projecting only the positions (rows_U, cols_U) in this rank's
         chunk (`logits_to_keep` in the chunk's coordinates; under tensor parallelism a replicated DTensor, the
         logits coming back sharded over the kept slots), and keep the logits of those this rank holds."""
-        split, input_ids_BT, rows_U, cols_U = self.split, inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
-        with attention_for(self, inputs):
+        split, input_ids_BT, rows_U, cols_U = self.split, self._fed_ids(inputs), inputs.rows_U, inputs.cols_U
+        with attention_for(self, inputs, width=input_ids_BT.shape[1]):
             return self._forward(split, input_ids_BT, rows_U, cols_U)
+
+    def _fed_ids(self, inputs: ForwardInputs) -> Tensor:
+        """The token ids `forward` feeds: the batch's; a kept prefix's row padded on the right (after the
+        prefix, unseen by it, its keys and values not kept) to a multiple of the split."""
+        ids_BT = inputs.input_ids_BT
+        if not inputs.keeps_prefix:
+            return ids_BT
+        return F.pad(ids_BT, (0, -ids_BT.shape[1] % self.split.multiple))
+
+    def tokens_fed(self, inputs: ForwardInputs) -> int:
+        return int(self._fed_ids(inputs).numel())
 
     def _forward(
         self, split: SequenceSplit, input_ids_BT: Tensor, rows_U: Tensor, cols_U: Tensor

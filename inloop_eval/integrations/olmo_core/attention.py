@@ -169,12 +169,14 @@ def routed_attention(
     kept: KeptKeysValues | None = None,
     record: KeptKeysValues | None = None,
     max_positions: int | None = None,
+    record_length: int | None = None,
 ) -> Iterator[None]:
     """During the body, every `Attention` of `model` rotates queries and keys at `position_ids_BT` and
     attends through the engine's `tree_attention` under `tree`, whatever its backend; on exit the model is
     exactly as it was (see the module docstring). With `kept` (what a forward with `record` recorded of a
     prefix of S tokens), each attention attends to the prefix's keys and values before the rows' own (the
-    tree's keys are S + T); with `record`, each backend's keys and values are recorded in it.
+    tree's keys are S + T); with `record`, each backend's keys and values are recorded in it (the first
+    `record_length` positions: a prefix's row padded on the right to the width a split sequence needs).
     `max_positions` bounds the RoPE table asked for (no position reaches it: the model's context length),
     so that OLMo-core never caches a table longer than its own forwards would."""
     from olmo_core.nn.attention import Attention
@@ -184,16 +186,12 @@ def routed_attention(
         if isinstance(module, Attention):
             backend = module.backend
             ulysses = backend.cp_pg if backend.cp_enabled else None
-            if ulysses is not None and (kept is not None or record is not None):
-                raise ValueError(
-                    "packed OLMo-core forward: kept prefixes under context parallelism are not verified"
-                )
             if module.rope is not None:
                 n_positions = tree.keys if max_positions is None else min(tree.keys, max_positions)
                 positions = position_ids_BT if ulysses is None else _held_chunk(position_ids_BT, ulysses)
                 overrides[module.rope] = _rope_at(module.rope, positions, n_positions, ulysses is not None)
             prefix = None if kept is None else kept[backend]
-            overrides[backend] = _tree_attention_of(backend, tree, prefix, record, ulysses)
+            overrides[backend] = _tree_attention_of(backend, tree, prefix, record, record_length, ulysses)
     with overridden_forwards(model, overrides):
         yield
 
@@ -247,6 +245,7 @@ def _tree_attention_of(
     tree: TreeMask,
     prefix: tuple[Tensor, Tensor] | None,
     record: KeptKeysValues | None,
+    record_length: int | None = None,
     ulysses: Any = None,
 ) -> Callable[..., Tensor]:
     """An attention backend's `forward`, whatever its kernel, as the engine's `tree_attention` under `tree`
@@ -273,7 +272,7 @@ def _tree_attention_of(
             q_BTHD = all_to_all_single_cp2hp(q_BTHD, ulysses)
             k_BTGD, v_BTGD = all_to_all_cp2hp([k_BTGD, v_BTGD], ulysses)
         if record is not None:
-            record[backend] = (k_BTGD, v_BTGD)
+            record[backend] = (k_BTGD[:, :record_length], v_BTGD[:, :record_length])
         if prefix is not None:
             B = q_BTHD.shape[0]
             k_BTGD = torch.cat([prefix[0].expand(B, -1, -1, -1), k_BTGD], dim=1)
