@@ -129,18 +129,21 @@ def shots(data_root, neox_tokenizer) -> tuple[PairSet, np.ndarray]:
     return table.pairs.concat(table.uncond), np.concatenate([np.arange(len(table)), len(table) + uncond])
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "gpt_neox"])
-def test_flash_marked_models_pack_and_keep_prefixes(flash, shots, model_type):
-    """Packed rows and kept prefixes, dense and block renderings: per request the numbers of one plain forward
-    on the model run with sdpa, and the two renderings the same; the flash kernel never called."""
-    sdpa, marked = hf_pair(model_type)
+def plans(shots: tuple[PairSet, np.ndarray]) -> dict[str, tuple[PairSet, np.ndarray, dict]]:
+    """The two paths checked: packed rows of `two_documents`, and a 5-shot task's shots kept once."""
+    packed = {"shape": BatchShape(packing=True), "max_length": 64}
+    kept = {"shape": BatchShape(packing=True, keep_prefixes=True), "by_cost": False}
+    return {"packed": (two_documents(), np.arange(5), packed), "kept prefixes": (*shots, kept)}
+
+
+def assert_routed_as_plain_rows(flash: FlashStandIn, sdpa, marked, shots) -> dict[str, np.ndarray]:
+    """Packed rows and kept prefixes, dense and block renderings, on the flash-marked model: per request the
+    numbers of one plain forward on the model run with sdpa, and the two renderings the same; the flash
+    kernel never called. Returns each path's reference log-likelihoods."""
     adapter = make_adapter(marked)
     assert isinstance(adapter, HFCausalLMAdapter) and adapter.needs.packing and adapter.needs.prefix_reuse
-    plans = {
-        "packed": (two_documents(), np.arange(5), {"shape": BatchShape(packing=True), "max_length": 64}),
-        "kept prefixes": (*shots, {"shape": BatchShape(packing=True, keep_prefixes=True), "by_cost": False}),
-    }
-    for path, (pairs, ids, plan) in plans.items():
+    references = {}
+    for path, (pairs, ids, plan) in plans(shots).items():
         plan = {"batch_tokens": 4096, "max_length": MAX_LENGTH, **plan}
         if path == "kept prefixes":
             assert any(b.keeps_prefix for b in plan_batches(pairs, ids, **plan)), "the shots are kept once"
@@ -153,7 +156,42 @@ def test_flash_marked_models_pack_and_keep_prefixes(flash, shots, model_type):
             np.testing.assert_array_equal(scores.greedy, ref_greedy, err_msg=where)
         np.testing.assert_allclose(found["dense"].ll, found["block"].ll, atol=1e-5, rtol=0, err_msg=path)
         np.testing.assert_array_equal(found["dense"].greedy, found["block"].greedy, err_msg=path)
+        references[path] = ref_ll
     assert marked.config._attn_implementation == FLASH and flash.calls == 0
+    return references
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "gpt_neox"])
+def test_flash_marked_models_pack_and_keep_prefixes(flash, shots, model_type):
+    """Packed rows and kept prefixes, dense and block renderings: per request the numbers of one plain forward
+    on the model run with sdpa, and the two renderings the same; the flash kernel never called."""
+    assert_routed_as_plain_rows(flash, *hf_pair(model_type), shots)
+
+
+# A window of 3 tokens (each query sees itself and the 2 before it) binds in both paths: in the packed rows
+# of `two_documents` (positions up to 4, columns up to 6: a window on columns would differ) and in the shots.
+WINDOW = 3
+SLIDING = {
+    "mistral": {"sliding_window": WINDOW},  # every layer sliding
+    "qwen2": {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},  # full, sliding
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(SLIDING))
+def test_flash_marked_sliding_window_models_pack_and_keep_prefixes(flash, shots, model_type):
+    """Models with a sliding window, on every layer (mistral) or on the layers `layer_types` names (qwen2):
+    packed and with kept prefixes, dense and block, the numbers of one plain sdpa forward per request, whose
+    mask is transformers' own; the window binds (the same weights without it give other numbers)."""
+    sdpa, marked = hf_pair(model_type, **SLIDING[model_type])
+    assert sdpa.config.sliding_window == WINDOW
+    if model_type == "qwen2":
+        assert sdpa.config.layer_types == ["full_attention", "sliding_attention"]
+    references = assert_routed_as_plain_rows(flash, sdpa, marked, shots)
+    unwindowed, _ = hf_pair(model_type, sliding_window=None)
+    for a, b in zip(unwindowed.parameters(), sdpa.parameters(), strict=True):
+        assert torch.equal(a, b)
+    for path, (pairs, ids, _plan) in plans(shots).items():
+        assert not np.allclose(reference_scores(unwindowed, pairs, ids)[0], references[path], atol=1e-3), path
 
 
 def test_the_evaluator_scores_letter_keys_and_pmi_through_the_engines_attention(flash, data_root, neox_tokenizer):

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter, ModelOutputs
 from inloop_eval.engine.outputs.full_logits import FullLogits
@@ -29,9 +30,11 @@ _HF_SOFTCAP_HEAD_TYPES = frozenset({"gemma2", "gemma3_text"})
 
 # Hugging Face model types checked (tests/engine/test_scoring_paths.py, tests/integrations/test_hf_packing.py,
 # transformers 5.24) to take position ids and, with their attention routed through the engine's
-# (`attention.routed_attention`), give for each packed continuation the numbers of its own unshared row.
+# (`attention.routed_attention`), give for each packed continuation the numbers of its own unshared row;
+# those with a sliding window (mistral; qwen2/3 with `use_sliding_window`, on the layers `layer_types` names
+# sliding) pass it to each attention call, which applies it on positions (`attention.engine_window`).
 HF_PACKING_TYPES = frozenset(
-    {"llama", "gpt_neox", "qwen2", "qwen3", "olmo", "olmo2", "gpt2", "phi3", "gemma"}
+    {"llama", "gpt_neox", "mistral", "qwen2", "qwen3", "olmo", "olmo2", "gpt2", "phi3", "gemma"}
 )
 # Packing types checked (same tests) to keep a prefix's keys and values from a forward with `use_cache=True`
 # and give, for each row read after it through a fresh cache of them (its attention seeing K = S + T keys),
@@ -46,8 +49,9 @@ def build_adapter(model: Any, max_length: int | None) -> ModelAdapter:
 
 
 class HFCausalLMAdapter(ModelAdapter):
-    """A Hugging Face causal LM (`AutoModelForCausalLM`). A kept prefix is forwarded with `use_cache=True` and
-    its layers' keys and values kept; each batch after it reads them through a fresh cache (`prefix_cache`)."""
+    """A Hugging Face causal LM (`AutoModelForCausalLM`). A kept prefix is forwarded with `use_cache=True` into
+    a cache of full layers (`full_cache`) and its layers' keys and values kept; each batch after it reads them
+    through a fresh one (`prefix_cache`)."""
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
@@ -77,8 +81,10 @@ class HFCausalLMAdapter(ModelAdapter):
             kwargs[TREE_KEYWORD] = inputs.tree_or_causal()
         if inputs.position_ids_BT is not None:
             kwargs["position_ids"] = inputs.position_ids_BT
-        if inputs.prefix is not None and not inputs.keeps_prefix:
-            kwargs["cache"] = prefix_cache(self.model.config, inputs.prefix.states, len(inputs.input_ids_BT))
+        if inputs.keeps_prefix:
+            kwargs["cache"] = full_cache()
+        elif inputs.prefix is not None:
+            kwargs["cache"] = prefix_cache(inputs.prefix.states, len(inputs.input_ids_BT))
         if inputs.keeps_prefix and not self.plain_head:
             kwargs["logits_to_keep"] = 1  # a kept prefix has no targets: its logits are never read
         model = self.model.base_model if self.plain_head else self.model
@@ -110,14 +116,11 @@ class SoftCappedHead:
 
 
 def hf_supports_packing(config: Any) -> bool:
-    """Whether a Hugging Face model of this config may be fed packed rows: a verified model type without a
-    sliding window (not verified routed). Its attention implementation does not matter: sdpa, eager,
-    flash_attention_2/3, flex_attention, a hub kernel or one unknown here, each is replaced by the engine's
-    attention for the length of an evaluation's forward (`attention.routed_attention`)."""
-    return (
-        getattr(config, "model_type", "") in HF_PACKING_TYPES
-        and getattr(config, "sliding_window", None) is None
-    )
+    """Whether a Hugging Face model of this config may be fed packed rows: a verified model type, with or
+    without a sliding window. Its attention implementation does not matter: sdpa, eager, flash_attention_2/3,
+    flex_attention, a hub kernel or one unknown here, each is replaced by the engine's attention for the
+    length of an evaluation's forward (`attention.routed_attention`)."""
+    return getattr(config, "model_type", "") in HF_PACKING_TYPES
 
 
 def hf_keeps_prefixes(model: Any) -> bool:
@@ -130,12 +133,21 @@ def hf_keeps_prefixes(model: Any) -> bool:
     )
 
 
-def prefix_cache(config: Any, kept: list[tuple[Tensor, Tensor]], rows: int) -> Any:
-    """A fresh `DynamicCache` holding a kept prefix's keys and values (each layer's [1, H, S, Dh]) expanded
+def full_cache() -> DynamicCache:
+    """An empty `DynamicCache` whose layers, made as the model reaches them, all keep every key and value:
+    one built from a config with a sliding window would keep only a sliding layer's last `sliding_window - 1`,
+    while the engine's attention reads the whole kept prefix (keys 0..S-1) and applies the window itself."""
+    return DynamicCache()
+
+
+def prefix_cache(kept: list[tuple[Tensor, Tensor]], rows: int) -> DynamicCache:
+    """A fresh `full_cache` holding a kept prefix's keys and values (each layer's [1, H, S, Dh]) expanded
     over `rows` rows. A new one per batch: the model appends the batch's own keys and values to it."""
-    cache = DynamicCache(config=config)
-    for layer, (keys, values) in zip(cache.layers, kept, strict=True):
+    cache = full_cache()
+    for keys, values in kept:
+        layer = DynamicLayer()
         # Set, not `update`d: update concatenates onto an empty tensor, a copy of the prefix per row.
         layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)
+        cache.layers.append(layer)
     return cache

@@ -13,12 +13,15 @@ model's keyword arguments carry down to each attention call, and no attention ma
 builders have no entry under `ATTENTION_NAME` and build none (`masking_utils` returns a missing mask as
 None for implementations it does not know). Each attention call then attends under the tree mask, rendered
 dense on the CPU ([B, 1, T, S + T] boolean, for SDPA) or as a FlexAttention BlockMask on CUDA
-(`engine/tree_attention.py`), with the module's `scaling`. After a kept prefix of S tokens the keys and
-values come from the cache (`adapter.prefix_cache`) already concatenated before the rows' own: K = S + T.
+(`engine/tree_attention.py`), with the module's `scaling` and, where the call carries transformers'
+`sliding_window` (each layer passes its own: None on full-attention layers), the window it means
+(`engine_window`). After a kept prefix of S tokens the keys and values come from the cache
+(`adapter.prefix_cache`, every key of the prefix, sliding layers included) already concatenated before the
+rows' own: K = S + T.
 
-What a call is refused with (it was not verified): dropout (the model in training mode), a sliding window,
-attention logit soft-capping, attention sinks, or an attention mask the model built itself. Which model types
-are routed is `adapter.HF_PACKING_TYPES`.
+What a call is refused with (it was not verified): dropout (the model in training mode), attention logit
+soft-capping, attention sinks, or an attention mask the model built itself. Which model types are routed is
+`adapter.HF_PACKING_TYPES`.
 Legend: B rows, T time, S a kept prefix's length, K keys (S + T), H query heads, G key/value heads, D head
 width.
 """
@@ -33,14 +36,14 @@ from torch import Tensor, nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from inloop_eval.engine.tree_attention import TreeMask, tree_attention
+from inloop_eval.engine.tree_attention import NO_WINDOW, TreeMask, tree_attention
 
 # The name the engine's attention is registered under in transformers' `AttentionInterface`.
 ATTENTION_NAME = "inloop_eval_tree"
 # The keyword the batch's `TreeMask` is passed to the model with, and reaches each attention call by.
 TREE_KEYWORD = "tree_mask"
 # Keywords of an attention call that change its numbers in ways not verified here.
-_REFUSED_KEYWORDS = ("sliding_window", "softcap", "s_aux")
+_REFUSED_KEYWORDS = ("softcap", "s_aux")
 
 
 def tree_attention_forward(
@@ -73,8 +76,17 @@ def tree_attention_forward(
         raise RuntimeError(
             f"tree attention: {name} was called with {what}, which packed rows were not verified with"
         )
-    out_BHTD = tree_attention(query, key, value, tree, scale=scaling)
+    window = engine_window(kwargs.get("sliding_window"))
+    out_BHTD = tree_attention(query, key, value, tree, scale=scaling, window=window)
     return out_BHTD.transpose(1, 2).contiguous(), None
+
+
+def engine_window(sliding_window: int | None) -> tuple[int, int]:
+    """The engine's window (keys at most `left` positions back, `(left, 0)`) of transformers' `sliding_window`
+    (None: no window). Transformers' query sees `sliding_window` tokens, itself included: its mask keeps
+    `key > query - sliding_window` (`masking_utils.sliding_window_overlay`) and its flash-attn path passes
+    `window_size=(sliding_window - 1, ...)`; so `left = sliding_window - 1`."""
+    return NO_WINDOW if sliding_window is None else (sliding_window - 1, 0)
 
 
 def model_configs(model: nn.Module) -> list[Any]:
