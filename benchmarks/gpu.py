@@ -13,7 +13,9 @@ all, for each way:
   through the engine's (a FlexAttention block mask on CUDA, `attention_mask: auto`).
 Tokens (at the embedding), wall seconds of an evaluation (ours: its second run, as every evaluation of a
 training run after the first), tokens per second, peak GPU memory of each way's evaluation (allocated, above
-the model's), and the documents each of ours predicts as OLMo-core does.
+the model's), and the documents each of ours predicts as OLMo-core does. Also the planner's row cost constant
+on this device (`attention_tokens`, `engine/prefix_sharing.py`: a row of L tokens costs L x (1 + L / it)),
+fitted to the model's forward seconds per token at row lengths 256 to 2048, the engine's attention routed.
 
     python -m benchmarks.gpu                      # on one GPU, under four minutes
     python -m benchmarks.gpu --device cpu --config olmo2_30M --labels arc_easy_rc_5shot --limit 3   # a check
@@ -31,6 +33,7 @@ from typing import Any
 if __package__ in (None, ""):  # `python benchmarks/gpu.py`: import `benchmarks` as `-m` would
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np
 import torch
 
 from benchmarks.common import MAX_LENGTH, agreement
@@ -81,6 +84,34 @@ def peak_memory(device: torch.device) -> Any:
         return torch.cuda.max_memory_allocated(device) - base
 
     return read
+
+
+def measured_attention_tokens(model: torch.nn.Module, device: torch.device, tokens: int = 16384) -> float:
+    """The row length at which attention costs as much as the rest of a forward, on this device: seconds per
+    token s(L) of forwards of `tokens` tokens in rows of L (the engine's attention routed, causal), fitted as
+    s = a + b L; the constant is a / b."""
+    from inloop_eval.engine.tree_attention import causal_tree, mask_rendering
+    from inloop_eval.integrations.olmo_core.attention import routed_attention
+
+    lengths, per_token = [256, 512, 1024, 2048], []
+    for length in lengths:
+        ids = torch.zeros((tokens // length, length), dtype=torch.long, device=device)
+        tree = causal_tree(*ids.shape, device, mask_rendering(device))
+        with torch.no_grad(), routed_attention(model, tree, tree.position_ids_BT):
+            model(ids)  # compiled or warmed for this shape
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(3):
+                model(ids)
+            sync(device)
+        per_token.append((time.perf_counter() - start) / 3 / ids.numel())
+    slope, intercept = np.polyfit(lengths, per_token, 1)
+    return float(intercept / slope) if slope > 0 else float("inf")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def run_way(
@@ -148,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     print("=" * 40, f"all labels ({time.perf_counter() - t0:.0f} s)")
     for row in total:
         print_row(row)
+    attention_tokens = measured_attention_tokens(model, device)
+    print(f"attention_tokens on this device: {attention_tokens:,.0f} (the planner's row cost constant)")
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report = {
         "args": vars(args),
@@ -155,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         "model": f"{args.config}, bfloat16, flash_2",
         "rows": rows,
         "total": total,
+        "attention_tokens": attention_tokens,
     }
     Path(args.output).write_text(json.dumps(report, indent=1))
     print(f"\nwrote {args.output}")

@@ -296,3 +296,13 @@ def test_blocks_not_run_are_marked_with_a_reason_and_counted(capsys):
     lines += [f"  {b.where} ({b.lang}): {b.not_run}" for b in not_run]
     with capsys.disabled():  # shown in every run's output, -q included
         print("\n" + "\n".join(lines))
+
+
+def test_no_page_holds_a_merge_conflict():
+    marked = [
+        f"{page_name(p)}:{i}"
+        for p in PAGES
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if line.startswith(("<<<<<<< ", ">>>>>>> ")) or line == "======="
+    ]
+    assert not marked, marked

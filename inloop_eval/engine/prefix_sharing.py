@@ -41,7 +41,7 @@ MIN_STEM = 64
 # The row length at which attention over the row costs as much as the rest of the forward, by device type:
 # the default of `attention_tokens`. CPU: chosen from `benchmarks/prefix_sharing.py --attention-tokens` on
 # the reference GPT (width 256, 4 layers, 2 cores). CUDA: not measured here (no GPU was lent); attention
-# there costs relatively less, so rows may grow longer.
+# there costs relatively less, so rows may grow longer; `python -m benchmarks.gpu` fits it on a GPU.
 ATTENTION_COST_TOKENS = 512
 ATTENTION_COST_TOKENS_BY_DEVICE = {"cpu": ATTENTION_COST_TOKENS, "cuda": 16 * ATTENTION_COST_TOKENS}
 
