@@ -162,22 +162,18 @@ def test_the_metric_modules_load_torchmetrics():
     assert "torchmetrics" in loaded
 
 
-def test_the_training_loops_names_load_torch_but_no_torchmetrics_nor_what_only_a_command_needs():
-    loaded = modules_loaded("from inloop_eval import InLoopEvaluator, EvaluatorConfig, run_and_log")
-    assert "torch" in loaded and not loaded & {*METRICS_BASE, *COMMAND_ONLY}
-
-
-def test_torchmetrics_is_loaded_by_the_first_evaluation_not_by_building_the_evaluator(data_root, tmp_path):
+def test_the_training_loop_loads_torchmetrics_at_its_first_evaluation_only(data_root, tmp_path):
     """torchmetrics' package import pulls in transformers, scipy and matplotlib where installed (seconds per
     process: docs/design.md), so a training process pays it when it first evaluates (a task and a perplexity
-    domain, each kind's metric), not when it builds its evaluator from the config."""
+    domain, each kind's metric), not when it imports the training loop's names or builds its evaluator from
+    the config; nor do those two load what only a command needs. One fresh interpreter, step by step."""
     np.arange(2 * 64, dtype=np.uint16).tofile(tmp_path / "code.npy")
     entries = [
         {"task": "piqa", "limit": 2},
         {"type": "lm", "seq_len": 64, "domains": [{"label": "code", "paths": [str(tmp_path / "code.npy")]}]},
     ]
+    names = "from inloop_eval import EvaluatorConfig, InLoopEvaluator, run_and_log"
     build = (
-        "from inloop_eval import EvaluatorConfig, InLoopEvaluator\n"
         "from inloop_eval.data.root import neox_tokenizer_path\n"
         "from inloop_eval.models.gpt import GPT, GPTConfig\n"
         f"root = {str(data_root)!r}\n"
@@ -190,8 +186,9 @@ def test_torchmetrics_is_loaded_by_the_first_evaluation_not_by_building_the_eval
         "metrics = evaluator.run(GPT(GPTConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=256)))\n"
         "assert metrics['eval/downstream/piqa/n_docs'] == 2 and 'eval/lm/code/ppl' in metrics, metrics"
     )
-    built, evaluated = modules_loaded_by_steps(build, evaluate)
-    assert "torch" in built and not built & {*METRICS_BASE, *COMMAND_ONLY}
+    imported, built, evaluated = modules_loaded_by_steps(names, build, evaluate)
+    for loaded in (imported, built):
+        assert "torch" in loaded and not loaded & {*METRICS_BASE, *COMMAND_ONLY}
     assert "torchmetrics" in evaluated
 
 
