@@ -4,7 +4,9 @@ CLI's table names each command's module by import path and imports it when that 
 the graph like any import). And what importing costs,
 counted in modules loaded (run in a fresh interpreter), never timed: `import inloop_eval` and
 `inloop-eval --help` load no heavy dependency (no torchmetrics, transformers, scipy or matplotlib), the
-training loop's names load torch and torchmetrics (the metrics' base) but nothing only a command needs.
+training loop's names and an evaluator built from a config load torch but neither torchmetrics (the metrics'
+base) nor anything only a command needs, and the first evaluation loads torchmetrics (each kind names its
+metric by import path, beside a type-checking import of it: an edge of the graph like any import).
 
 Every `import` statement counts, wherever it stands (inside functions and `if TYPE_CHECKING:` too). An import
 of a package (its `__init__.py`) is not an edge: a package's `__init__` imports its own modules, and each of
@@ -18,6 +20,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 import inloop_eval
 from inloop_eval.cli.main import COMMANDS
@@ -122,12 +126,23 @@ def test_imports_inside_functions_are_only_optional_dependencies():
     assert misplaced == []
 
 
-def modules_loaded(code: str) -> set[str]:
-    """The top-level names in `sys.modules` after running `code` in a fresh interpreter."""
-    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+LOADED_MARK = "modules loaded: "
+
+
+def modules_loaded_by_steps(*steps: str) -> list[set[str]]:
+    """The top-level names in `sys.modules` after each of `steps`, run in turn in one fresh interpreter."""
+    report = f"import json, sys\nprint({LOADED_MARK!r} + json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    script = "\n".join(f"{step}\n{report}" for step in steps)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return set(json.loads(proc.stdout.strip().splitlines()[-1]))
+    reports = [line.removeprefix(LOADED_MARK) for line in proc.stdout.splitlines() if line.startswith(LOADED_MARK)]
+    assert len(reports) == len(steps), proc.stdout[-3000:]
+    return [set(json.loads(r)) for r in reports]
+
+
+def modules_loaded(code: str) -> set[str]:
+    """The top-level names in `sys.modules` after running `code` in a fresh interpreter."""
+    return modules_loaded_by_steps(code)[0]
 
 
 def test_importing_the_package_loads_no_dependency():
@@ -147,11 +162,34 @@ def test_the_metric_modules_load_torchmetrics():
     assert "torchmetrics" in loaded
 
 
-def test_the_training_loops_names_load_torch_and_torchmetrics_but_nothing_only_a_command_needs():
-    """The evaluators build their metrics on torchmetrics, so their modules import it (with transformers,
-    scipy and matplotlib where installed: docs/design.md says what that costs)."""
-    loaded = modules_loaded("from inloop_eval import InLoopEvaluator, EvaluatorConfig, run_and_log")
-    assert {"torch", "torchmetrics"} <= loaded and not loaded & set(COMMAND_ONLY)
+def test_the_training_loop_loads_torchmetrics_at_its_first_evaluation_only(data_root, tmp_path):
+    """torchmetrics' package import pulls in transformers, scipy and matplotlib where installed (seconds per
+    process: docs/design.md), so a training process pays it when it first evaluates (a task and a perplexity
+    domain, each kind's metric), not when it imports the training loop's names or builds its evaluator from
+    the config; nor do those two load what only a command needs. One fresh interpreter, step by step."""
+    np.arange(2 * 64, dtype=np.uint16).tofile(tmp_path / "code.npy")
+    entries = [
+        {"task": "piqa", "limit": 2},
+        {"type": "lm", "seq_len": 64, "domains": [{"label": "code", "paths": [str(tmp_path / "code.npy")]}]},
+    ]
+    names = "from inloop_eval import EvaluatorConfig, InLoopEvaluator, run_and_log"
+    build = (
+        "from inloop_eval.data.root import neox_tokenizer_path\n"
+        "from inloop_eval.models.gpt import GPT, GPTConfig\n"
+        f"root = {str(data_root)!r}\n"
+        f"config = EvaluatorConfig(evaluators={entries!r}, data_root=root, strict=True,\n"
+        "                         tokenizer=str(neox_tokenizer_path(root)))\n"
+        "evaluator = InLoopEvaluator(config)\n"
+        "assert list(evaluator.evaluators) == ['piqa', 'lm:code']"
+    )
+    evaluate = (
+        "metrics = evaluator.run(GPT(GPTConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=256)))\n"
+        "assert metrics['eval/downstream/piqa/n_docs'] == 2 and 'eval/lm/code/ppl' in metrics, metrics"
+    )
+    imported, built, evaluated = modules_loaded_by_steps(names, build, evaluate)
+    for loaded in (imported, built):
+        assert "torch" in loaded and not loaded & {*METRICS_BASE, *COMMAND_ONLY}
+    assert "torchmetrics" in evaluated
 
 
 def test_the_per_document_outcomes_load_no_torchmetrics():

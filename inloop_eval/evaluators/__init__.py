@@ -4,6 +4,7 @@ that runs them (`orchestrator`), the kinds themselves: multiple-choice tasks (`d
 perplexity (`perplexity`), and the suite averages computed after the tasks (`suites`).
 
 A new kind of evaluation is one new module, holding its config dataclass (its `type` field's default is the
-kind's `type:` in YAML) and its `Evaluator` subclass (`prepare`, `evaluate`, bare figure names per label),
-and one entry in `kinds.KINDS`.
+kind's `type:` in YAML) and its `Evaluator` subclass (`prepare`, `evaluate`, bare figure names per label;
+its torchmetrics `Metric` named by import path and built through `base.metric_class`, so that importing and
+building evaluators load no torchmetrics), and one entry in `kinds.KINDS`.
 """

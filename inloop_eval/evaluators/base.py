@@ -22,6 +22,7 @@ What a kind promises, and the orchestrator relies on:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -59,6 +60,15 @@ def entry_type(config_class: type) -> str:
     """The `type:` that selects `config_class` in a config: the default of its `type` field (the default
     `inloop_eval.config_fields` builds a mapping by)."""
     return next(f.default for f in dataclasses.fields(config_class) if f.name == "type")
+
+
+def metric_class(path: str) -> type:
+    """The class at import path `path` (`package.module.Class`), its module imported now. A kind names its
+    torchmetrics `Metric` by path and builds it in `evaluate`, so that importing and building evaluators
+    load no torchmetrics (whose package import pulls in transformers, `scipy.signal` and matplotlib where
+    installed: seconds per process); the first evaluation does."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def check_entry_type(config: Any, where: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import numpy as np
 import torch
@@ -28,9 +28,9 @@ from inloop_eval.evaluators.base import (
     Evaluator,
     Settings,
     check_entry_type,
+    metric_class,
 )
 from inloop_eval.keys import DOWNSTREAM, OlmoCoreNames
-from inloop_eval.metrics.icl_metric import ICLMetric
 from inloop_eval.metrics.olmo import olmo_figures
 from inloop_eval.metrics.registry import ALL_METRICS, comparing_choices, needs_uncond, unknown_metrics
 from inloop_eval.requests.cache import cache_path, read_request_cache, table_fingerprint, write_request_cache
@@ -38,7 +38,13 @@ from inloop_eval.requests.table import PairSet, RequestTable, build_requests
 from inloop_eval.tasks import Doc, MultipleChoiceTask, get_task, load_docs
 from inloop_eval.tasks.registry import check_task_id
 
+if TYPE_CHECKING:
+    from inloop_eval.metrics.icl_metric import ICLMetric
+
 log = logging.getLogger(__name__)
+
+# The task's torchmetrics Metric, by path: its module is imported at the first evaluation (`metric_class`).
+ICL_METRIC = "inloop_eval.metrics.icl_metric.ICLMetric"
 
 
 @dataclass(kw_only=True)
@@ -230,7 +236,7 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
             )
 
         (rows, uncond_ids), scores = score_share(context, agreement, self.title(), deal)
-        metric = ICLMetric(
+        metric: ICLMetric = metric_class(ICL_METRIC)(
             prepared.metrics,
             prepared.task.olmo_metric_type,
             process_group=context.dp_group,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, ClassVar
+from typing import TYPE_CHECKING, Annotated, ClassVar
 
 import numpy as np
 import torch
@@ -32,12 +32,17 @@ from inloop_eval.engine.batching import Batch, BatchShape, plan_sequence_batches
 from inloop_eval.engine.evaluation import EvalContext, Share, score_share
 from inloop_eval.engine.sharding import deal_longest_first
 from inloop_eval.errors import ConfigError, LMDataError
-from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings, check_entry_type
+from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings, check_entry_type, metric_class
 from inloop_eval.keys import FAILED, PERPLEXITY, OlmoCoreNames
 from inloop_eval.metrics.perplexity import FIGURES, OLMO_CORE_FIGURES, olmo_core_perplexity
-from inloop_eval.metrics.perplexity_metric import PerplexityMetric
+
+if TYPE_CHECKING:
+    from inloop_eval.metrics.perplexity_metric import PerplexityMetric
 
 log = logging.getLogger(__name__)
+
+# A label's torchmetrics Metric, by path: its module is imported at the first evaluation (`metric_class`).
+PERPLEXITY_METRIC = "inloop_eval.metrics.perplexity_metric.PerplexityMetric"
 
 
 @dataclass(kw_only=True)
@@ -287,7 +292,7 @@ def domain_figures(
     for d, domain in enumerate(domains):
         mine = shard.domain_S == d
         seqs = shard.seq_S[mine]
-        metric = PerplexityMetric(
+        metric: PerplexityMetric = metric_class(PERPLEXITY_METRIC)(
             process_group=context.dp_group,
             sync_on_compute=context.data_parallel[0] > 1,  # alone, no barrier or gather to make
         ).to(context.adapter.device)
