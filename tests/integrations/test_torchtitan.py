@@ -24,9 +24,9 @@ from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
 # tokens: their row padded to sequence parallelism's multiple, 4); limits no world size divides evenly.
 EVAL_CONFIG = {
     "evaluators": [
-        {"task": "copa", "limit": 9, "batch_tokens": 96},
-        {"task": "mmlu_mc", "limit": 7, "batch_tokens": 256},
-        {"task": "arc_easy", "limit": 7, "batch_tokens": 160, "metrics": ["acc", "acc_norm", "acc_pmi"]},
+        {"task": "copa", "limit": 7, "batch_tokens": 96},
+        {"task": "mmlu_mc", "limit": 5, "batch_tokens": 256},
+        {"task": "arc_easy", "limit": 5, "batch_tokens": 160, "metrics": ["acc", "acc_norm", "acc_pmi"]},
         {"task": "olmo:piqa_rc_5shot", "limit": 5, "batch_tokens": 512},
     ],
     "outcomes": False,

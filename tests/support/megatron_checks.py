@@ -68,11 +68,11 @@ TASKS: list[dict[str, Any]] = [
 ]
 TRAIN_TASKS: list[dict[str, Any]] = [{"task": "copa", "limit": 4, "batch_tokens": 256}]
 # The RoPE model: output weights tied to the word embeddings, 4 query heads over 2 key/value heads (one of each
-# per rank at TP=2); seeded, not trained. Its tasks: a 5-shot task (its shots a kept prefix) and copa.
+# per rank at TP=2); seeded, not trained. Its task: a 5-shot task (its shots a kept prefix, its documents' rows
+# packed below them).
 ROPE_MODEL: dict[str, Any] = {"positions": "rope", "tied": True, "num_attention_heads": 4, "num_query_groups": 2}
 ROPE_TASKS: list[dict[str, Any]] = [
     {"task": "olmo:arc_easy_rc_5shot", "limit": 4, "batch_tokens": 300},
-    {"task": "copa", "limit": 5, "batch_tokens": 160},
 ]
 # Layout name -> (processes, parallel_state sizes, sequence parallel).
 LAYOUTS: dict[str, tuple[int, dict[str, int], bool]] = {

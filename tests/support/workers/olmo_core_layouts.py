@@ -40,7 +40,7 @@ from workers.olmo_core_train import callback_config, collected, model_config, tr
 from workers.parallel_checks import LargestTensor
 
 STEPS = 1
-LIMIT = 8
+LIMIT = 6
 # An rc, a letter-key mc and a bpb label of OLMo's.
 OLMO_TASKS = ["olmo:piqa", "olmo:mmlu_stem_test_mc_5shot_fast", "olmo:arc_easy_test_bpb_5shot"]
 OLMO_KEYS_CONFIG = f"""key_style: olmo_core
