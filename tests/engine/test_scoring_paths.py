@@ -12,6 +12,7 @@ import importlib
 from dataclasses import replace
 
 import numpy as np
+import packing_reference
 import pytest
 import torch
 from helpers import two_documents
@@ -125,18 +126,8 @@ def last_logits(model, ids, n: int):
 
 
 def reference_scores(model, pairs: PairSet, pair_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One forward per request over its own row, float64 log-softmax over the whole vocabulary."""
-    ll, greedy = [], []
-    with torch.inference_mode():
-        for p in pair_ids:
-            ctx, cont = pairs.context(int(p)), pairs.continuation(int(p))
-            ids = torch.from_numpy(np.concatenate([ctx, cont[:-1]]))[None]
-            # The row's last len(cont) positions predict the continuation.
-            logp = torch.log_softmax(last_logits(model, ids, len(cont)).double(), dim=-1)
-            target = torch.from_numpy(cont)
-            ll.append(float(logp[torch.arange(len(cont)), target].sum()))
-            greedy.append(bool((logp.argmax(-1) == target).all()))
-    return np.array(ll), np.array(greedy)
+    """One forward per request over its own row (`packing_reference`)."""
+    return packing_reference.reference_scores(lambda ids, n: last_logits(model, ids, n), pairs, pair_ids)
 
 
 def score(adapter: ModelAdapter, pairs: PairSet, pair_ids: np.ndarray, **plan) -> PairScores:

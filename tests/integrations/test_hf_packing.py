@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
+import packing_reference
 import pytest
 import torch
 from helpers import two_documents
@@ -100,18 +101,10 @@ def hf_pair(model_type: str, vocab_size: int = 50304, **overrides):
 
 
 def reference_scores(model, pairs: PairSet, pair_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One forward per request over its own row, float64 log-softmax over the whole vocabulary."""
-    ll, greedy = [], []
-    with torch.inference_mode():
-        for p in pair_ids:
-            ctx, cont = pairs.context(int(p)), pairs.continuation(int(p))
-            ids = torch.from_numpy(np.concatenate([ctx, cont[:-1]]))[None]
-            logits = model(input_ids=ids, use_cache=False, logits_to_keep=len(cont)).logits[0]
-            logp = torch.log_softmax(logits.double(), dim=-1)
-            target = torch.from_numpy(cont)
-            ll.append(float(logp[torch.arange(len(cont)), target].sum()))
-            greedy.append(bool((logp.argmax(-1) == target).all()))
-    return np.array(ll), np.array(greedy)
+    """One forward per request over its own row (`packing_reference`)."""
+    return packing_reference.reference_scores(
+        lambda ids, n: model(input_ids=ids, use_cache=False, logits_to_keep=n).logits[0], pairs, pair_ids
+    )
 
 
 def score(adapter, pairs: PairSet, pair_ids: np.ndarray, rendering: str, **plan) -> PairScores:

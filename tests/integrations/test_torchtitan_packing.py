@@ -13,9 +13,11 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import packing_reference
 import pytest
 import torch
 import torchtitan_cpu
+from packing_reference import task_pairs
 from torchtitan.models.llama3 import Llama3Model
 from torchtitan_cpu import VOCAB, tiny_decoder
 
@@ -29,8 +31,7 @@ from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations.torchtitan import attention as torchtitan_attention
 from inloop_eval.integrations.torchtitan.adapter import TorchTitanAdapter
 from inloop_eval.models.gpt import GPT, GPTConfig
-from inloop_eval.requests.table import PairSet, build_requests
-from inloop_eval.tasks import get_task, load_docs
+from inloop_eval.requests.table import PairSet
 
 torchtitan_cpu.use_cpu()
 
@@ -55,32 +56,12 @@ def one_thread():
 @pytest.fixture(scope="module")
 def requests(data_root, neox_tokenizer) -> dict[str, tuple[PairSet, np.ndarray]]:
     """Each task's first N_DOCS documents: their pairs, and the ids of the main then unconditional pairs."""
-    out = {}
-    for name in TASKS:
-        task = get_task(name)
-        table = build_requests(
-            task, load_docs(task, data_root, limit=N_DOCS), neox_tokenizer, MAX_LENGTH, with_uncond=True
-        )
-        uncond = np.unique(table.uncond_id)
-        out[name] = (
-            table.pairs.concat(table.uncond),
-            np.concatenate([np.arange(len(table)), len(table) + uncond[uncond >= 0]]),
-        )
-    return out
+    return task_pairs(TASKS, data_root, neox_tokenizer, N_DOCS, MAX_LENGTH)
 
 
 def reference_scores(model, pairs: PairSet, pair_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One plain forward per request over its own row, float64 log-softmax over the whole vocabulary."""
-    ll, greedy = [], []
-    with torch.no_grad():
-        for p in pair_ids:
-            ctx, cont = pairs.context(int(p)), pairs.continuation(int(p))
-            ids = torch.from_numpy(np.concatenate([ctx, cont[:-1]]))[None]
-            logp = torch.log_softmax(model(ids)[0, -len(cont) :].double(), dim=-1)
-            target = torch.from_numpy(cont)
-            ll.append(float(logp[torch.arange(len(cont)), target].sum()))
-            greedy.append(bool((logp.argmax(-1) == target).all()))
-    return np.array(ll), np.array(greedy)
+    """One plain forward per request over its own row (`packing_reference`)."""
+    return packing_reference.reference_scores(lambda ids, n: model(ids)[0, -n:], pairs, pair_ids)
 
 
 def adapter_of(model, seq_multiple: int = 1, widths: list[int] | None = None) -> TorchTitanAdapter:

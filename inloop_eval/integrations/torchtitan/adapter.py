@@ -17,9 +17,9 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter, ModelOutputs
 from inloop_eval.engine.adapters.logits import input_embedding_rows
 from inloop_eval.engine.outputs.vocab_sharded import logits_outputs, selected_logits
-from inloop_eval.engine.tree_attention import mask_rendering
+from inloop_eval.engine.tree_attention import causal_tree
 from inloop_eval.errors import ModelOutputError
-from inloop_eval.integrations.torchtitan.attention import causal_mask, keeping_prefix, packed_attention, packs
+from inloop_eval.integrations.torchtitan.attention import keeping_prefix, packed_attention, packs
 
 
 class TorchTitanAdapter(ModelAdapter):
@@ -97,10 +97,10 @@ class TorchTitanAdapter(ModelAdapter):
         device = inputs.input_ids_BT.device
         if inputs.keeps_prefix and prefix is not None:
             prefix.states = {}
-            mask = causal_mask(1, width, mask_rendering(device), device)
+            mask = causal_tree(1, width, device, inputs.mask_rendering)
             return keeping_prefix(self.model, mask, prefix.states, prefix.length)
         if tree is None and prefix is None:
-            return packed_attention(self.model, causal_mask(B, T, mask_rendering(device), device))
+            return packed_attention(self.model, inputs.tree_or_causal())
         S = prefix.length if prefix is not None else 0
         found = None if tree is None else (tuple(tree.span_end_BT.shape), tree.prefix_length)
         if tree is None or found != ((B, T), S):

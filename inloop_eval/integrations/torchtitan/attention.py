@@ -130,13 +130,6 @@ def packs(model: nn.Module) -> bool:
     return refusal is None
 
 
-def causal_mask(rows: int, width: int, rendering: str, device: torch.device) -> TreeMask:
-    """The mask of `rows` causal rows of `width` tokens at positions 0..width-1 (plain rows, a kept
-    prefix's row)."""
-    span_end_BT = torch.full((rows, width), width, dtype=torch.long, device=device)
-    return TreeMask(span_end_BT, torch.arange(width, device=device).expand(rows, width), 0, rendering)
-
-
 @contextmanager
 def packed_attention(model: nn.Module, mask: TreeMask, kept: KeptKeysValues | None = None) -> Iterator[None]:
     """During the body, every attention of `model` rotates at `mask.position_ids_BT` and attends under
