@@ -1,7 +1,8 @@
 """A task's metric sync over gloo ranks: `ICLMetric` (a torchmetrics `Metric`: a task's rows in one int64 and
 one float64 state) against the hand-written sync it replaced (`SyncedMetric`, copied below as the baseline:
 twelve flat states, each gathered as its lengths then its values), in the same process group, at 1, 2 and 4
-ranks; and perplexity labels (`PerplexityMetric`: three sums in one state, against three all-reduces).
+ranks; and perplexity labels (`PerplexityMetric`: three sums in one state, all labels synced in one all-reduce
+by `PerplexityMetric.compute_labels` as the evaluator syncs them, against three all-reduces a label).
 
 Each rank puts its share of a task's requests (all of HellaSwag validation by default; documents dealt
 round-robin; seeded random scores) into both metrics. Then, `--repeats` times, the two take turns going first:
@@ -180,18 +181,20 @@ def one_repeat(inputs: dict[str, Any], rank: int, world: int, ours_first: bool) 
     labels = len(nll_S)
 
     def ours_perplexity() -> list[dict[str, float]]:
-        figures = []
-        for i in range(labels):
-            metric = PerplexityMetric(sync_on_compute=syncing)
+        metrics = [PerplexityMetric(sync_on_compute=False) for _ in range(labels)]
+        for i, metric in enumerate(metrics):
             metric.update(nll_S[i], n_tokens_S[i], n_bytes_S[i])
-            figures.append(metric.compute())
-        return figures
+        return PerplexityMetric.compute_labels(metrics, None, syncing)
 
     def baseline_perplexities() -> list[dict[str, float]]:
         return [baseline_perplexity(nll_S[i], n_tokens_S[i], n_bytes_S[i], syncing) for i in range(labels)]
 
-    out["ours_perplexity_s"], ppl = timed(ours_perplexity)
-    out["baseline_perplexity_s"], ppl_baseline = timed(baseline_perplexities)
+    if ours_first:
+        out["ours_perplexity_s"], ppl = timed(ours_perplexity)
+        out["baseline_perplexity_s"], ppl_baseline = timed(baseline_perplexities)
+    else:
+        out["baseline_perplexity_s"], ppl_baseline = timed(baseline_perplexities)
+        out["ours_perplexity_s"], ppl = timed(ours_perplexity)
     out["perplexity_agree"] = all(
         abs(a[k] - b[k]) <= 1e-12 * abs(b[k]) for a, b in zip(ppl, ppl_baseline, strict=True) for k in b
     )
@@ -238,7 +241,9 @@ def summarize(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
         for ranks in rounds
         for rank in ranks
     )
-    report["sync_ratio_baseline_over_ours"] = report["baseline_sync_s"]["min"] / report["ours_sync_s"]["min"]
+    for what in ("sync", "compute", "perplexity"):
+        ratio = report[f"baseline_{what}_s"]["min"] / report[f"ours_{what}_s"]["min"]
+        report[f"{what}_ratio_baseline_over_ours"] = ratio
     return report
 
 

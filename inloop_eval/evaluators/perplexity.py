@@ -284,24 +284,26 @@ def domain_figures(
 ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, int, int]]]:
     """Each label's figures over all ranks (labels without tokens left out) and its totals (Σ nll, Σ tokens,
     Σ bytes), from this rank's summed NLL of each of its sequences, over the data-parallel group. Every rank
-    of it updates and computes every
-    label, in order, zeros included: the same collectives. The labels `olmo_core_labels` add OLMo-core's
-    figures, whose positions (Σ length over the label's sequences) every rank knows without a collective."""
-    figures: dict[str, dict[str, float]] = {}
-    totals: dict[str, tuple[float, int, int]] = {}
+    of it updates every label, zeros included, and syncs them all in one all-reduce. The labels
+    `olmo_core_labels` add OLMo-core's figures, whose positions (Σ length over the label's sequences) every
+    rank knows without a collective."""
+    metric_type: type[PerplexityMetric] = metric_class(PERPLEXITY_METRIC)
+    metrics: list[PerplexityMetric] = []
     for d, domain in enumerate(domains):
         mine = shard.domain_S == d
         seqs = shard.seq_S[mine]
-        metric: PerplexityMetric = metric_class(PERPLEXITY_METRIC)(
-            process_group=context.dp_group,
-            sync_on_compute=context.data_parallel[0] > 1,  # alone, no barrier or gather to make
-        ).to(context.adapter.device)
+        # synced by compute_labels, all labels in one all-reduce; alone, no collective at all
+        metric = metric_type(process_group=context.dp_group, sync_on_compute=False).to(context.adapter.device)
         metric.update(
             torch.from_numpy(nll_S[mine]),
             torch.from_numpy(domain.length_S[seqs] - 1),
             torch.from_numpy(domain.bytes_S[seqs]),
         )
-        computed = metric.compute()
+        metrics.append(metric)
+    computed_labels = metric_type.compute_labels(metrics, context.dp_group, syncing=context.data_parallel[0] > 1)
+    figures: dict[str, dict[str, float]] = {}
+    totals: dict[str, tuple[float, int, int]] = {}
+    for domain, computed in zip(domains, computed_labels, strict=True):
         totals[domain.label] = (computed["sum_nll"], int(computed["n_tokens"]), int(computed["n_bytes"]))
         if computed["n_tokens"] > 0:
             figures[domain.label] = {k: v for k, v in computed.items() if k in FIGURES}
