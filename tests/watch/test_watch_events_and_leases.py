@@ -281,3 +281,45 @@ def test_an_inbox_reads_each_event_once_and_leaves_files_that_are_not_events(tmp
     assert inbox.take() == []
     with pytest.raises(Exception, match="must match"):
         write_ready_event(tmp_path, step=1, checkpoint_path=tmp_path, run_id="../up")
+
+
+def test_an_event_for_a_checkpoint_outside_the_watched_folder_or_of_another_step_announces_nothing(tmp_path):
+    from inloop_eval.watch.events import ReadyEvent, announced_checkpoint
+
+    def event(step: int, path: Path) -> ReadyEvent:
+        return ReadyEvent(step=step, checkpoint_path=path, run_id="r", lineage_id="r", file=tmp_path / "e")
+
+    folder = tmp_path / "save"
+    found = announced_checkpoint(event(4, folder / "step4"), folder)
+    assert found is not None and (found.step, found.format) == (4, "olmo_core")
+    assert announced_checkpoint(event(4, tmp_path / "other" / "step4"), folder) is None
+    assert announced_checkpoint(event(5, folder / "step4"), folder) is None
+
+
+def test_a_lease_holds_until_it_expires_is_refreshed_while_held_and_released_when_no_longer_wanted(tmp_path):
+    from inloop_eval.watch.leases import Leases
+
+    one, two = tmp_path / "step1", tmp_path / "step2"
+    leases = Leases("watch-a", 30)
+    leases.hold([one, two], now=1000)
+    assert held(one, now=1029) and not held(one, now=1030)
+    leases.hold([one, two], now=1005)  # under a third of the expiry old: not rewritten
+    assert not held(one, now=1030)
+    leases.hold([one], now=1010)  # rewritten; two no longer wanted: released
+    assert held(one, now=1039) and not held(two, now=1010) and not (tmp_path / LEASE_DIR / "step2").exists()
+    Leases("watch-b", 100).hold([one], now=1000)  # another watcher's lease holds it too
+    leases.release_all()
+    assert held(one, now=1050) and [lease.holder for lease in leases_on(one)] == ["watch-b"]
+
+
+def test_trainers_read_leases_and_write_events_without_importing_torch():
+    code = "import sys, inloop_eval.watch.leases, inloop_eval.watch.events; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO, env=worker_env()).returncode == 0
+
+
+@pytest.mark.parametrize("field", [{"events_poll_s": 0}, {"lease_s": 0}, {"lease_s": -5}])
+def test_the_event_and_lease_intervals_must_be_positive(tmp_path, field):
+    from inloop_eval.watch import WatchConfig
+
+    with pytest.raises(ConfigError, match="events_poll_s and lease_s must be > 0"):
+        WatchConfig(checkpoint_dir=str(tmp_path), run_dir=str(tmp_path / "run"), **field)
