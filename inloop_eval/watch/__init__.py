@@ -6,6 +6,8 @@ Modules (each a role, in the order a checkpoint meets them):
   `Checkpoint`, `WatchError`);
 - `completion`: each format's completion evidence and the settle time (`missing_evidence`, `Settling`);
 - `loading`: one checkpoint's model per format, the vocabulary it records, whether the loop evaluated it;
+- `events`: ready events a trainer writes once a checkpoint is finished (`Inbox`, `write_ready_event`);
+- `leases`: the watcher's hold on checkpoints not yet evaluated, and what trainers ask of it (`held`);
 - `ledger`: the run directory's record of what was done, for exactly once across restarts (`Ledger`);
 - `run_directory`: the check that the run directory is still the one opened (`RunDirectory`);
 - `config`: the watcher's settings (`WatchConfig`);
@@ -16,10 +18,36 @@ Modules (each a role, in the order a checkpoint meets them):
 
 The rule: a step is done when its metrics line is in `metrics.jsonl`; anything else is tried again or
 recorded failed with the reason, and one bad checkpoint never stops the others.
+
+Each name below is imported from its module on first use, so that a trainer importing `events` or `leases`
+(standard library only) does not import the watcher and the evaluator.
 """
 
-from inloop_eval.watch.config import WatchConfig
-from inloop_eval.watch.discovery import Checkpoint, WatchError, discover
-from inloop_eval.watch.loop import Watcher
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inloop_eval.watch.config import WatchConfig
+    from inloop_eval.watch.discovery import Checkpoint, WatchError, discover
+    from inloop_eval.watch.loop import Watcher
+
+_EXPORTS = {
+    "Checkpoint": "inloop_eval.watch.discovery",
+    "WatchConfig": "inloop_eval.watch.config",
+    "WatchError": "inloop_eval.watch.discovery",
+    "Watcher": "inloop_eval.watch.loop",
+    "discover": "inloop_eval.watch.discovery",
+}
 
 __all__ = ["Checkpoint", "WatchConfig", "WatchError", "Watcher", "discover"]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module the first time it is asked for."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'inloop_eval.watch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

@@ -38,7 +38,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--policy", choices=POLICIES, default="all", help="all (default) or latest")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds unchanged before reading (10)")
-    parser.add_argument("--poll", type=float, default=5.0, help="seconds between looks (5)")
+    parser.add_argument("--poll", type=float, default=5.0, help="seconds between scans of CKPT_DIR (5)")
+    parser.add_argument(
+        "--events",
+        metavar="INBOX",
+        help="folder trainers announce finished checkpoints in (<INBOX>/<run_id>/step-<N>.ready.json, "
+        "OLMo-core's CheckpointReadyNotifierCallback or write_ready_event): each evaluated at once, "
+        "CKPT_DIR still scanned every --poll seconds",
+    )
+    parser.add_argument("--events-poll", type=float, default=1.0, help="seconds between looks at INBOX (1)")
+    parser.add_argument(
+        "--lease",
+        type=float,
+        metavar="SECONDS",
+        help="hold each checkpoint not yet evaluated with a lease expiring SECONDS after its last refresh, "
+        "which inloop_eval's rotation helpers (OLMo-core, torchtitan) respect (default: no leases)",
+    )
     parser.add_argument("--once", action="store_true", help="evaluate what is there, then exit")
     parser.add_argument(
         "--until-step",
@@ -76,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
         policy=args.policy,
         settle_s=args.settle,
         poll_s=args.poll,
+        events_dir=args.events,
+        events_poll_s=args.events_poll,
+        lease_s=args.lease,
         once=args.once,
         until_step=args.until_step,
         redo_in_loop=args.redo_in_loop,

@@ -150,12 +150,17 @@ class Settling:
     settle_s: float
     seen: dict[Path, tuple[Fingerprint, float]] = field(default_factory=dict)
 
-    def ready(self, checkpoint: Checkpoint, now: float, *, needs_config: bool = True) -> tuple[bool, str]:
-        """(whether `checkpoint` may be read now, why not when it may not)."""
+    def ready(
+        self, checkpoint: Checkpoint, now: float, *, needs_config: bool = True, settled: bool = False
+    ) -> tuple[bool, str]:
+        """(whether `checkpoint` may be read now, why not when it may not). settled: its writer says it is
+        finished (a ready event): its evidence suffices, no settle time."""
         missing = missing_evidence(checkpoint, needs_config=needs_config)
         if missing:
             self.seen.pop(checkpoint.path, None)
             return False, missing
+        if settled:
+            return True, ""
         current = fingerprint(checkpoint.path)
         if current is None:
             self.seen.pop(checkpoint.path, None)

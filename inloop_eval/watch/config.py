@@ -42,6 +42,18 @@ class WatchConfig:
     model_builder: str | None = None
     """`module:function` building the model to load weights into: required for torchtitan, optional for
     OLMo-core (default: the checkpoint's `config.json`)."""
+    events_dir: str | None = None
+    """A folder trainers announce finished checkpoints in (`<events_dir>/<run_id>/step-<N>.ready.json`:
+    OLMo-core's `CheckpointReadyNotifierCallback`, or `write_ready_event`): an announced checkpoint is looked
+    at within `events_poll_s` seconds, without its settle time (its trainer says it is finished), however
+    long `poll_s`; the checkpoint folder is still scanned every `poll_s` seconds, the fallback that misses
+    nothing."""
+    events_poll_s: float = 1.0
+    """Seconds between looks at `events_dir`."""
+    lease_s: float | None = None
+    """Hold each checkpoint found and not yet evaluated with a lease beside it (`leases`) that expires
+    `lease_s` seconds after it was last refreshed (every `lease_s / 3` seconds while the watcher lives):
+    trainers with inloop_eval's rotation helpers keep a held checkpoint on disk. None: no leases."""
     device: str | None = None
     """torch device to evaluate on (default cuda if available, else cpu; under torchrun `cuda:<LOCAL_RANK>`);
     one this torch cannot use is refused at the start, not found out at every checkpoint."""
@@ -53,6 +65,11 @@ class WatchConfig:
         if self.settle_s < 0 or self.poll_s <= 0:
             raise ConfigError(
                 f"watch: settle_s must be >= 0 and poll_s > 0, found settle_s={self.settle_s}, poll_s={self.poll_s}"
+            )
+        if self.events_poll_s <= 0 or (self.lease_s is not None and self.lease_s <= 0):
+            raise ConfigError(
+                f"watch: events_poll_s and lease_s must be > 0, found events_poll_s={self.events_poll_s}, "
+                f"lease_s={self.lease_s}; leave lease_s None for no leases"
             )
         if self.device is not None:
             usable_device(self.device, "watch: --device")

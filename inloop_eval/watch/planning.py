@@ -9,13 +9,17 @@ What a pass promises:
   the others go on;
 - a checkpoint that failed in this process is tried again once its files change (a missing shard landing
   late), else by a restarted watcher;
-- with `until_step`, no checkpoint past it is evaluated.
+- with `until_step`, no checkpoint past it is evaluated;
+- a checkpoint its trainer announced (`events`) is looked at without scanning the folder and without its
+  settle time (its completion evidence is still required); a pass that does not scan plans over the last
+  scan's checkpoints and the announced ones still there.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from inloop_eval.errors import InLoopEvalError
 from inloop_eval.watch.completion import Fingerprint, Settling, fingerprint
 from inloop_eval.watch.config import WatchConfig
 from inloop_eval.watch.discovery import Checkpoint, discover, no_checkpoint_error, one_per_step
+from inloop_eval.watch.events import ReadyEvent
 from inloop_eval.watch.ledger import FAILED, IN_LOOP, SKIPPED, History
 from inloop_eval.watch.loading import evaluated_in_loop, require_builder
 
@@ -60,6 +65,7 @@ class Planner:
 
     history: what the run directory says is done, updated by the watcher as it goes.
     failed: checkpoint path -> its files when it failed in this process; tried again once they change.
+    announced: checkpoint path -> the event that announced it (read settled: its trainer says it is done).
     before: why -> the steps found at the first pass that were done before it (`History.why_done`)."""
 
     def __init__(self, config: WatchConfig, history: History) -> None:
@@ -69,12 +75,16 @@ class Planner:
         self.settling = Settling(config.settle_s)
         self.failed: dict[Path, Fingerprint | None] = {}
         self.found: list[Checkpoint] = []
+        self.announced: dict[Path, ReadyEvent] = {}
         self.told: set[tuple[str, Path]] = set()  # what was logged at INFO once, by checkpoint
         self.before: dict[str, list[int]] | None = None
 
-    def plan(self) -> Plan:
-        """What this pass evaluates and records, from the folder and the run directory."""
-        self.found = found = self.discovered()
+    def plan(self, announced: Sequence[tuple[Checkpoint, ReadyEvent]] = (), *, scan: bool = True) -> Plan:
+        """What this pass evaluates and records, from the folder (listed when `scan`, else the last listing's
+        checkpoints), the checkpoints `announced` since the last pass, and the run directory."""
+        for checkpoint, event in announced:
+            self.announced.setdefault(checkpoint.path, event)
+        self.found = found = self.discovered() if scan else self.known([c for c, _ in announced])
         if self.before is None:
             self.before = {}
             for checkpoint in found:
@@ -127,6 +137,16 @@ class Planner:
             )
         return kept
 
+    def known(self, announced: list[Checkpoint]) -> list[Checkpoint]:
+        """Without a scan: the last scan's checkpoints and the announced ones, those still there, one per
+        step."""
+        config = self.config
+        fresh = [c for c in announced if config.format is None or c.format == config.format]
+        if fresh:
+            require_builder(fresh[0], config.model_builder)
+        by_path = {c.path: c for c in [*self.found, *fresh] if c.path.is_dir()}
+        return one_per_step(sorted(by_path.values()))[0]
+
     def ready_among(
         self, pending: list[Checkpoint], plan: Plan
     ) -> tuple[list[Checkpoint], bool, dict[Path, str]]:
@@ -147,7 +167,10 @@ class Planner:
                     plan.skip.append((checkpoint, IN_LOOP, reason))
                     continue
                 is_ready, why[checkpoint.path] = self.settling.ready(
-                    checkpoint, now, needs_config=not config.model_builder
+                    checkpoint,
+                    now,
+                    needs_config=not config.model_builder,
+                    settled=checkpoint.path in self.announced,
                 )
             except Exception as exc:  # noqa: BLE001 - one unreadable or damaged checkpoint stops no other
                 self.failed[checkpoint.path] = fingerprint(checkpoint.path)

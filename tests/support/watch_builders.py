@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 from olmo_core.data import TokenizerConfig
@@ -43,3 +44,15 @@ def tiny_neox_model() -> nn.Module:
 def interrupted() -> nn.Module:
     """A model builder interrupted (Ctrl-C) while the watcher loads a checkpoint."""
     raise KeyboardInterrupt
+
+
+def olmo_core_model_after_gate() -> nn.Module:
+    """`olmo_core_model()`, once the file `$WATCH_TEST_GATE` names exists: a watcher as slow as the test
+    needs it (the watcher calls the builder before it reads weights)."""
+    gate = Path(os.environ["WATCH_TEST_GATE"])
+    deadline = time.monotonic() + 300
+    while not gate.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{gate} never appeared")
+        time.sleep(0.1)
+    return olmo_core_model()

@@ -56,11 +56,20 @@ def olmo_tokenizer_config(data_root: Path) -> TokenizerConfig:
 
 
 def train_olmo_core(
-    work: Path, data_root: Path, *, steps: int, save_interval: int, in_loop: bool, **fields: Any
+    work: Path,
+    data_root: Path,
+    *,
+    steps: int,
+    save_interval: int,
+    in_loop: bool,
+    callbacks: dict[str, Any] | None = None,
+    max_checkpoints: int | None = 3,
+    **fields: Any,
 ) -> dict[str, Any]:
     """The tiny OLMo-core model trained by the real `Trainer`, a checkpoint every `save_interval` steps in
     `<work>/save/step<N>/`, with OLMo-core's `ConfigSaverCallback` writing the experiment config (`model`,
-    `dataset.tokenizer`) into each; with `in_loop`, evaluated in the loop at every checkpoint step. What
+    `dataset.tokenizer`) into each; with `in_loop`, evaluated in the loop at every checkpoint step.
+    callbacks: more callbacks by name; max_checkpoints: the checkpointer's (OLMo-core's default 3). What
     OLMo-core logged (`collected`)."""
     tokenizer = olmo_tokenizer_config(data_root)
     _, trainer = train(
@@ -71,10 +80,11 @@ def train_olmo_core(
         save_interval=save_interval,
         tokenizer=tokenizer,
         callback=olmo_callback(data_root, save_interval) if in_loop else None,
-        extra_callbacks={"config_saver": ConfigSaverCallback()},
+        extra_callbacks={"config_saver": ConfigSaverCallback(), **(callbacks or {})},
         fit=False,
         **fields,
     )
+    trainer.callbacks["checkpointer"].max_checkpoints = max_checkpoints
     trainer.callbacks["config_saver"].config = {
         "model": model_config(tokenizer).as_config_dict(),
         "dataset": {"tokenizer": tokenizer.as_config_dict()},

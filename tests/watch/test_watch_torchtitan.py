@@ -44,11 +44,11 @@ def watched(data_root, tmp_path_factory):
     cmd += ["--model-builder", "workers.torchtitan_checkpoints:model_config", "--data-root", str(data_root)]
     done = subprocess.run(cmd, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads((work / "in_loop.json").read_text()), eval_lines(run_dir)
+    return json.loads((work / "in_loop.json").read_text()), eval_lines(run_dir), work
 
 
 def test_each_torchtitan_checkpoint_is_evaluated_once_with_the_validators_figures(watched):
-    in_loop, lines = watched
+    in_loop, lines, _ = watched
     assert [line["step"] for line in lines] == [1, 2]
     for line in lines:
         expected = in_loop[str(line["step"])]
@@ -73,3 +73,9 @@ def test_a_torchtitan_checkpoint_without_a_model_builder_is_a_clear_error(watche
 
     with pytest.raises(ConfigError, match="holds no model config; pass --model-builder"):
         load_model(Checkpoint(step=1, path=tmp_path / "step-1", format="torchtitan"), torch.device("cpu"))
+
+
+def test_torchtitans_purge_keeps_a_checkpoint_a_lease_holds(watched):
+    """The trainer's `KeepLeasedCheckpointManager` (keep_latest_k=2) purged the unleased folder of step 0
+    and kept the leased one (tests/support/workers/torchtitan_checkpoints.py)."""
+    assert json.loads((watched[2] / "purge.json").read_text()) == {"held": True, "free": False}

@@ -5,7 +5,12 @@ the checkpoints the watcher's tests read, and the in-loop figures to compare wit
     torchrun --nproc_per_node 1 tests/support/workers/torchtitan_checkpoints.py --data-root DIR --work DIR
         --out DIR --config EVAL.yaml
 
-Writes `<out>/in_loop.json`: the validator's figures per step. `model_config()` is the watcher's
+Writes `<out>/in_loop.json`: the validator's figures per step. The checkpoint manager is
+`KeepLeasedCheckpointManager` keeping the latest 2, beside three planted folders of step 0: its purge after
+step 1's save (torchtitan purges after every save but the last) picks `step-0`, held by a lease, and
+`step-00`, not held (and keeps `step-000` and `step-1`, the latest 2); `<out>/purge.json` says which of the
+two training left, and the planted folders are removed after it (the watcher's tests see torchtitan's own
+checkpoints only). `model_config()` is the watcher's
 `--model-builder` for these checkpoints (tests/support on the path).
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +26,8 @@ import torch
 import torch.distributed as dist
 import torchtitan_cpu
 
+from inloop_eval.integrations.torchtitan.rotation import KeepLeasedCheckpointManager
+from inloop_eval.watch.leases import Leases
 from workers.torchtitan_train import N_LAYERS, VOCAB, MetricsRecorder, trainer_config
 
 STEPS = 2
@@ -63,9 +71,15 @@ def main() -> None:
     torchtitan_cpu.use_cpu()
     config = trainer_config(args)
     config.training.steps = STEPS
-    config.checkpoint.enable = True
-    config.checkpoint.interval = 1
-    config.checkpoint.folder = "checkpoint"
+    config.checkpoint = KeepLeasedCheckpointManager.Config(
+        enable=True, interval=1, folder="checkpoint", keep_latest_k=2
+    )
+    folder = Path(config.dump_folder) / "checkpoint"
+    held, free, latest = folder / "step-0", folder / "step-00", folder / "step-000"
+    for planted in (held, free, latest):
+        planted.mkdir(parents=True)
+    leases = Leases("torchtitan-worker", 600)
+    leases.hold([held])
     trainer = config.build()
     try:
         trainer.metrics_processor.logger = MetricsRecorder()
@@ -73,7 +87,12 @@ def main() -> None:
         trainer.train()
         (Path(args.out) / "in_loop.json").write_text(json.dumps(recording.by_step, indent=1, sort_keys=True))
     finally:
-        trainer.close()
+        trainer.close()  # joins torchtitan's purge thread
+        left = {"held": held.is_dir(), "free": free.is_dir()}
+        (Path(args.out) / "purge.json").write_text(json.dumps(left))
+        leases.release_all()
+        for planted in (held, free, latest):
+            shutil.rmtree(planted, ignore_errors=True)
         dist.destroy_process_group()
 
 
