@@ -15,6 +15,16 @@ sys.path.insert(0, str(Path(__file__).parent / "support"))
 from inloop_eval.data.root import default_data_root
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, the cores shared out among the workers: torch in each takes its share of threads
+    (the processes tests launch take one each already)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     """The standard tasks in OLMo's layout: `$INLOOP_EVAL_DATA` if set, else fetched once into the cache."""
