@@ -46,6 +46,14 @@ class WatchConfig:
     """torch device to evaluate on (default cuda if available, else cpu; under torchrun `cuda:<LOCAL_RANK>`);
     one this torch cannot use is refused at the start, not found out at every checkpoint."""
 
+    tp: int = 1
+    """Under torchrun: tensor-parallel degree of the layout the model is built in (`--tp`): each group of
+    `tp` ranks splits each model, each rank reading only its share of the checkpoint (OLMo-core and
+    torchtitan checkpoints). 1: no tensor parallelism."""
+    fsdp: bool = False
+    """Under torchrun: shard the model with FSDP2 over the data-parallel ranks (world / `tp`), each rank
+    reading and holding only its shard (`--fsdp`); False: the model is replicated over them."""
+
     def __post_init__(self) -> None:
         one_of(self.policy, POLICIES, "watch: policy")
         if self.format is not None:
@@ -54,5 +62,7 @@ class WatchConfig:
             raise ConfigError(
                 f"watch: settle_s must be >= 0 and poll_s > 0, found settle_s={self.settle_s}, poll_s={self.poll_s}"
             )
+        if self.tp < 1:
+            raise ConfigError(f"watch: tp must be >= 1 (the tensor-parallel degree), found {self.tp}")
         if self.device is not None:
             usable_device(self.device, "watch: --device")

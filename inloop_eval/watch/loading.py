@@ -14,6 +14,11 @@ the weights into, or a config that builds it: torchtitan's trainer config (a fun
 `config_registry`, e.g. `torchtitan.models.llama3.config_registry:llama3_debugmodel`, whose
 `model_spec.model.build()` is called) or any object with `build()`.
 
+In a sharded layout (`layout`: `--tp`, `--fsdp`) the OLMo-core or torchtitan model is built on the meta
+device and parallelised by its framework (`integrations/<framework>/layout.py`), its shards allocated, and
+its weights read with `torch.distributed.checkpoint.load` through `ShardReader`: each rank reads only the
+slices of the tensors it holds, whatever layout the checkpoint was saved in (DCP reshards).
+
 Every model is returned in eval mode on `device`, one at a time: the watcher drops it before the next.
 """
 
@@ -22,7 +27,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +36,14 @@ import torch
 import torch.distributed.checkpoint as dcp
 from tokenizers import Tokenizer
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+from inloop_eval.distributed import world
 from inloop_eval.errors import ConfigError
 from inloop_eval.watch.completion import CONFIG_FILE, OLMO_CORE_WEIGHTS
 from inloop_eval.watch.discovery import HF, OLMO_CORE, TORCHTITAN, Checkpoint
+from inloop_eval.watch.layout import ParallelLayout
+from inloop_eval.watch.shard_reads import ShardRead, ShardReader
 
 TOKENIZER_CONFIG_CLASS = "olmo_core.data.tokenizer.TokenizerConfig"
 # What an OLMo-core trainer state needs beyond tensors: NumPy arrays (the reconstructor, whatever module
@@ -117,10 +126,31 @@ def require_builder(checkpoint: Checkpoint, model_builder: str | None) -> None:
         )
 
 
-def load_model(checkpoint: Checkpoint, device: torch.device, model_builder: str | None = None) -> nn.Module:
-    """The checkpoint's model with its weights, in eval mode on `device`."""
+@dataclass
+class LoadedModel:
+    """One checkpoint's model as the watcher scores it: `model` (the module: its vocabulary is checked),
+    `scored` (what the evaluator is given: the module, or its adapter in a layout that needs one),
+    `dp_group` (what the documents are sharded over: None, the world, when every rank holds the whole
+    model) and `reads` (what this rank read of a sharded checkpoint; empty for a whole-model load)."""
+
+    model: nn.Module
+    scored: Any
+    dp_group: Any = None
+    reads: list[ShardRead] = field(default_factory=list)
+
+
+def load_model(
+    checkpoint: Checkpoint,
+    device: torch.device,
+    model_builder: str | None = None,
+    layout: ParallelLayout | None = None,
+) -> LoadedModel:
+    """The checkpoint's model with its weights, in eval mode on `device`: whole on every rank, or in
+    `layout` when it is sharded (each rank reading only its share)."""
+    if layout is not None and layout.sharded:
+        return load_sharded(checkpoint, device, model_builder, layout)
     if checkpoint.format == HF:
-        return load_hf(checkpoint.path).to(device).eval()
+        return whole(load_hf(checkpoint.path).to(device).eval())
     if checkpoint.format == OLMO_CORE:
         from olmo_core.distributed.checkpoint import load_model_and_optim_state
 
@@ -129,15 +159,80 @@ def load_model(checkpoint: Checkpoint, device: torch.device, model_builder: str 
         else:
             model = olmo_core_model_config(checkpoint).build(init_device="cpu")
         load_model_and_optim_state(str(checkpoint.path / OLMO_CORE_WEIGHTS), model)
-        return model.to(device).eval()
+        return whole(model.to(device).eval())
     if checkpoint.format == TORCHTITAN:
         require_builder(checkpoint, model_builder)
         model = build_from(str(model_builder))
         state = model.state_dict()
         dcp.load(state, checkpoint_id=str(checkpoint.path))
         model.load_state_dict(state)
-        return model.to(device).eval()
+        return whole(model.to(device).eval())
     raise ValueError(f"unknown checkpoint format {checkpoint.format!r}")
+
+
+def whole(model: nn.Module) -> LoadedModel:
+    return LoadedModel(model=model, scored=model)
+
+
+def load_sharded(
+    checkpoint: Checkpoint, device: torch.device, model_builder: str | None, layout: ParallelLayout
+) -> LoadedModel:
+    """The checkpoint's model built in `layout` (OLMo-core, torchtitan), its weights read through
+    torch.distributed.checkpoint into each rank's shards by `ShardReader`: only the model's entries, each
+    rank only the slices it holds."""
+    if checkpoint.format == OLMO_CORE:
+        from inloop_eval.integrations.olmo_core.layout import build_in_layout
+
+        config = resolve_builder(model_builder)() if model_builder else olmo_core_model_config(checkpoint)
+        if isinstance(config, nn.Module) or not callable(getattr(config, "build", None)):
+            raise ConfigError(
+                f"watch: --tp/--fsdp build the OLMo-core model on the meta device from its config; "
+                f"model_builder {model_builder!r} returned {type(config).__name__}, expected a "
+                "TransformerConfig (or drop --model-builder: the checkpoint's config.json is used)"
+            )
+        model = build_in_layout(config, layout.mesh(), tp=layout.tp, fsdp=layout.fsdp, device=device)
+        state = {"model": get_model_state_dict(model)}
+        reader = ShardReader(checkpoint.path / OLMO_CORE_WEIGHTS)
+        dcp.load(state, storage_reader=reader)
+        set_model_state_dict(model, state["model"])
+        return LoadedModel(model=model.eval(), scored=model, dp_group=layout.dp_group(), reads=reader.reads)
+    if checkpoint.format == TORCHTITAN:
+        from inloop_eval.integrations.torchtitan.layout import (
+            TorchTitanLayout,
+            build_in_layout,
+            layout_adapter,
+            layout_data_parallel,
+        )
+
+        require_builder(checkpoint, model_builder)
+        trainer_config = resolve_builder(str(model_builder))()
+        if getattr(trainer_config, "model_spec", None) is None:
+            raise ConfigError(
+                f"watch: --tp/--fsdp parallelise a torchtitan model with its trainer config's parallelize_fn; "
+                f"model_builder {model_builder!r} returned {type(trainer_config).__name__}, expected "
+                "torchtitan's trainer config (a config_registry function)"
+            )
+        if "torchtitan" not in layout.built:
+            layout.built["torchtitan"] = TorchTitanLayout.of(
+                trainer_config, tp=layout.tp, fsdp=layout.fsdp, world_size=world()[0]
+            )
+        titan: TorchTitanLayout = layout.built["torchtitan"]
+        model = build_in_layout(trainer_config, titan, device)
+        state = model.state_dict()
+        reader = ShardReader(checkpoint.path)
+        dcp.load(state, storage_reader=reader)
+        model.load_state_dict(state)
+        model.eval()
+        return LoadedModel(
+            model=model,
+            scored=layout_adapter(model, titan),
+            dp_group=layout_data_parallel(titan),
+            reads=reader.reads,
+        )
+    raise ConfigError(
+        f"watch: {checkpoint.path} is a {checkpoint.format} checkpoint, which --tp/--fsdp do not load sharded "
+        "yet (OLMo-core and torchtitan DCP checkpoints only); run the watcher without them"
+    )
 
 
 def load_hf(path: Path) -> nn.Module:

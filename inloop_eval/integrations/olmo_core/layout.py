@@ -1,0 +1,25 @@
+"""An OLMo-core `Transformer` built in a parallel layout for loading sharded weights (the watcher's `--tp`,
+`--fsdp`): built on the meta device, split by OLMo-core's own `apply_tp` over the mesh's `tp` dimension and
+sharded by its `apply_fsdp` over `dp`, as its train module does, then materialised: each rank allocates only
+its share of the weights before any is read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+
+def build_in_layout(config: Any, mesh: DeviceMesh, *, tp: int, fsdp: bool, device: torch.device) -> nn.Module:
+    """The model of OLMo-core `TransformerConfig` `config`, tensor parallel over `mesh["tp"]` when `tp` > 1,
+    FSDP2 over `mesh["dp"]` with `fsdp`, its local shards allocated on `device` (their values not yet the
+    checkpoint's)."""
+    model = config.build(init_device="meta")
+    if tp > 1:
+        model.apply_tp(mesh["tp"])
+    if fsdp:
+        model.apply_fsdp(dp_mesh=mesh["dp"])
+    model.init_weights(device=device)  # materialises the local shards and the buffers no checkpoint holds
+    return model

@@ -1,0 +1,67 @@
+"""A torchtitan model built in a parallel layout for loading sharded weights (the watcher's `--tp`, `--fsdp`):
+built on the meta device, parallelised by the model's own `parallelize_fn` (its tensor parallel plan, FSDP2
+over its data-parallel mesh) as torchtitan's trainer does, then materialised: each rank allocates only its
+share of the weights before any is read. The trainer config's parallelism degrees are replaced by the layout's;
+the rest (mixed precision, SPMD backend, compile) is the config's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torchtitan.distributed import ParallelDims
+
+from inloop_eval.integrations.torchtitan.adapter import TorchTitanAdapter
+from inloop_eval.integrations.torchtitan.validator import data_parallel_mesh
+
+
+@dataclass
+class TorchTitanLayout:
+    """torchtitan's parallel dims for `tp` x (FSDP or replicate) over `world_size` ranks."""
+
+    dims: ParallelDims
+
+    @classmethod
+    def of(cls, trainer_config: Any, *, tp: int, fsdp: bool, world_size: int) -> TorchTitanLayout:
+        parallelism = trainer_config.parallelism
+        dp = world_size // tp
+        parallelism.tensor_parallel_degree = tp
+        parallelism.data_parallel_shard_degree = dp if fsdp else 1
+        parallelism.data_parallel_replicate_degree = 1 if fsdp else dp
+        parallelism.context_parallel_degree = parallelism.pipeline_parallel_degree = 1
+        parallelism.expert_parallel_degree = 1
+        dims = ParallelDims.from_config(parallelism, world_size)
+        dims.build_mesh()
+        return cls(dims=dims)
+
+
+def build_in_layout(trainer_config: Any, layout: TorchTitanLayout, device: torch.device) -> nn.Module:
+    """The model of torchtitan trainer config `trainer_config` parallelised in `layout`, its local shards
+    allocated on `device` and initialised (buffers such as the rotary tables; the weights are then read)."""
+    with torch.device("meta"):
+        model = trainer_config.model_spec.model.build()
+    model = trainer_config.model_spec.parallelize_fn(
+        model,
+        parallel_dims=layout.dims,
+        training=trainer_config.training,
+        parallelism=trainer_config.parallelism,
+        compile_config=trainer_config.compile,
+        ac_config=None,  # no backward in an evaluation
+        dump_folder=trainer_config.dump_folder,
+    )
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return model
+
+
+def layout_adapter(model: nn.Module, layout: TorchTitanLayout) -> TorchTitanAdapter:
+    """The adapter scoring `model` as the validator does: widths a multiple of the layout's sequence split."""
+    return TorchTitanAdapter(model, forward=model, max_length=None, seq_multiple=layout.dims.seq_len_divisor)
+
+
+def layout_data_parallel(layout: TorchTitanLayout) -> Any:
+    """The data-parallel mesh the documents are sharded over (the validator's "batch" mesh)."""
+    return data_parallel_mesh(layout.dims)
