@@ -131,12 +131,14 @@ class LoadedModel:
     """One checkpoint's model as the watcher scores it: `model` (the module: its vocabulary is checked),
     `scored` (what the evaluator is given: the module, or its adapter in a layout that needs one),
     `dp_group` (what the documents are sharded over: None, the world, when every rank holds the whole
-    model) and `reads` (what this rank read of a sharded checkpoint; empty for a whole-model load)."""
+    model), `reads` (what this rank read of a sharded checkpoint; empty for a whole-model load) and `whole`
+    (the bytes of those tensors whole, as one process reads them)."""
 
     model: nn.Module
     scored: Any
     dp_group: Any = None
     reads: list[ShardRead] = field(default_factory=list)
+    whole: int = 0
 
 
 def load_model(
@@ -150,7 +152,7 @@ def load_model(
     if layout is not None and layout.sharded:
         return load_sharded(checkpoint, device, model_builder, layout)
     if checkpoint.format == HF:
-        return whole(load_hf(checkpoint.path).to(device).eval())
+        return whole_model(load_hf(checkpoint.path).to(device).eval())
     if checkpoint.format == OLMO_CORE:
         from olmo_core.distributed.checkpoint import load_model_and_optim_state
 
@@ -159,18 +161,18 @@ def load_model(
         else:
             model = olmo_core_model_config(checkpoint).build(init_device="cpu")
         load_model_and_optim_state(str(checkpoint.path / OLMO_CORE_WEIGHTS), model)
-        return whole(model.to(device).eval())
+        return whole_model(model.to(device).eval())
     if checkpoint.format == TORCHTITAN:
         require_builder(checkpoint, model_builder)
         model = build_from(str(model_builder))
         state = model.state_dict()
         dcp.load(state, checkpoint_id=str(checkpoint.path))
         model.load_state_dict(state)
-        return whole(model.to(device).eval())
+        return whole_model(model.to(device).eval())
     raise ValueError(f"unknown checkpoint format {checkpoint.format!r}")
 
 
-def whole(model: nn.Module) -> LoadedModel:
+def whole_model(model: nn.Module) -> LoadedModel:
     return LoadedModel(model=model, scored=model)
 
 
@@ -195,8 +197,17 @@ def load_sharded(
         reader = ShardReader(checkpoint.path / OLMO_CORE_WEIGHTS)
         dcp.load(state, storage_reader=reader)
         set_model_state_dict(model, state["model"])
-        return LoadedModel(model=model.eval(), scored=model, dp_group=layout.dp_group(), reads=reader.reads)
+        return LoadedModel(
+            model=model.eval(),
+            scored=model,
+            dp_group=layout.dp_group(),
+            reads=reader.reads,
+            whole=reader.whole_bytes(),
+        )
     if checkpoint.format == TORCHTITAN:
+        require_builder(checkpoint, model_builder)
+        # The builder first: it may set torchtitan up (its device) before torchtitan's modules are imported.
+        trainer_config = resolve_builder(str(model_builder))()
         from inloop_eval.integrations.torchtitan.layout import (
             TorchTitanLayout,
             build_in_layout,
@@ -204,8 +215,6 @@ def load_sharded(
             layout_data_parallel,
         )
 
-        require_builder(checkpoint, model_builder)
-        trainer_config = resolve_builder(str(model_builder))()
         if getattr(trainer_config, "model_spec", None) is None:
             raise ConfigError(
                 f"watch: --tp/--fsdp parallelise a torchtitan model with its trainer config's parallelize_fn; "
@@ -228,6 +237,7 @@ def load_sharded(
             scored=layout_adapter(model, titan),
             dp_group=layout_data_parallel(titan),
             reads=reader.reads,
+            whole=reader.whole_bytes(),
         )
     raise ConfigError(
         f"watch: {checkpoint.path} is a {checkpoint.format} checkpoint, which --tp/--fsdp do not load sharded "

@@ -234,12 +234,12 @@ class Watcher:
         assert loaded is not None
         self.reads[checkpoint.step] = loaded.reads
         if loaded.reads:
-            read_mib = sum(r.nbytes for r in loaded.reads) / 2**20
             log.info(
-                "watch: step %d: rank %d read %.1f MiB (%s)",
+                "watch: step %d: rank %d read %.2f of its model's %.2f MiB (%s)",
                 checkpoint.step,
                 world()[1],
-                read_mib,
+                sum(r.nbytes for r in loaded.reads) / 2**20,
+                loaded.whole / 2**20,
                 self.layout.describe(),
             )
         metrics = self.evaluate_model(checkpoint, loaded, before)

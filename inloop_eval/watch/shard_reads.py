@@ -119,6 +119,15 @@ class ShardReader(FileSystemReader):
             planner.commit_tensor(item, target)
         self.record(item, info.length, in_place=False)
 
+    def whole_bytes(self) -> int:
+        """The bytes of every tensor this rank read any part of, whole: what one process would read."""
+        total = 0
+        for fqn in {r.fqn for r in self.reads}:
+            entry = self.metadata.state_dict_metadata.get(fqn) if self.metadata else None
+            if isinstance(entry, TensorStorageMetadata):
+                total += entry.size.numel() * entry.properties.dtype.itemsize
+        return total
+
     def chunk_shape(self, item: ReadItem) -> torch.Size:
         entry = self.tensor_entry(item)
         offsets = torch.Size(item.storage_index.offset or ())

@@ -25,11 +25,11 @@ from typing import Any
 
 import torch.distributed as dist
 from olmo_core.data import TokenizerConfig
-from workers.olmo_core_train import model_config
 
 from inloop_eval.config_fields import read_config_file
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.watch import WatchConfig, Watcher
+from workers.olmo_core_train import model_config
 
 # Layout name -> WatchConfig layout fields.
 LAYOUTS: dict[str, dict[str, Any]] = {"fsdp": {"fsdp": True}, "tp2": {"tp": 2}}
