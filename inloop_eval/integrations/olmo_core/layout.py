@@ -21,5 +21,9 @@ def build_in_layout(config: Any, mesh: DeviceMesh, *, tp: int, fsdp: bool, devic
         model.apply_tp(mesh["tp"])
     if fsdp:
         model.apply_fsdp(dp_mesh=mesh["dp"])
-    model.init_weights(device=device)  # materialises the local shards and the buffers no checkpoint holds
+    # The local shards allocated, uninitialised: every parameter is then read from the checkpoint (DCP refuses
+    # a key it lacks), and OLMo-core keeps no buffers (its RoPE tables are computed on first use). Not
+    # `init_weights`: its random init of the sharded parameters holds whole tensors for a while (twice the
+    # one-process watcher's peak, measured by benchmarks/watch_memory.py).
+    model.to_empty(device=device)
     return model

@@ -1,5 +1,6 @@
 """A torchtitan model built in a parallel layout for loading sharded weights (the watcher's `--tp`, `--fsdp`):
-built on the meta device, parallelised by the model's own `parallelize_fn` (its tensor parallel plan, FSDP2
+its config updated from the trainer config as torchtitan's trainer does (`update_from_config`: each
+module's sharding plan), built on the meta device, parallelised by the model's own `parallelize_fn` (its tensor parallel plan, FSDP2
 over its data-parallel mesh) as torchtitan's trainer does, then materialised: each rank allocates only its
 share of the weights before any is read. The trainer config's parallelism degrees are replaced by the layout's;
 the rest (mixed precision, SPMD backend, compile) is the config's."""
@@ -40,8 +41,11 @@ class TorchTitanLayout:
 def build_in_layout(trainer_config: Any, layout: TorchTitanLayout, device: torch.device) -> nn.Module:
     """The model of torchtitan trainer config `trainer_config` parallelised in `layout`, its local shards
     allocated on `device` and initialised (buffers such as the rotary tables; the weights are then read)."""
+    model_config = trainer_config.model_spec.model
+    # As torchtitan's trainer: the runtime config sets each module's sharding config (its TP plan) first.
+    model_config.update_from_config(config=trainer_config)
     with torch.device("meta"):
-        model = trainer_config.model_spec.model.build()
+        model = model_config.build()
     model = trainer_config.model_spec.parallelize_fn(
         model,
         parallel_dims=layout.dims,
