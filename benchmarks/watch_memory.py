@@ -9,8 +9,8 @@ float32) as OLMo-core's checkpointer does (`model_and_optim/` through `save_mode
 config in `config.json`) from one process, then loads it as `inloop-eval watch` does
 (`inloop_eval.watch.loading.load_model`) in a fresh process per layout: one process, then two ranks under
 torchrun for each sharded layout. Each rank measures the peak resident memory of the load alone: the kernel's
-high-water mark (VmHWM) reset after start-up (imports, process group), read after the load, less the memory
-resident before it. It prints one JSON line per layout (each rank's MiB, the bytes it read) and the ratio of
+high-water mark (VmHWM) reset after start-up (imports of OLMo-core, process group, device mesh), read after
+the load, less the memory resident before it. It prints one JSON line per layout (each rank's MiB, the bytes it read) and the ratio of
 each sharded rank's peak to the one process's; the watcher aims at <= 0.6.
 """
 
@@ -68,6 +68,14 @@ def load(folder: Path, tp: int, fsdp: bool, out: Path) -> None:
     device = init_from_env()
     layout = layout_for(tp, fsdp, device)
     checkpoint = Checkpoint(step=0, path=folder / "step0", format="olmo_core")
+    # Start-up is not the model's: the framework's modules imported and the mesh built before the baseline.
+    import olmo_core.distributed.checkpoint  # noqa: F401
+    import olmo_core.nn.transformer  # noqa: F401
+
+    import inloop_eval.integrations.olmo_core.layout  # noqa: F401
+
+    if layout.sharded:
+        layout.mesh()
     if world()[0] > 1:
         dist.barrier()
     before = status_kib("VmRSS")

@@ -5,8 +5,9 @@ DCP's own `FileSystemReader` reads every stored chunk a rank needs any part of w
 chunk, then a slice of it): a rank of a 2-way FSDP watcher loading a checkpoint saved by one process reads
 every byte of it, and holds each whole tensor for a moment. `ShardReader` reads a chunk saved by
 `torch.save` (DCP's default format, and OLMo-core's writer's) in place: it finds the chunk's data record in
-the `torch.save` archive, maps the file and copies only the slice the rank holds, so the pages read are those
-of the slice (rows of a dim-0 slice are one range; a dim-1 slice is one range per row). Any other item (bytes,
+the `torch.save` archive (its directory, through a read-only map of the file) and reads only the bytes of the
+slice the rank holds, straight into the rank's tensor (a slice cut in the first dimension is one read; one
+cut in dimension k, one read per index of the dimensions before k). Any other item (bytes,
 a chunk with transforms such as compression, another serialization) is read as DCP reads it, and counted whole.
 
 What it promises: the same tensors as DCP's reader (the same `ReadItem`s, each copied into the tensor the
@@ -16,13 +17,15 @@ planner resolves); `reads` lists what this rank read, one `ShardRead` per item.
 from __future__ import annotations
 
 import io
+import itertools
+import math
 import mmap
 import struct
-import warnings
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -68,17 +71,25 @@ class ShardReader(FileSystemReader):
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         for relative_path, items in per_file.items():
             path = Path(self.path) / relative_path
-            with path.open("rb") as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            with (
+                path.open("rb", buffering=0) as stream,
+                mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+            ):
                 for item in items:
-                    if item.type == LoadItemType.BYTE_IO or not self.read_in_place(item, planner, mapped):
+                    if item.type == LoadItemType.BYTE_IO or not self.read_in_place(
+                        item, planner, stream, mapped
+                    ):
                         self.read_whole(item, planner, mapped)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def read_in_place(self, item: ReadItem, planner: LoadPlanner, mapped: mmap.mmap) -> bool:
-        """Copy only the slice `item` asks for out of its chunk's data record; False (nothing read) when the
-        chunk is not a plain `torch.save` of a contiguous little-endian tensor of the metadata's shape."""
+    def read_in_place(
+        self, item: ReadItem, planner: LoadPlanner, stream: BinaryIO, mapped: mmap.mmap
+    ) -> bool:
+        """Read only the slice `item` asks for out of its chunk's data record, straight into the tensor the
+        planner resolves; False (nothing read) when the chunk is not a plain `torch.save` of a contiguous
+        little-endian tensor of the metadata's shape."""
         info = self.storage_data[item.storage_index]
         if getattr(info, "transform_descriptors", None):
             return False
@@ -88,20 +99,19 @@ class ShardReader(FileSystemReader):
         start = data_record_start(mapped, info.offset, info.length, shape.numel() * dtype.itemsize)
         if start is None:
             return False
-        with warnings.catch_warnings():  # a read-only map: the tensor is only read from
-            warnings.simplefilter("ignore", UserWarning)
-            stored = torch.frombuffer(mapped, dtype=dtype, count=shape.numel(), offset=start).view(shape)
-        view = stored
-        for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
-            view = view.narrow(dim, offset, length)
-        if target.size() != view.size():
-            raise AssertionError(
-                f"{item.storage_index}: slice {tuple(view.size())} != target {tuple(target.size())}"
-            )
-        target.copy_(view)
+        lengths = tuple(int(n) for n in item.lengths)
+        if tuple(target.size()) != lengths:
+            raise AssertionError(f"{item.storage_index}: slice {lengths} != target {tuple(target.size())}")
+        direct = target.dtype == dtype and target.is_contiguous() and target.device.type == "cpu"
+        buffer = target if direct else torch.empty(lengths, dtype=dtype)
+        into = memoryview(buffer.reshape(-1).view(torch.uint8).numpy())
+        offsets = tuple(int(o) for o in item.storage_offsets)
+        for stored_at, position, size in slice_runs(tuple(shape), offsets, lengths, dtype.itemsize):
+            read_exactly(stream, start + stored_at, into[position : position + size])
+        if not direct:
+            target.copy_(buffer)
         planner.commit_tensor(item, target)
-        del view, stored
-        self.record(item, view_bytes(item, dtype), in_place=True)
+        self.record(item, buffer.numel() * dtype.itemsize, in_place=True)
         return True
 
     def read_whole(self, item: ReadItem, planner: LoadPlanner, mapped: mmap.mmap) -> None:
@@ -161,11 +171,41 @@ class ShardReader(FileSystemReader):
         )
 
 
-def view_bytes(item: ReadItem, dtype: torch.dtype) -> int:
-    count = 1
-    for length in item.lengths:
-        count *= int(length)
-    return count * dtype.itemsize
+def slice_runs(
+    shape: tuple[int, ...], offsets: tuple[int, ...], lengths: tuple[int, ...], itemsize: int
+) -> Iterator[tuple[int, int, int]]:
+    """The contiguous byte runs of the box (`offsets`, `lengths`) of a row-major tensor of `shape`: (bytes
+    from the tensor's start, bytes from the box's start, bytes), in the box's order. A box covering every
+    dimension after the first is one run; one cut in dimension k is one run per index of the dimensions
+    before k."""
+    if not shape:
+        yield 0, 0, itemsize
+        return
+    if 0 in lengths:
+        return
+    cut = len(shape) - 1
+    while cut > 0 and offsets[cut] == 0 and lengths[cut] == shape[cut]:
+        cut -= 1
+    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    run = lengths[cut] * strides[cut] * itemsize
+    position = 0
+    for index in itertools.product(*(range(offsets[d], offsets[d] + lengths[d]) for d in range(cut))):
+        element = sum(i * strides[d] for d, i in enumerate(index)) + offsets[cut] * strides[cut]
+        yield element * itemsize, position, run
+        position += run
+
+
+def read_exactly(stream: BinaryIO, at: int, into: memoryview) -> None:
+    """Fill `into` with the bytes of `stream` from `at`; OSError if the file ends first (a truncated shard)."""
+    stream.seek(at)
+    done = 0
+    while done < len(into):
+        got = stream.readinto(into[done:])
+        if not got:
+            raise OSError(
+                f"{getattr(stream, 'name', 'a shard')}: ends at {at + done}, {len(into) - done} bytes short"
+            )
+        done += got
 
 
 def data_record_start(mapped: mmap.mmap, offset: int, length: int, nbytes: int) -> int | None:

@@ -5,6 +5,8 @@ tests/watch/test_watch_olmo_core.py and tests/watch/test_watch_torchtitan.py."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import warnings
 
 import pytest
@@ -16,7 +18,7 @@ from inloop_eval.watch import WatchConfig
 from inloop_eval.watch.discovery import Checkpoint
 from inloop_eval.watch.layout import ParallelLayout, layout_for
 from inloop_eval.watch.loading import load_model
-from inloop_eval.watch.shard_reads import ShardReader
+from inloop_eval.watch.shard_reads import ShardReader, slice_runs
 
 
 def test_a_tensor_parallel_degree_below_one_is_refused(tmp_path):
@@ -58,3 +60,26 @@ def test_the_shard_reader_reads_what_dcps_reader_reads(tmp_path):
     assert all(by_name[k].in_place for k in ("w", "half", "ids")) and not by_name["step"].in_place
     assert by_name["half"].nbytes == 5 * 3 * 2 and by_name["w"].lengths == (6, 4)
     assert reader.whole_bytes() == 6 * 4 * 4 + 5 * 3 * 2 + 10 * 8
+
+
+@pytest.mark.parametrize(
+    ("shape", "offsets", "lengths"),
+    [
+        ((6, 4), (3, 0), (3, 4)),  # FSDP's dim-0 shard: one run
+        ((6, 4), (0, 2), (6, 2)),  # a row-wise TP shard: one run per row
+        ((4, 3, 5), (1, 0, 1), (2, 3, 3)),
+        ((4, 3, 5), (2, 1, 0), (1, 2, 5)),
+        ((7,), (2,), (4,)),
+        ((), (), ()),
+        ((3, 4), (1, 0), (0, 4)),
+    ],
+)
+def test_the_runs_of_a_slice_are_its_bytes_in_order(shape, offsets, lengths):
+    """The byte runs `ShardReader` reads of a stored chunk are the slice's bytes, in the slice's order."""
+    whole = torch.arange(math.prod(shape), dtype=torch.int16).reshape(shape)
+    data = whole.numpy().tobytes()
+    runs = list(slice_runs(shape, offsets, lengths, 2))
+    read = b"".join(data[at : at + size] for at, _, size in runs)
+    box = whole[tuple(slice(o, o + n) for o, n in zip(offsets, lengths, strict=True))]
+    assert read == box.contiguous().numpy().tobytes()
+    assert [position for _, position, _ in runs] == list(itertools.accumulate([0] + [s for *_, s in runs]))[:-1]
