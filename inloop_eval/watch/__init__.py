@@ -6,6 +6,8 @@ Modules (each a role, in the order a checkpoint meets them):
   `Checkpoint`, `WatchError`);
 - `completion`: each format's completion evidence and the settle time (`missing_evidence`, `Settling`);
 - `loading`: one checkpoint's model per format, the vocabulary it records, whether the loop evaluated it;
+- `layout`: the parallel layout (`--tp`, `--fsdp`) a model is built in under torchrun, and its mesh;
+- `shard_reads`: reading a DCP checkpoint so that each rank reads only the slices it holds (`ShardReader`);
 - `ledger`: the run directory's record of what was done, for exactly once across restarts (`Ledger`);
 - `run_directory`: the check that the run directory is still the one opened (`RunDirectory`);
 - `config`: the watcher's settings (`WatchConfig`);

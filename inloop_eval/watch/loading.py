@@ -36,9 +36,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from tokenizers import Tokenizer
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from inloop_eval.distributed import world
 from inloop_eval.errors import ConfigError
 from inloop_eval.watch.completion import CONFIG_FILE, OLMO_CORE_WEIGHTS
 from inloop_eval.watch.discovery import HF, OLMO_CORE, TORCHTITAN, Checkpoint
@@ -46,6 +44,12 @@ from inloop_eval.watch.layout import ParallelLayout
 from inloop_eval.watch.shard_reads import ShardRead, ShardReader
 
 TOKENIZER_CONFIG_CLASS = "olmo_core.data.tokenizer.TokenizerConfig"
+# Each format's build in a sharded layout, `(spec, layout, device) -> (model, scored, dp_group)`, by import
+# path: its integration imports its framework, which only a checkpoint of that format needs.
+SHARDED_BUILDERS = {
+    OLMO_CORE: "inloop_eval.integrations.olmo_core.layout:build_in_layout",
+    TORCHTITAN: "inloop_eval.integrations.torchtitan.layout:build_in_layout",
+}
 # What an OLMo-core trainer state needs beyond tensors: NumPy arrays (the reconstructor, whatever module
 # this NumPy keeps it in) and their dtypes.
 NUMPY_GLOBALS = [
@@ -179,70 +183,51 @@ def whole_model(model: nn.Module) -> LoadedModel:
 def load_sharded(
     checkpoint: Checkpoint, device: torch.device, model_builder: str | None, layout: ParallelLayout
 ) -> LoadedModel:
-    """The checkpoint's model built in `layout` (OLMo-core, torchtitan), its weights read through
-    torch.distributed.checkpoint into each rank's shards by `ShardReader`: only the model's entries, each
-    rank only the slices it holds."""
-    if checkpoint.format == OLMO_CORE:
-        from inloop_eval.integrations.olmo_core.layout import build_in_layout
-
-        config = resolve_builder(model_builder)() if model_builder else olmo_core_model_config(checkpoint)
-        if isinstance(config, nn.Module) or not callable(getattr(config, "build", None)):
-            raise ConfigError(
-                f"watch: --tp/--fsdp build the OLMo-core model on the meta device from its config; "
-                f"model_builder {model_builder!r} returned {type(config).__name__}, expected a "
-                "TransformerConfig (or drop --model-builder: the checkpoint's config.json is used)"
-            )
-        model = build_in_layout(config, layout.mesh(), tp=layout.tp, fsdp=layout.fsdp, device=device)
-        state = {"model": get_model_state_dict(model)}
-        reader = ShardReader(checkpoint.path / OLMO_CORE_WEIGHTS)
-        dcp.load(state, storage_reader=reader)
-        set_model_state_dict(model, state["model"])
-        return LoadedModel(
-            model=model.eval(),
-            scored=model,
-            dp_group=layout.dp_group(),
-            reads=reader.reads,
-            whole=reader.whole_bytes(),
+    """The checkpoint's model built in `layout` by its framework's integration (OLMo-core, torchtitan), its
+    weights read through torch.distributed.checkpoint into each rank's shards by `ShardReader`: only the
+    model's entries, each rank only the slices it holds."""
+    if checkpoint.format not in SHARDED_BUILDERS:
+        raise ConfigError(
+            f"watch: {checkpoint.path} is a {checkpoint.format} checkpoint, which --tp/--fsdp do not load "
+            "sharded yet (OLMo-core and torchtitan DCP checkpoints only); run the watcher without them"
         )
-    if checkpoint.format == TORCHTITAN:
-        require_builder(checkpoint, model_builder)
-        # The builder first: it may set torchtitan up (its device) before torchtitan's modules are imported.
-        trainer_config = resolve_builder(str(model_builder))()
-        from inloop_eval.integrations.torchtitan.layout import (
-            TorchTitanLayout,
-            build_in_layout,
-            layout_adapter,
-            layout_data_parallel,
-        )
-
-        if getattr(trainer_config, "model_spec", None) is None:
-            raise ConfigError(
-                f"watch: --tp/--fsdp parallelise a torchtitan model with its trainer config's parallelize_fn; "
-                f"model_builder {model_builder!r} returned {type(trainer_config).__name__}, expected "
-                "torchtitan's trainer config (a config_registry function)"
-            )
-        if "torchtitan" not in layout.built:
-            layout.built["torchtitan"] = TorchTitanLayout.of(
-                trainer_config, tp=layout.tp, fsdp=layout.fsdp, world_size=world()[0]
-            )
-        titan: TorchTitanLayout = layout.built["torchtitan"]
-        model = build_in_layout(trainer_config, titan, device)
-        state = model.state_dict()
-        reader = ShardReader(checkpoint.path)
-        dcp.load(state, storage_reader=reader)
-        model.load_state_dict(state)
-        model.eval()
-        return LoadedModel(
-            model=model,
-            scored=layout_adapter(model, titan),
-            dp_group=layout_data_parallel(titan),
-            reads=reader.reads,
-            whole=reader.whole_bytes(),
-        )
-    raise ConfigError(
-        f"watch: {checkpoint.path} is a {checkpoint.format} checkpoint, which --tp/--fsdp do not load sharded "
-        "yet (OLMo-core and torchtitan DCP checkpoints only); run the watcher without them"
+    # The model's spec first: a torchtitan builder may set torchtitan up (its device) before the
+    # integration imports torchtitan's modules.
+    spec = sharded_model_spec(checkpoint, model_builder)
+    model, scored, dp_group = resolve_builder(SHARDED_BUILDERS[checkpoint.format])(spec, layout, device)
+    # The module's own state dict (its local shards as DTensors; torchtitan's hooks split its fused QKV into
+    # the wq, wk, wv it saves, and fuse them back on load). OLMo-core saves the model's entries under
+    # `model.`, beside the optimizer's; torchtitan at the top.
+    weights = model.state_dict()
+    state = {"model": weights} if checkpoint.format == OLMO_CORE else weights
+    folder = checkpoint.path / OLMO_CORE_WEIGHTS if checkpoint.format == OLMO_CORE else checkpoint.path
+    reader = ShardReader(folder)
+    dcp.load(state, storage_reader=reader)
+    model.load_state_dict(weights)
+    model.eval()
+    return LoadedModel(
+        model=model, scored=scored, dp_group=dp_group, reads=reader.reads, whole=reader.whole_bytes()
     )
+
+
+def sharded_model_spec(checkpoint: Checkpoint, model_builder: str | None) -> Any:
+    """What the integration builds the model from in a layout: OLMo-core's `TransformerConfig` (the
+    checkpoint's `config.json`, or `model_builder`'s), torchtitan's trainer config (`model_builder`'s)."""
+    require_builder(checkpoint, model_builder)
+    if checkpoint.format == OLMO_CORE and not model_builder:
+        return olmo_core_model_config(checkpoint)
+    spec = resolve_builder(str(model_builder))()
+    expected = {OLMO_CORE: "build", TORCHTITAN: "model_spec"}[checkpoint.format]
+    if isinstance(spec, nn.Module) or getattr(spec, expected, None) is None:
+        wanted = {
+            OLMO_CORE: "a TransformerConfig (or drop --model-builder: the checkpoint's config.json is used)",
+            TORCHTITAN: "torchtitan's trainer config (a config_registry function)",
+        }[checkpoint.format]
+        raise ConfigError(
+            f"watch: --tp/--fsdp build the {checkpoint.format} model in the layout from its config; "
+            f"model_builder {model_builder!r} returned {type(spec).__name__}, expected {wanted}"
+        )
+    return spec
 
 
 def load_hf(path: Path) -> nn.Module:
