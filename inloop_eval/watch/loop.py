@@ -29,8 +29,9 @@ What it promises:
   refreshed by a thread while the watcher lives, removed once the step is evaluated, skipped or failed for
   good, and when the watcher exits;
 - one model in memory at a time, dropped before the next is loaded;
-- under torchrun every rank loads the checkpoint and the evaluator shards the documents over the ranks;
-  rank 0 decides what to evaluate (its decisions are broadcast) and alone writes; a load that fails on any
+- under torchrun every rank loads the checkpoint and the evaluator shards the documents over the ranks, or,
+  with a sharded `layout` (`--tp`, `--fsdp`), each rank loads its share of the model in that layout and the
+  documents are sharded over its data-parallel ranks (`layout`); rank 0 decides what to evaluate (its decisions are broadcast) and alone writes; a load that fails on any
   rank is skipped by all.
 Errors of the config or the task data, whatever the checkpoint (a task that does not exist, its data
 missing, a model builder that cannot be imported), stop the watcher: no checkpoint could be evaluated.
@@ -50,7 +51,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from inloop_eval.data.root import default_data_root
@@ -76,11 +76,19 @@ from inloop_eval.watch.completion import Fingerprint, fingerprint
 from inloop_eval.watch.config import WatchConfig
 from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError, discover
 from inloop_eval.watch.events import Inbox, ReadyEvent, announced_checkpoint
+from inloop_eval.watch.layout import layout_for
 from inloop_eval.watch.leases import LeaseKeeper, Leases, holder_id
 from inloop_eval.watch.ledger import EVALUATED, FAILED, STARTED, VANISHED, History, Ledger, metrics_steps
-from inloop_eval.watch.loading import load_model, recorded_vocabulary, resolve_builder, vocabulary_mismatch
+from inloop_eval.watch.loading import (
+    LoadedModel,
+    load_model,
+    recorded_vocabulary,
+    resolve_builder,
+    vocabulary_mismatch,
+)
 from inloop_eval.watch.planning import Plan, Planner, describe
 from inloop_eval.watch.run_directory import RunDirectory
+from inloop_eval.watch.shard_reads import ShardRead
 from inloop_eval.watch.summary import headline
 
 log = logging.getLogger(__name__)
@@ -114,7 +122,8 @@ class Watcher:
         counts). tokenizer: passed to `InLoopEvaluator`; None: the config's `tokenizer:`, else a Hugging
         Face checkpoint's own. loggers: more loggers (e.g. a `WandbLogger`), each called before the
         `metrics.jsonl` line; the caller finishes them.
-    evaluated: the steps evaluated by `run`; failures: step -> why, for those that failed in it.
+    evaluated: the steps evaluated by `run`; failures: step -> why, for those that failed in it; reads:
+        step -> what this rank read of its checkpoint in a sharded layout (`shard_reads`).
     """
 
     def __init__(
@@ -131,6 +140,7 @@ class Watcher:
         self.run_dir = Path(config.run_dir)
         self.rank0 = world()[1] == 0
         self.device = torch.device(config.device) if config.device else default_device()
+        self.layout = layout_for(config.tp, config.fsdp, self.device)
         if config.model_builder:
             resolve_builder(config.model_builder)  # a name that cannot be imported stops the watch at once
         self.config_id = config_fingerprint(evaluator_config, config.model_builder)
@@ -157,6 +167,7 @@ class Watcher:
         self.loggers = list(loggers or [])
         self.evaluated: list[int] = []
         self.failures: dict[int, str] = {}
+        self.reads: dict[int, list[ShardRead]] = {}
         if self.rank0 and not (self.run_dir / CONFIG_FILE).is_file():
             self.jsonl.log_config(evaluator_config)  # an in-loop run's own config.json stays as it is
 
@@ -284,10 +295,10 @@ class Watcher:
         self.record(STARTED, checkpoint, **trigger)
         log.info("watch: evaluating step %d from %s", checkpoint.step, checkpoint.path)
         before = fingerprint(checkpoint.path)
-        model, error = self.load(checkpoint)
+        loaded, error = self.load(checkpoint)
         after = fingerprint(checkpoint.path)
         if all_reduce_max(int(after is None or after != before)):
-            del model
+            del loaded
             self.planner.settling.forget(checkpoint)
             log.warning(
                 "watch: step %d: %s was deleted or rewritten while being read (%s); skipped, nothing logged",
@@ -301,30 +312,40 @@ class Watcher:
             reason = f"cannot load it: {describe(error)}" if error else "cannot load it on another rank"
             self.fail(checkpoint, reason, retry=not isinstance(error, InLoopEvalError), files=before)
             return
-        assert model is not None
-        metrics = self.evaluate_model(checkpoint, model, before)
-        del model
+        assert loaded is not None
+        self.reads[checkpoint.step] = loaded.reads
+        if loaded.reads:
+            log.info(
+                "watch: step %d: rank %d read %.2f of its model's %.2f MiB (%s)",
+                checkpoint.step,
+                world()[1],
+                sum(r.nbytes for r in loaded.reads) / 2**20,
+                loaded.whole / 2**20,
+                self.layout.describe(),
+            )
+        metrics = self.evaluate_model(checkpoint, loaded, before)
+        del loaded
         gc.collect()
         if metrics is not None:
             self.commit(checkpoint, metrics, before)
 
-    def load(self, checkpoint: Checkpoint) -> tuple[nn.Module | None, BaseException | None]:
+    def load(self, checkpoint: Checkpoint) -> tuple[LoadedModel | None, BaseException | None]:
         """The checkpoint's model, or the error its read raised (a partial or vanished read raises
         anything)."""
         try:
-            return load_model(checkpoint, self.device, self.config.model_builder), None
+            return load_model(checkpoint, self.device, self.config.model_builder, self.layout), None
         except READ_ERRORS as exc:
             return None, exc
 
     def evaluate_model(
-        self, checkpoint: Checkpoint, model: nn.Module, files: Fingerprint | None
+        self, checkpoint: Checkpoint, loaded: LoadedModel, files: Fingerprint | None
     ) -> dict[str, float] | None:
         """The checkpoint's figures; None, the failure recorded, when the config cannot take it or its
         evaluation fails."""
         try:
             evaluator = self.evaluator_for(checkpoint)
-            self.check_vocabulary(checkpoint, model, evaluator)
-            return run_and_log(evaluator, model, checkpoint.step)
+            self.check_vocabulary(checkpoint, loaded.model, evaluator)
+            return run_and_log(evaluator, loaded.scored, checkpoint.step, dp_group=loaded.dp_group)
         except STOP_ERRORS:
             raise
         except UNFIT_ERRORS as exc:
