@@ -14,6 +14,7 @@ Modules (each a role, in the order a checkpoint meets them):
 - `run_directory`: the check that the run directory is still the one opened (`RunDirectory`);
 - `config`: the watcher's settings (`WatchConfig`);
 - `planning`: one pass's decisions: what to evaluate, record, wait for (`Planner`, `Plan`);
+- `triggers`: what starts a pass (events, the scan every `poll_s`) and the lease keeper (`Triggers`);
 - `loop`: the watch loop, evaluating one checkpoint at a time (`Watcher`);
 - `summary`: the lines it prints: a step's headline figures, what a run did;
 - `command`: `inloop-eval watch` (`add_arguments`, `run`).

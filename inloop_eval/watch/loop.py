@@ -45,7 +45,6 @@ import json
 import logging
 import os
 import time
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +73,8 @@ from inloop_eval.keys import SECONDS_KEY
 from inloop_eval.loggers import CONFIG_FILE, JSONLLogger, MetricsLogger
 from inloop_eval.watch.completion import Fingerprint, fingerprint
 from inloop_eval.watch.config import WatchConfig
-from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError, discover
-from inloop_eval.watch.events import Inbox, ReadyEvent, announced_checkpoint
+from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError
 from inloop_eval.watch.layout import layout_for
-from inloop_eval.watch.leases import LeaseKeeper, Leases, holder_id
 from inloop_eval.watch.ledger import EVALUATED, FAILED, STARTED, VANISHED, History, Ledger, metrics_steps
 from inloop_eval.watch.loading import (
     LoadedModel,
@@ -90,6 +87,7 @@ from inloop_eval.watch.planning import Plan, Planner, describe
 from inloop_eval.watch.run_directory import RunDirectory
 from inloop_eval.watch.shard_reads import ShardRead
 from inloop_eval.watch.summary import headline
+from inloop_eval.watch.triggers import Triggers
 
 log = logging.getLogger(__name__)
 
@@ -158,12 +156,7 @@ class Watcher:
         )
         self.history = self.ledger.history(self.config_id) if self.ledger else History()
         self.planner = Planner(config, self.history)
-        self.inbox = Inbox(Path(config.events_dir)) if config.events_dir and self.rank0 else None
-        self.next_scan = 0.0
-        self.keeper = None
-        if config.lease_s and self.rank0:
-            look_s = config.events_poll_s if config.events_dir else config.poll_s
-            self.keeper = LeaseKeeper(Leases(holder_id(self.run_dir), config.lease_s), self.to_hold, look_s)
+        self.triggers = Triggers(config, self.planner, self.history, self.run_dir, self.rank0)
         self.loggers = list(loggers or [])
         self.evaluated: list[int] = []
         self.failures: dict[int, str] = {}
@@ -173,8 +166,7 @@ class Watcher:
 
     def run(self) -> list[int]:
         """Watch until `once` has evaluated what is there, or `until_step` is handled; the steps evaluated."""
-        if self.keeper is not None:
-            self.keeper.start()
+        self.triggers.start()
         try:
             while True:
                 plan = self.broadcast(self.plan() if self.rank0 else None)
@@ -188,16 +180,16 @@ class Watcher:
                         log.info(
                             "watch: step %d (%s) not evaluated: %s", checkpoint.step, checkpoint.path, reason
                         )
-                self.hold()
+                self.triggers.hold()
                 for checkpoint in plan.evaluate:
                     self.evaluate(checkpoint)
-                    self.hold()
+                    self.triggers.hold()
                 # Finished only after a pass with nothing to evaluate: what this pass evaluated (or found
                 # vanished, or rewritten) is in the history the next pass reads.
                 if plan.finished and not plan.evaluate:
                     return self.evaluated
                 if not plan.evaluate:
-                    time.sleep(self.pause_s())
+                    time.sleep(self.triggers.pause_s())
         finally:
             self.close()
 
@@ -205,67 +197,11 @@ class Watcher:
         """Rank 0: this pass's plan. Under torchrun an error that stops the watch goes to every rank in it."""
         try:
             self.check_run_directory()
-            return self.planner.plan(self.announced(), scan=self.scan_due())
+            return self.planner.plan(self.triggers.announced(), scan=self.triggers.scan_due())
         except InLoopEvalError as exc:
             if world()[0] == 1:
                 raise
             return Plan(error=str(exc))
-
-    def pause_s(self) -> float:
-        """Seconds to wait after a pass with nothing to evaluate: till the next look at the events, else at
-        the folder."""
-        if self.config.once:
-            return min(self.config.poll_s, 0.5)
-        return self.config.events_poll_s if self.config.events_dir else self.config.poll_s
-
-    def scan_due(self) -> bool:
-        """Whether this pass lists the checkpoint folder: always without events, else every `poll_s`."""
-        now = time.monotonic()
-        if self.inbox is None or self.config.once or now >= self.next_scan:
-            self.next_scan = now + self.config.poll_s
-            return True
-        return False
-
-    def announced(self) -> list[tuple[Checkpoint, ReadyEvent]]:
-        """The checkpoints of the watched folder that events announced since the last pass."""
-        out = []
-        for event in self.inbox.take() if self.inbox is not None else []:
-            checkpoint = announced_checkpoint(event, self.planner.folder)
-            if checkpoint is None:
-                log.debug(
-                    "watch: %s announces %s, not in the watched folder: left",
-                    event.file,
-                    event.checkpoint_path,
-                )
-                continue
-            log.info("watch: step %d announced by %s", event.step, event.file)
-            out.append((checkpoint, event))
-        return out
-
-    def to_hold(self) -> list[Path]:
-        """The checkpoints to hold with a lease: found or announced, still there, not done, not past
-        `until_step`. Runs in the lease keeper's thread: it only reads the watcher's state (and lists the
-        folder when there are no events, so that a checkpoint landing during a long evaluation is held)."""
-        found = list(self.planner.found)
-        if self.inbox is not None:
-            self.inbox.poll()
-            announced = (announced_checkpoint(e, self.planner.folder) for e in list(self.inbox.events))
-            found += [c for c in announced if c is not None]
-        else:
-            with suppress(InLoopEvalError):
-                found += discover(self.planner.folder, (self.config.format,) if self.config.format else None)
-        until, redo = self.config.until_step, self.config.redo_in_loop
-        keep = {
-            c.path
-            for c in found
-            if not self.history.done(c.step, redo_in_loop=redo) and (until is None or c.step <= until)
-        }
-        return sorted(p for p in keep if p.is_dir())
-
-    def hold(self) -> None:
-        """Bring the leases up to date now: a step just evaluated frees its checkpoint at once."""
-        if self.keeper is not None:
-            self.keeper.update()
 
     def broadcast(self, plan: Plan | None) -> Plan:
         if world()[0] == 1:
@@ -465,8 +401,7 @@ class Watcher:
     def close(self) -> None:
         """Close the run directory's files; the `loggers` passed in stay open (their creator finishes
         them); release every lease."""
-        if self.keeper is not None:
-            self.keeper.stop()
+        self.triggers.stop()
         self.jsonl.finish()
         if self.ledger is not None:
             self.ledger.close()
