@@ -6,12 +6,15 @@ Modules (each a role, in the order a checkpoint meets them):
   `Checkpoint`, `WatchError`);
 - `completion`: each format's completion evidence and the settle time (`missing_evidence`, `Settling`);
 - `loading`: one checkpoint's model per format, the vocabulary it records, whether the loop evaluated it;
+- `layout`: the parallel layout (`--tp`, `--fsdp`) a model is built in under torchrun, and its mesh;
+- `shard_reads`: reading a DCP checkpoint so that each rank reads only the slices it holds (`ShardReader`);
 - `events`: ready events a trainer writes once a checkpoint is finished (`Inbox`, `write_ready_event`);
 - `leases`: the watcher's hold on checkpoints not yet evaluated, and what trainers ask of it (`held`);
 - `ledger`: the run directory's record of what was done, for exactly once across restarts (`Ledger`);
 - `run_directory`: the check that the run directory is still the one opened (`RunDirectory`);
 - `config`: the watcher's settings (`WatchConfig`);
 - `planning`: one pass's decisions: what to evaluate, record, wait for (`Planner`, `Plan`);
+- `triggers`: what starts a pass (events, the scan every `poll_s`) and the lease keeper (`Triggers`);
 - `loop`: the watch loop, evaluating one checkpoint at a time (`Watcher`);
 - `summary`: the lines it prints: a step's headline figures, what a run did;
 - `command`: `inloop-eval watch` (`add_arguments`, `run`).

@@ -74,6 +74,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--data-root", help="task data root (default $INLOOP_EVAL_DATA or the cache)")
     parser.add_argument("--device", help="torch device (default cuda if available, else cpu)")
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="under torchrun: build the model tensor parallel over this many ranks, each reading only its "
+        "share of the checkpoint (OLMo-core, torchtitan; default 1)",
+    )
+    parser.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="under torchrun: shard the model with FSDP2 over the data-parallel ranks (world / tp), each "
+        "reading only its shard (OLMo-core, torchtitan)",
+    )
     parser.add_argument("--wandb", action="store_true", help="log to W&B too (offline unless $WANDB_MODE)")
     parser.add_argument("--wandb-project", default="inloop-eval", help="W&B project")
     parser.add_argument("--wandb-name", help="W&B run name (default: the run directory's name)")
@@ -100,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         format=args.format,
         model_builder=args.model_builder,
         device=args.device,
+        tp=args.tp,
+        fsdp=args.fsdp,
     )
     evaluator_config = EvaluatorConfig.from_dict(read_config_file(args.config), args.config)
     evaluator_config.data_root = args.data_root or evaluator_config.data_root

@@ -58,6 +58,14 @@ class WatchConfig:
     """torch device to evaluate on (default cuda if available, else cpu; under torchrun `cuda:<LOCAL_RANK>`);
     one this torch cannot use is refused at the start, not found out at every checkpoint."""
 
+    tp: int = 1
+    """Under torchrun: tensor-parallel degree of the layout the model is built in (`--tp`): each group of
+    `tp` ranks splits each model, each rank reading only its share of the checkpoint (OLMo-core and
+    torchtitan checkpoints). 1: no tensor parallelism."""
+    fsdp: bool = False
+    """Under torchrun: shard the model with FSDP2 over the data-parallel ranks (world / `tp`), each rank
+    reading and holding only its shard (`--fsdp`); False: the model is replicated over them."""
+
     def __post_init__(self) -> None:
         one_of(self.policy, POLICIES, "watch: policy")
         if self.format is not None:
@@ -71,5 +79,7 @@ class WatchConfig:
                 f"watch: events_poll_s and lease_s must be > 0, found events_poll_s={self.events_poll_s}, "
                 f"lease_s={self.lease_s}; leave lease_s None for no leases"
             )
+        if self.tp < 1:
+            raise ConfigError(f"watch: tp must be >= 1 (the tensor-parallel degree), found {self.tp}")
         if self.device is not None:
             usable_device(self.device, "watch: --device")

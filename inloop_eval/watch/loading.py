@@ -14,6 +14,11 @@ the weights into, or a config that builds it: torchtitan's trainer config (a fun
 `config_registry`, e.g. `torchtitan.models.llama3.config_registry:llama3_debugmodel`, whose
 `model_spec.model.build()` is called) or any object with `build()`.
 
+In a sharded layout (`layout`: `--tp`, `--fsdp`) the OLMo-core or torchtitan model is built on the meta
+device and parallelised by its framework (`integrations/<framework>/layout.py`), its shards allocated, and
+its weights read with `torch.distributed.checkpoint.load` through `ShardReader`: each rank reads only the
+slices of the tensors it holds, whatever layout the checkpoint was saved in (DCP reshards).
+
 Every model is returned in eval mode on `device`, one at a time: the watcher drops it before the next.
 """
 
@@ -22,7 +27,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +40,16 @@ from torch import nn
 from inloop_eval.errors import ConfigError
 from inloop_eval.watch.completion import CONFIG_FILE, OLMO_CORE_WEIGHTS
 from inloop_eval.watch.discovery import HF, OLMO_CORE, TORCHTITAN, Checkpoint
+from inloop_eval.watch.layout import ParallelLayout
+from inloop_eval.watch.shard_reads import ShardRead, ShardReader
 
 TOKENIZER_CONFIG_CLASS = "olmo_core.data.tokenizer.TokenizerConfig"
+# Each format's build in a sharded layout, `(spec, layout, device) -> (model, scored, dp_group)`, by import
+# path: its integration imports its framework, which only a checkpoint of that format needs.
+SHARDED_BUILDERS = {
+    OLMO_CORE: "inloop_eval.integrations.olmo_core.layout:build_in_layout",
+    TORCHTITAN: "inloop_eval.integrations.torchtitan.layout:build_in_layout",
+}
 # What an OLMo-core trainer state needs beyond tensors: NumPy arrays (the reconstructor, whatever module
 # this NumPy keeps it in) and their dtypes.
 NUMPY_GLOBALS = [
@@ -117,10 +130,33 @@ def require_builder(checkpoint: Checkpoint, model_builder: str | None) -> None:
         )
 
 
-def load_model(checkpoint: Checkpoint, device: torch.device, model_builder: str | None = None) -> nn.Module:
-    """The checkpoint's model with its weights, in eval mode on `device`."""
+@dataclass
+class LoadedModel:
+    """One checkpoint's model as the watcher scores it: `model` (the module: its vocabulary is checked),
+    `scored` (what the evaluator is given: the module, or its adapter in a layout that needs one),
+    `dp_group` (what the documents are sharded over: None, the world, when every rank holds the whole
+    model), `reads` (what this rank read of a sharded checkpoint; empty for a whole-model load) and `whole`
+    (the bytes of those tensors whole, as one process reads them)."""
+
+    model: nn.Module
+    scored: Any
+    dp_group: Any = None
+    reads: list[ShardRead] = field(default_factory=list)
+    whole: int = 0
+
+
+def load_model(
+    checkpoint: Checkpoint,
+    device: torch.device,
+    model_builder: str | None = None,
+    layout: ParallelLayout | None = None,
+) -> LoadedModel:
+    """The checkpoint's model with its weights, in eval mode on `device`: whole on every rank, or in
+    `layout` when it is sharded (each rank reading only its share)."""
+    if layout is not None and layout.sharded:
+        return load_sharded(checkpoint, device, model_builder, layout)
     if checkpoint.format == HF:
-        return load_hf(checkpoint.path).to(device).eval()
+        return whole_model(load_hf(checkpoint.path).to(device).eval())
     if checkpoint.format == OLMO_CORE:
         from olmo_core.distributed.checkpoint import load_model_and_optim_state
 
@@ -129,15 +165,69 @@ def load_model(checkpoint: Checkpoint, device: torch.device, model_builder: str 
         else:
             model = olmo_core_model_config(checkpoint).build(init_device="cpu")
         load_model_and_optim_state(str(checkpoint.path / OLMO_CORE_WEIGHTS), model)
-        return model.to(device).eval()
+        return whole_model(model.to(device).eval())
     if checkpoint.format == TORCHTITAN:
         require_builder(checkpoint, model_builder)
         model = build_from(str(model_builder))
         state = model.state_dict()
         dcp.load(state, checkpoint_id=str(checkpoint.path))
         model.load_state_dict(state)
-        return model.to(device).eval()
+        return whole_model(model.to(device).eval())
     raise ValueError(f"unknown checkpoint format {checkpoint.format!r}")
+
+
+def whole_model(model: nn.Module) -> LoadedModel:
+    return LoadedModel(model=model, scored=model)
+
+
+def load_sharded(
+    checkpoint: Checkpoint, device: torch.device, model_builder: str | None, layout: ParallelLayout
+) -> LoadedModel:
+    """The checkpoint's model built in `layout` by its framework's integration (OLMo-core, torchtitan), its
+    weights read through torch.distributed.checkpoint into each rank's shards by `ShardReader`: only the
+    model's entries, each rank only the slices it holds."""
+    if checkpoint.format not in SHARDED_BUILDERS:
+        raise ConfigError(
+            f"watch: {checkpoint.path} is a {checkpoint.format} checkpoint, which --tp/--fsdp do not load "
+            "sharded yet (OLMo-core and torchtitan DCP checkpoints only); run the watcher without them"
+        )
+    # The model's spec first: a torchtitan builder may set torchtitan up (its device) before the
+    # integration imports torchtitan's modules.
+    spec = sharded_model_spec(checkpoint, model_builder)
+    model, scored, dp_group = resolve_builder(SHARDED_BUILDERS[checkpoint.format])(spec, layout, device)
+    # The module's own state dict (its local shards as DTensors; torchtitan's hooks split its fused QKV into
+    # the wq, wk, wv it saves, and fuse them back on load). OLMo-core saves the model's entries under
+    # `model.`, beside the optimizer's; torchtitan at the top.
+    weights = model.state_dict()
+    state = {"model": weights} if checkpoint.format == OLMO_CORE else weights
+    folder = checkpoint.path / OLMO_CORE_WEIGHTS if checkpoint.format == OLMO_CORE else checkpoint.path
+    reader = ShardReader(folder)
+    dcp.load(state, storage_reader=reader)
+    model.load_state_dict(weights)
+    model.eval()
+    return LoadedModel(
+        model=model, scored=scored, dp_group=dp_group, reads=reader.reads, whole=reader.whole_bytes()
+    )
+
+
+def sharded_model_spec(checkpoint: Checkpoint, model_builder: str | None) -> Any:
+    """What the integration builds the model from in a layout: OLMo-core's `TransformerConfig` (the
+    checkpoint's `config.json`, or `model_builder`'s), torchtitan's trainer config (`model_builder`'s)."""
+    require_builder(checkpoint, model_builder)
+    if checkpoint.format == OLMO_CORE and not model_builder:
+        return olmo_core_model_config(checkpoint)
+    spec = resolve_builder(str(model_builder))()
+    expected = {OLMO_CORE: "build", TORCHTITAN: "model_spec"}[checkpoint.format]
+    if isinstance(spec, nn.Module) or getattr(spec, expected, None) is None:
+        wanted = {
+            OLMO_CORE: "a TransformerConfig (or drop --model-builder: the checkpoint's config.json is used)",
+            TORCHTITAN: "torchtitan's trainer config (a config_registry function)",
+        }[checkpoint.format]
+        raise ConfigError(
+            f"watch: --tp/--fsdp build the {checkpoint.format} model in the layout from its config; "
+            f"model_builder {model_builder!r} returned {type(spec).__name__}, expected {wanted}"
+        )
+    return spec
 
 
 def load_hf(path: Path) -> nn.Module:

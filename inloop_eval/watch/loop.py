@@ -29,8 +29,9 @@ What it promises:
   refreshed by a thread while the watcher lives, removed once the step is evaluated, skipped or failed for
   good, and when the watcher exits;
 - one model in memory at a time, dropped before the next is loaded;
-- under torchrun every rank loads the checkpoint and the evaluator shards the documents over the ranks;
-  rank 0 decides what to evaluate (its decisions are broadcast) and alone writes; a load that fails on any
+- under torchrun every rank loads the checkpoint and the evaluator shards the documents over the ranks, or,
+  with a sharded `layout` (`--tp`, `--fsdp`), each rank loads its share of the model in that layout and the
+  documents are sharded over its data-parallel ranks (`layout`); rank 0 decides what to evaluate (its decisions are broadcast) and alone writes; a load that fails on any
   rank is skipped by all.
 Errors of the config or the task data, whatever the checkpoint (a task that does not exist, its data
 missing, a model builder that cannot be imported), stop the watcher: no checkpoint could be evaluated.
@@ -44,13 +45,11 @@ import json
 import logging
 import os
 import time
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from inloop_eval.data.root import default_data_root
@@ -74,14 +73,21 @@ from inloop_eval.keys import SECONDS_KEY
 from inloop_eval.loggers import CONFIG_FILE, JSONLLogger, MetricsLogger
 from inloop_eval.watch.completion import Fingerprint, fingerprint
 from inloop_eval.watch.config import WatchConfig
-from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError, discover
-from inloop_eval.watch.events import Inbox, ReadyEvent, announced_checkpoint
-from inloop_eval.watch.leases import LeaseKeeper, Leases, holder_id
+from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError
+from inloop_eval.watch.layout import layout_for
 from inloop_eval.watch.ledger import EVALUATED, FAILED, STARTED, VANISHED, History, Ledger, metrics_steps
-from inloop_eval.watch.loading import load_model, recorded_vocabulary, resolve_builder, vocabulary_mismatch
+from inloop_eval.watch.loading import (
+    LoadedModel,
+    load_model,
+    recorded_vocabulary,
+    resolve_builder,
+    vocabulary_mismatch,
+)
 from inloop_eval.watch.planning import Plan, Planner, describe
 from inloop_eval.watch.run_directory import RunDirectory
+from inloop_eval.watch.shard_reads import ShardRead
 from inloop_eval.watch.summary import headline
+from inloop_eval.watch.triggers import Triggers
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +120,8 @@ class Watcher:
         counts). tokenizer: passed to `InLoopEvaluator`; None: the config's `tokenizer:`, else a Hugging
         Face checkpoint's own. loggers: more loggers (e.g. a `WandbLogger`), each called before the
         `metrics.jsonl` line; the caller finishes them.
-    evaluated: the steps evaluated by `run`; failures: step -> why, for those that failed in it.
+    evaluated: the steps evaluated by `run`; failures: step -> why, for those that failed in it; reads:
+        step -> what this rank read of its checkpoint in a sharded layout (`shard_reads`).
     """
 
     def __init__(
@@ -131,6 +138,7 @@ class Watcher:
         self.run_dir = Path(config.run_dir)
         self.rank0 = world()[1] == 0
         self.device = torch.device(config.device) if config.device else default_device()
+        self.layout = layout_for(config.tp, config.fsdp, self.device)
         if config.model_builder:
             resolve_builder(config.model_builder)  # a name that cannot be imported stops the watch at once
         self.config_id = config_fingerprint(evaluator_config, config.model_builder)
@@ -148,22 +156,17 @@ class Watcher:
         )
         self.history = self.ledger.history(self.config_id) if self.ledger else History()
         self.planner = Planner(config, self.history)
-        self.inbox = Inbox(Path(config.events_dir)) if config.events_dir and self.rank0 else None
-        self.next_scan = 0.0
-        self.keeper = None
-        if config.lease_s and self.rank0:
-            look_s = config.events_poll_s if config.events_dir else config.poll_s
-            self.keeper = LeaseKeeper(Leases(holder_id(self.run_dir), config.lease_s), self.to_hold, look_s)
+        self.triggers = Triggers(config, self.planner, self.history, self.run_dir, self.rank0)
         self.loggers = list(loggers or [])
         self.evaluated: list[int] = []
         self.failures: dict[int, str] = {}
+        self.reads: dict[int, list[ShardRead]] = {}
         if self.rank0 and not (self.run_dir / CONFIG_FILE).is_file():
             self.jsonl.log_config(evaluator_config)  # an in-loop run's own config.json stays as it is
 
     def run(self) -> list[int]:
         """Watch until `once` has evaluated what is there, or `until_step` is handled; the steps evaluated."""
-        if self.keeper is not None:
-            self.keeper.start()
+        self.triggers.start()
         try:
             while True:
                 plan = self.broadcast(self.plan() if self.rank0 else None)
@@ -177,16 +180,16 @@ class Watcher:
                         log.info(
                             "watch: step %d (%s) not evaluated: %s", checkpoint.step, checkpoint.path, reason
                         )
-                self.hold()
+                self.triggers.hold()
                 for checkpoint in plan.evaluate:
                     self.evaluate(checkpoint)
-                    self.hold()
+                    self.triggers.hold()
                 # Finished only after a pass with nothing to evaluate: what this pass evaluated (or found
                 # vanished, or rewritten) is in the history the next pass reads.
                 if plan.finished and not plan.evaluate:
                     return self.evaluated
                 if not plan.evaluate:
-                    time.sleep(self.pause_s())
+                    time.sleep(self.triggers.pause_s())
         finally:
             self.close()
 
@@ -194,67 +197,11 @@ class Watcher:
         """Rank 0: this pass's plan. Under torchrun an error that stops the watch goes to every rank in it."""
         try:
             self.check_run_directory()
-            return self.planner.plan(self.announced(), scan=self.scan_due())
+            return self.planner.plan(self.triggers.announced(), scan=self.triggers.scan_due())
         except InLoopEvalError as exc:
             if world()[0] == 1:
                 raise
             return Plan(error=str(exc))
-
-    def pause_s(self) -> float:
-        """Seconds to wait after a pass with nothing to evaluate: till the next look at the events, else at
-        the folder."""
-        if self.config.once:
-            return min(self.config.poll_s, 0.5)
-        return self.config.events_poll_s if self.config.events_dir else self.config.poll_s
-
-    def scan_due(self) -> bool:
-        """Whether this pass lists the checkpoint folder: always without events, else every `poll_s`."""
-        now = time.monotonic()
-        if self.inbox is None or self.config.once or now >= self.next_scan:
-            self.next_scan = now + self.config.poll_s
-            return True
-        return False
-
-    def announced(self) -> list[tuple[Checkpoint, ReadyEvent]]:
-        """The checkpoints of the watched folder that events announced since the last pass."""
-        out = []
-        for event in self.inbox.take() if self.inbox is not None else []:
-            checkpoint = announced_checkpoint(event, self.planner.folder)
-            if checkpoint is None:
-                log.debug(
-                    "watch: %s announces %s, not in the watched folder: left",
-                    event.file,
-                    event.checkpoint_path,
-                )
-                continue
-            log.info("watch: step %d announced by %s", event.step, event.file)
-            out.append((checkpoint, event))
-        return out
-
-    def to_hold(self) -> list[Path]:
-        """The checkpoints to hold with a lease: found or announced, still there, not done, not past
-        `until_step`. Runs in the lease keeper's thread: it only reads the watcher's state (and lists the
-        folder when there are no events, so that a checkpoint landing during a long evaluation is held)."""
-        found = list(self.planner.found)
-        if self.inbox is not None:
-            self.inbox.poll()
-            announced = (announced_checkpoint(e, self.planner.folder) for e in list(self.inbox.events))
-            found += [c for c in announced if c is not None]
-        else:
-            with suppress(InLoopEvalError):
-                found += discover(self.planner.folder, (self.config.format,) if self.config.format else None)
-        until, redo = self.config.until_step, self.config.redo_in_loop
-        keep = {
-            c.path
-            for c in found
-            if not self.history.done(c.step, redo_in_loop=redo) and (until is None or c.step <= until)
-        }
-        return sorted(p for p in keep if p.is_dir())
-
-    def hold(self) -> None:
-        """Bring the leases up to date now: a step just evaluated frees its checkpoint at once."""
-        if self.keeper is not None:
-            self.keeper.update()
 
     def broadcast(self, plan: Plan | None) -> Plan:
         if world()[0] == 1:
@@ -284,10 +231,10 @@ class Watcher:
         self.record(STARTED, checkpoint, **trigger)
         log.info("watch: evaluating step %d from %s", checkpoint.step, checkpoint.path)
         before = fingerprint(checkpoint.path)
-        model, error = self.load(checkpoint)
+        loaded, error = self.load(checkpoint)
         after = fingerprint(checkpoint.path)
         if all_reduce_max(int(after is None or after != before)):
-            del model
+            del loaded
             self.planner.settling.forget(checkpoint)
             log.warning(
                 "watch: step %d: %s was deleted or rewritten while being read (%s); skipped, nothing logged",
@@ -301,30 +248,40 @@ class Watcher:
             reason = f"cannot load it: {describe(error)}" if error else "cannot load it on another rank"
             self.fail(checkpoint, reason, retry=not isinstance(error, InLoopEvalError), files=before)
             return
-        assert model is not None
-        metrics = self.evaluate_model(checkpoint, model, before)
-        del model
+        assert loaded is not None
+        self.reads[checkpoint.step] = loaded.reads
+        if loaded.reads:
+            log.info(
+                "watch: step %d: rank %d read %.2f of its model's %.2f MiB (%s)",
+                checkpoint.step,
+                world()[1],
+                sum(r.nbytes for r in loaded.reads) / 2**20,
+                loaded.whole / 2**20,
+                self.layout.describe(),
+            )
+        metrics = self.evaluate_model(checkpoint, loaded, before)
+        del loaded
         gc.collect()
         if metrics is not None:
             self.commit(checkpoint, metrics, before)
 
-    def load(self, checkpoint: Checkpoint) -> tuple[nn.Module | None, BaseException | None]:
+    def load(self, checkpoint: Checkpoint) -> tuple[LoadedModel | None, BaseException | None]:
         """The checkpoint's model, or the error its read raised (a partial or vanished read raises
         anything)."""
         try:
-            return load_model(checkpoint, self.device, self.config.model_builder), None
+            return load_model(checkpoint, self.device, self.config.model_builder, self.layout), None
         except READ_ERRORS as exc:
             return None, exc
 
     def evaluate_model(
-        self, checkpoint: Checkpoint, model: nn.Module, files: Fingerprint | None
+        self, checkpoint: Checkpoint, loaded: LoadedModel, files: Fingerprint | None
     ) -> dict[str, float] | None:
         """The checkpoint's figures; None, the failure recorded, when the config cannot take it or its
         evaluation fails."""
         try:
             evaluator = self.evaluator_for(checkpoint)
-            self.check_vocabulary(checkpoint, model, evaluator)
-            return run_and_log(evaluator, model, checkpoint.step)
+            self.check_vocabulary(checkpoint, loaded.model, evaluator)
+            return run_and_log(evaluator, loaded.scored, checkpoint.step, dp_group=loaded.dp_group)
         except STOP_ERRORS:
             raise
         except UNFIT_ERRORS as exc:
@@ -444,8 +401,7 @@ class Watcher:
     def close(self) -> None:
         """Close the run directory's files; the `loggers` passed in stay open (their creator finishes
         them); release every lease."""
-        if self.keeper is not None:
-            self.keeper.stop()
+        self.triggers.stop()
         self.jsonl.finish()
         if self.ledger is not None:
             self.ledger.close()

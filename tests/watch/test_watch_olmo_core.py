@@ -1,7 +1,9 @@
 """The watcher beside a real OLMo-core `Trainer` on CPU: `inloop-eval watch` in another process evaluates
 every checkpoint once, with the figures the in-loop callback recorded at the same steps; and on copies of
 those checkpoints: killed and restarted, a slow writer, a checkpoint deleted or rewritten while read, and
-steps the loop already evaluated."""
+steps the loop already evaluated; and under a 2-rank process group in sharded layouts (FSDP, TP=2), each rank
+reading only its shards: the same figures, and exactly once across a SIGKILL of the whole job and a
+restart."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 from helpers import EXACT
 from watch_support import eval_lines, olmo_eval_yaml, train_olmo_core, wait_for
-from workers.launch import REPO, worker_env
+from workers.launch import REPO, LaunchFailed, launch, read_ranks, worker_env
 
 from inloop_eval.config_fields import read_config_file
 from inloop_eval.evaluators.config import EvaluatorConfig
@@ -231,3 +233,89 @@ def test_a_checkpoint_deleted_or_rewritten_while_read_is_skipped_with_a_log_line
     assert "step 2" in caplog.text and "deleted or rewritten while being read" in caplog.text
     assert statuses(run_dir, "vanished") == [2]
     assert [line["step"] for line in eval_lines(run_dir)] == expected
+
+
+@pytest.fixture(scope="module")
+def layouts(live, tmp_path_factory):
+    """The watcher under a 2-rank process group in sharded layouts, on the live run's checkpoints
+    (tests/support/workers/watch_layouts.py): FSDP over 2 ranks, the whole job SIGKILLed when it starts
+    reading step 2, then restarted; then tensor parallel over 2 ranks. Every rank's result and the run
+    directories."""
+    work = tmp_path_factory.mktemp("layouts")
+    args = [str(REPO / "tests" / "support" / "workers" / "watch_layouts.py"), "--save", str(live["save"])]
+    args += ["--config", str(live["config"]), "--run-root", str(work / "runs"), "--out", str(work / "out")]
+    with pytest.raises(LaunchFailed) as killed:
+        launch(2, [*args, "--kill-at", "2"], timeout=WATCH_TIMEOUT_S)
+    before_restart = sorted(line["step"] for line in eval_lines(work / "runs" / "fsdp"))
+    launch(2, args, timeout=2 * WATCH_TIMEOUT_S)
+    return {
+        "killed": killed.value.ranks,
+        "before_restart": before_restart,
+        "ranks": read_ranks(work / "out", 2),
+        "runs": work / "runs",
+    }
+
+
+def test_a_2_rank_fsdp_watcher_killed_and_restarted_evaluates_each_step_exactly_once(layouts):
+    assert layouts["killed"][0].returncode == -signal.SIGKILL
+    assert layouts["before_restart"] == [0]
+    assert 2 in statuses(layouts["runs"] / "fsdp", "started")
+    counts = {step: 0 for step in SAVED}
+    for line in eval_lines(layouts["runs"] / "fsdp"):
+        counts[line["step"]] += 1
+    assert counts == {step: 1 for step in SAVED}
+    assert [r["fsdp"]["evaluated"] for r in layouts["ranks"]] == [[2, 4], [2, 4]]
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "tp2"])
+def test_a_sharded_watchers_figures_equal_the_in_loop_evaluation(live, layouts, layout):
+    """FSDP and TP=2 over 2 ranks: accuracies and counts identical to the in-loop callback's at steps 2 and
+    4, every other figure within 1e-6 relative."""
+    by_step = {line["step"]: line for line in eval_lines(layouts["runs"] / layout)}
+    assert sorted(by_step) == SAVED
+    compared = 0
+    for step in (2, 4):
+        in_loop = {k: v for k, v in live["trained"]["logged"][str(step)].items() if k.startswith("eval/downstream/")}
+        for key, value in in_loop.items():
+            found = by_step[step][key]
+            if key.endswith(EXACT):
+                assert found == value, (layout, step, key)
+            else:
+                assert math.isclose(found, value, rel_tol=1e-6, abs_tol=1e-12), (layout, step, key, found, value)
+            compared += 1
+    assert compared > 40
+
+
+def overlap(a: dict, b: dict) -> bool:
+    return all(
+        o1 < o2 + n2 and o2 < o1 + n1
+        for o1, n1, o2, n2 in zip(a["offsets"], a["lengths"], b["offsets"], b["lengths"], strict=True)
+    )
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "tp2"])
+def test_each_shard_of_the_model_is_read_by_one_rank_only(live, layouts, layout):
+    """Per checkpoint, what the two ranks read (each a region of a stored tensor, read in place) covers every
+    model tensor; the regions of two ranks never overlap, except for a tensor both hold whole (the norms,
+    which tensor parallelism replicates); each rank reads at most 51% of the model's bytes."""
+    import torch.distributed.checkpoint as dcp
+
+    for step in (2, 4):
+        metadata = dcp.FileSystemReader(str(live["save"] / f"step{step}" / "model_and_optim")).read_metadata()
+        sizes = {k: v.size for k, v in metadata.state_dict_metadata.items() if k.startswith("model.")}
+        reads = [r[layout]["reads"][str(step)] for r in layouts["ranks"]]
+        assert {x["fqn"] for x in reads[0]} == {x["fqn"] for x in reads[1]} == set(sizes)
+        assert all(x["in_place"] for rank in reads for x in rank)
+        replicated = 0
+        for fqn, size in sizes.items():
+            regions = [[x for x in rank if x["fqn"] == fqn] for rank in reads]
+            elements = sum(math.prod(x["lengths"]) for rank in regions for x in rank)
+            if any(overlap(a, b) for a in regions[0] for b in regions[1]):
+                assert [[x["lengths"] for x in rank] for rank in regions] == [[list(size)]] * 2, fqn
+                replicated += 1
+            else:
+                assert elements == size.numel(), fqn  # disjoint boxes of the tensor: each element read once
+        assert replicated == (0 if layout == "fsdp" else sum(1 for f in sizes if f.endswith("norm.weight")))
+        whole = sum(size.numel() * 4 for size in sizes.values())
+        for rank in reads:
+            assert sum(x["nbytes"] for x in rank) <= 0.51 * whole

@@ -64,19 +64,26 @@ class KeepLeasedCheckpointsCallback(Callback):
         candidates = self.held + [p for p in queued if p not in self.held]
         if not candidates:
             return
-        leased = [p for p in candidates if not is_url(p) and leases.held(p)] if get_rank() == 0 else []
-        if is_distributed():
-            leased = broadcast_object(leased)
-        for path in candidates:
-            if path in leased and path not in self.held:
-                log.info(
-                    "Keeping checkpoint '%s' from rotation: a watcher holds it until it is evaluated", path
-                )
-            elif path not in leased and path in self.held:
-                log.info("Checkpoint '%s' is no longer held: removed as rotation picked", path)
+        leased = leased_among(candidates)
+        self.tell_changes(candidates, leased)
         self.held = [p for p in candidates if p in leased]
         queued[:] = [p for p in candidates if p not in leased]
         if get_rank() == 0:
             for path in queued:
                 if not is_url(path):
                     leases.forget(path)  # its expired or released leases go with it
+
+    def tell_changes(self, candidates: list[str], leased: list[str]) -> None:
+        """Log each checkpoint newly kept from rotation, and each handed back to it."""
+        for path in candidates:
+            if path in leased and path not in self.held:
+                log.info("Keeping checkpoint '%s' from rotation: a watcher holds it until it is evaluated", path)
+            elif path not in leased and path in self.held:
+                log.info("Checkpoint '%s' is no longer held: removed as rotation picked", path)
+
+
+def leased_among(paths: list[str]) -> list[str]:
+    """The `paths` a live lease holds, read by rank 0 and broadcast, so that every rank keeps the same list (a
+    URL cannot carry a lease)."""
+    leased = [p for p in paths if not is_url(p) and leases.held(p)] if get_rank() == 0 else []
+    return broadcast_object(leased) if is_distributed() else leased

@@ -35,7 +35,10 @@ STEPS = 2
 
 def model_config() -> Any:
     """torchtitan's llama3 debug config as the trainer above trains it (N_LAYERS layers, the NeoX vocabulary,
-    SDPA): what the watcher builds the model from (`model_spec.model.build()`)."""
+    SDPA, float32 parameters, DTensor tensor parallelism): what the watcher builds the model from
+    (`model_spec.model.build()`, or in a sharded layout its `parallelize_fn` too), torchtitan set up for the
+    CPU first (`torchtitan_cpu.use_cpu`)."""
+    torchtitan_cpu.use_cpu()
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
     config = llama3_debugmodel()
@@ -43,6 +46,8 @@ def model_config() -> Any:
     model.layers = model.layers[:N_LAYERS]
     model.vocab_size = model.tok_embeddings.num_embeddings = model.lm_head.out_features = VOCAB
     torchtitan_cpu.cpu_model_config(model)
+    config.training.mixed_precision_param = "float32"
+    config.parallelism.spmd_backend = "partial_dtensor"
     return config
 
 

@@ -1,0 +1,262 @@
+"""Reading a torch.distributed.checkpoint (DCP) folder so that each rank reads only the bytes of the tensor
+slices its parallel layout holds, and counting what it read.
+
+DCP's own `FileSystemReader` reads every stored chunk a rank needs any part of whole (`torch.load` of the
+chunk, then a slice of it): a rank of a 2-way FSDP watcher loading a checkpoint saved by one process reads
+every byte of it, and holds each whole tensor for a moment. `ShardReader` reads a chunk saved by
+`torch.save` (DCP's default format, and OLMo-core's writer's) in place: it finds the chunk's data record in
+the `torch.save` archive (its directory, through a read-only map of the file) and reads only the bytes of the
+slice the rank holds, straight into the rank's tensor (a slice cut in the first dimension is one read; one
+cut in dimension k, one read per index of the dimensions before k). Any other item (bytes,
+a chunk with transforms such as compression, another serialization) is read as DCP reads it, and counted whole.
+
+What it promises: the same tensors as DCP's reader (the same `ReadItem`s, each copied into the tensor the
+planner resolves); `reads` lists what this rank read, one `ShardRead` per item.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import mmap
+import struct
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
+
+ZIP_LOCAL_HEADER = b"PK\x03\x04"
+ZIP_LOCAL_HEADER_SIZE = 30
+
+
+@dataclass(frozen=True)
+class ShardRead:
+    """One item a rank read: the tensor (`fqn`), the stored chunk it came from (`chunk`, that chunk's offsets
+    in the tensor), the region of the tensor read (`offsets`, `lengths`, in the tensor's coordinates) and
+    the bytes of it read (`nbytes`; a whole chunk or bytes item read as DCP reads it counts whole)."""
+
+    fqn: str
+    chunk: tuple[int, ...]
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    nbytes: int
+    in_place: bool
+
+
+class ShardReader(FileSystemReader):
+    """DCP's `FileSystemReader` reading only the slices a rank holds (see the module docstring)."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(str(path))
+        self.reads: list[ShardRead] = []
+        self.metadata: Metadata | None = None
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self.metadata = metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for relative_path, items in per_file.items():
+            path = Path(self.path) / relative_path
+            with (
+                path.open("rb", buffering=0) as stream,
+                mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+            ):
+                for item in items:
+                    if item.type == LoadItemType.BYTE_IO or not self.read_in_place(
+                        item, planner, stream, mapped
+                    ):
+                        self.read_whole(item, planner, mapped)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def read_in_place(
+        self, item: ReadItem, planner: LoadPlanner, stream: BinaryIO, mapped: mmap.mmap
+    ) -> bool:
+        """Read only the slice `item` asks for out of its chunk's data record, straight into the tensor the
+        planner resolves; False (nothing read) when the chunk is not a plain `torch.save` of a contiguous
+        little-endian tensor of the metadata's shape."""
+        info = self.storage_data[item.storage_index]
+        if getattr(info, "transform_descriptors", None):
+            return False
+        shape = self.chunk_shape(item)
+        target = planner.resolve_tensor(item).detach()
+        dtype = self.stored_dtype(item) or target.dtype
+        start = data_record_start(mapped, info.offset, info.length, shape.numel() * dtype.itemsize)
+        if start is None:
+            return False
+        lengths = tuple(int(n) for n in item.lengths)
+        if tuple(target.size()) != lengths:
+            raise AssertionError(f"{item.storage_index}: slice {lengths} != target {tuple(target.size())}")
+        direct = target.dtype == dtype and target.is_contiguous() and target.device.type == "cpu"
+        buffer = target if direct else torch.empty(lengths, dtype=dtype)
+        into = memoryview(buffer.reshape(-1).view(torch.uint8).numpy())
+        offsets = tuple(int(o) for o in item.storage_offsets)
+        for stored_at, position, size in slice_runs(tuple(shape), offsets, lengths, dtype.itemsize):
+            read_exactly(stream, start + stored_at, into[position : position + size])
+        if not direct:
+            target.copy_(buffer)
+        planner.commit_tensor(item, target)
+        self.record(item, buffer.numel() * dtype.itemsize, in_place=True)
+        return True
+
+    def read_whole(self, item: ReadItem, planner: LoadPlanner, mapped: mmap.mmap) -> None:
+        """As DCP's `FileSystemReader` reads an item: the whole stored chunk (or bytes), then its slice."""
+        info = self.storage_data[item.storage_index]
+        data = io.BytesIO(mapped[info.offset : info.offset + info.length])
+        if item.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(item, data)
+        else:
+            tensor = torch.load(data, map_location="cpu", weights_only=True)
+            for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+                tensor = tensor.narrow(dim, offset, length)
+            target = planner.resolve_tensor(item).detach()
+            target.copy_(tensor)
+            planner.commit_tensor(item, target)
+        self.record(item, info.length, in_place=False)
+
+    def whole_bytes(self) -> int:
+        """The bytes of every tensor this rank read any part of, whole: what one process would read."""
+        total = 0
+        for fqn in {r.fqn for r in self.reads}:
+            entry = self.metadata.state_dict_metadata.get(fqn) if self.metadata else None
+            if isinstance(entry, TensorStorageMetadata):
+                total += entry.size.numel() * entry.properties.dtype.itemsize
+        return total
+
+    def chunk_shape(self, item: ReadItem) -> torch.Size:
+        entry = self.tensor_entry(item)
+        offsets = torch.Size(item.storage_index.offset or ())
+        for chunk in entry.chunks if entry is not None else ():
+            if chunk.offsets == offsets:
+                return chunk.sizes
+        raise AssertionError(f"{item.storage_index}: no stored chunk at offsets {tuple(offsets)}")
+
+    def stored_dtype(self, item: ReadItem) -> torch.dtype | None:
+        entry = self.tensor_entry(item)
+        return entry.properties.dtype if entry is not None else None
+
+    def tensor_entry(self, item: ReadItem) -> TensorStorageMetadata | None:
+        entry = self.metadata.state_dict_metadata.get(item.storage_index.fqn) if self.metadata else None
+        return entry if isinstance(entry, TensorStorageMetadata) else None
+
+    def record(self, item: ReadItem, nbytes: int, *, in_place: bool) -> None:
+        chunk = tuple(item.storage_index.offset or ())
+        offsets = tuple(c + o for c, o in zip(chunk, item.storage_offsets, strict=False)) or tuple(
+            item.storage_offsets
+        )
+        self.reads.append(
+            ShardRead(
+                fqn=item.storage_index.fqn,
+                chunk=chunk,
+                offsets=offsets,
+                lengths=tuple(item.lengths),
+                nbytes=int(nbytes),
+                in_place=in_place,
+            )
+        )
+
+
+def slice_runs(
+    shape: tuple[int, ...], offsets: tuple[int, ...], lengths: tuple[int, ...], itemsize: int
+) -> Iterator[tuple[int, int, int]]:
+    """The contiguous byte runs of the box (`offsets`, `lengths`) of a row-major tensor of `shape`: (bytes
+    from the tensor's start, bytes from the box's start, bytes), in the box's order. A box covering every
+    dimension after the first is one run; one cut in dimension k is one run per index of the dimensions
+    before k."""
+    if not shape:
+        yield 0, 0, itemsize
+        return
+    if 0 in lengths:
+        return
+    cut = len(shape) - 1
+    while cut > 0 and offsets[cut] == 0 and lengths[cut] == shape[cut]:
+        cut -= 1
+    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    run = lengths[cut] * strides[cut] * itemsize
+    position = 0
+    for index in itertools.product(*(range(offsets[d], offsets[d] + lengths[d]) for d in range(cut))):
+        element = sum(i * strides[d] for d, i in enumerate(index)) + offsets[cut] * strides[cut]
+        yield element * itemsize, position, run
+        position += run
+
+
+def read_exactly(stream: BinaryIO, at: int, into: memoryview) -> None:
+    """Fill `into` with the bytes of `stream` from `at`; OSError if the file ends first (a truncated shard)."""
+    stream.seek(at)
+    done = 0
+    while done < len(into):
+        got = stream.readinto(into[done:])
+        if not got:
+            raise OSError(
+                f"{getattr(stream, 'name', 'a shard')}: ends at {at + done}, {len(into) - done} bytes short"
+            )
+        done += got
+
+
+def data_record_start(mapped: mmap.mmap, offset: int, length: int, nbytes: int) -> int | None:
+    """The file offset of the one tensor storage record of the `torch.save` archive stored at
+    [offset, offset + length), when it holds `nbytes` bytes stored uncompressed in little-endian order;
+    None otherwise (another format, a view's larger storage, a big-endian save)."""
+    window = io.BytesIO(mapped[offset : offset + min(length, 1 << 16)]) if length <= (1 << 16) else None
+    try:
+        archive = zipfile.ZipFile(window or _Window(mapped, offset, length))
+    except zipfile.BadZipFile:
+        return None
+    with archive:
+        names = archive.namelist()
+        records = [n for n in names if n.rsplit("/", 2)[-2:-1] == ["data"]]
+        order = [n for n in names if n.endswith("/byteorder")]
+        if len(records) != 1 or (order and archive.read(order[0]) != b"little"):
+            return None
+        record = archive.getinfo(records[0])
+        if record.compress_type != zipfile.ZIP_STORED or record.file_size != nbytes:
+            return None
+        header = offset + record.header_offset
+        if mapped[header : header + 4] != ZIP_LOCAL_HEADER:
+            return None
+        name_length, extra_length = struct.unpack("<HH", mapped[header + 26 : header + 30])
+        return header + ZIP_LOCAL_HEADER_SIZE + name_length + extra_length
+
+
+class _Window(io.RawIOBase):
+    """A read-only, seekable view of [offset, offset + length) of a mapped file, for `zipfile`, which reads
+    only the archive's directory through it."""
+
+    def __init__(self, mapped: mmap.mmap, offset: int, length: int) -> None:
+        self.mapped, self.offset, self.length, self.position = mapped, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, position: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.length}[whence]
+        self.position = max(0, min(self.length, base + position))
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        size = min(len(buffer), self.length - self.position)
+        start = self.offset + self.position
+        buffer[:size] = self.mapped[start : start + size]
+        self.position += size
+        return size

@@ -1,0 +1,108 @@
+"""What starts a watch pass and what holds checkpoints meanwhile, on rank 0: the trainer's ready events
+(`events`), the folder scan they slow to every `poll_s`, and the leases on checkpoints not yet evaluated
+(`leases`).
+
+What it promises: with `events_dir`, each pass takes the events that arrived since the last (a checkpoint
+outside the watched folder is left, logged); without, every pass scans. With `lease_s`, a thread keeps a
+lease on every checkpoint found or announced, still there, not done and not past `until_step`, and `hold`
+brings the leases up to date at once (a step just evaluated frees its checkpoint); `stop` releases them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import suppress
+from pathlib import Path
+
+from inloop_eval.errors import InLoopEvalError
+from inloop_eval.watch.config import WatchConfig
+from inloop_eval.watch.discovery import Checkpoint, discover
+from inloop_eval.watch.events import Inbox, ReadyEvent, announced_checkpoint
+from inloop_eval.watch.leases import LeaseKeeper, Leases, holder_id
+from inloop_eval.watch.ledger import History
+from inloop_eval.watch.planning import Planner
+
+log = logging.getLogger(__name__)
+
+
+class Triggers:
+    """Rank 0's events, scan schedule and lease keeper (see the module docstring); on other ranks, none.
+
+    config: the watcher's settings. planner: the pass planner (its folder, what it found). history: what the
+    run directory says is done. run_dir: names this watcher's leases. rank0: whether this rank is rank 0.
+    """
+
+    def __init__(self, config: WatchConfig, planner: Planner, history: History, run_dir: Path, rank0: bool) -> None:
+        self.config = config
+        self.planner = planner
+        self.history = history
+        self.inbox = Inbox(Path(config.events_dir)) if config.events_dir and rank0 else None
+        self.next_scan = 0.0
+        self.keeper = None
+        if config.lease_s and rank0:
+            look_s = config.events_poll_s if config.events_dir else config.poll_s
+            self.keeper = LeaseKeeper(Leases(holder_id(run_dir), config.lease_s), self.to_hold, look_s)
+
+    def start(self) -> None:
+        if self.keeper is not None:
+            self.keeper.start()
+
+    def stop(self) -> None:
+        """Release every lease."""
+        if self.keeper is not None:
+            self.keeper.stop()
+
+    def pause_s(self) -> float:
+        """Seconds to wait after a pass with nothing to evaluate: till the next look at the events, else at
+        the folder."""
+        if self.config.once:
+            return min(self.config.poll_s, 0.5)
+        return self.config.events_poll_s if self.config.events_dir else self.config.poll_s
+
+    def scan_due(self) -> bool:
+        """Whether this pass lists the checkpoint folder: always without events, else every `poll_s`."""
+        now = time.monotonic()
+        if self.inbox is None or self.config.once or now >= self.next_scan:
+            self.next_scan = now + self.config.poll_s
+            return True
+        return False
+
+    def announced(self) -> list[tuple[Checkpoint, ReadyEvent]]:
+        """The checkpoints of the watched folder that events announced since the last pass."""
+        out = []
+        for event in self.inbox.take() if self.inbox is not None else []:
+            checkpoint = announced_checkpoint(event, self.planner.folder)
+            if checkpoint is None:
+                log.debug(
+                    "watch: %s announces %s, not in the watched folder: left", event.file, event.checkpoint_path
+                )
+                continue
+            log.info("watch: step %d announced by %s", event.step, event.file)
+            out.append((checkpoint, event))
+        return out
+
+    def to_hold(self) -> list[Path]:
+        """The checkpoints to hold with a lease: found or announced, still there, not done, not past
+        `until_step`. Runs in the lease keeper's thread: it only reads the watcher's state (and lists the
+        folder when there are no events, so that a checkpoint landing during a long evaluation is held)."""
+        found = list(self.planner.found)
+        if self.inbox is not None:
+            self.inbox.poll()
+            announced = (announced_checkpoint(e, self.planner.folder) for e in list(self.inbox.events))
+            found += [c for c in announced if c is not None]
+        else:
+            with suppress(InLoopEvalError):
+                found += discover(self.planner.folder, (self.config.format,) if self.config.format else None)
+        until, redo = self.config.until_step, self.config.redo_in_loop
+        keep = {
+            c.path
+            for c in found
+            if not self.history.done(c.step, redo_in_loop=redo) and (until is None or c.step <= until)
+        }
+        return sorted(p for p in keep if p.is_dir())
+
+    def hold(self) -> None:
+        """Bring the leases up to date now: a step just evaluated frees its checkpoint at once."""
+        if self.keeper is not None:
+            self.keeper.update()

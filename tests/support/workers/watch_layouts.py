@@ -1,0 +1,91 @@
+"""The watcher in sharded layouts on a real OLMo-core `Trainer`'s checkpoints, in one process group (2 ranks,
+gloo); run by the launcher:
+
+    python tests/support/workers/watch_layouts.py --save DIR --config EVAL.yaml --run-root DIR --out DIR \
+        [--kill-at STEP]
+
+With `--kill-at`: the watcher, FSDP over 2 ranks, evaluates the checkpoints of `--save` into
+`<run-root>/fsdp` and every rank kills itself (SIGKILL) when it starts reading step STEP (its model builder
+does it): a whole job killed mid-run. Without: the watcher FSDP over 2 ranks continues `<run-root>/fsdp`
+(a restarted job), then one tensor parallel over 2 ranks evaluates every checkpoint into `<run-root>/tp2`.
+Every rank writes `<out>/rank<r>.json`: per layout, the steps it evaluated and what it read of each
+checkpoint (`ShardRead`s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from olmo_core.data import TokenizerConfig
+
+from inloop_eval.config_fields import read_config_file
+from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.watch import WatchConfig, Watcher
+from workers.olmo_core_train import model_config
+
+# Layout name -> WatchConfig layout fields.
+LAYOUTS: dict[str, dict[str, Any]] = {"fsdp": {"fsdp": True}, "tp2": {"tp": 2}}
+KILL_AT_ENV = "WATCH_TEST_KILL_AT"
+
+
+def olmo_core_config_killed_at_a_step() -> Any:
+    """The tiny OLMo-core model's config (`--model-builder`); the rank calling it SIGKILLs itself, once, when
+    `$WATCH_TEST_KILL_AT` (`STEP:MARKER_DIR`) names the step whose checkpoint it is asked for: the watcher
+    calls the builder for each checkpoint, after recording it started."""
+    step, _, markers = os.environ[KILL_AT_ENV].partition(":")
+    calls = Path(markers) / f"rank{dist.get_rank()}.calls"
+    calls.write_text(str(int(calls.read_text()) + 1 if calls.exists() else 1))
+    if int(calls.read_text()) == int(step):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return model_config(TokenizerConfig.gpt_neox_olmo_dolma_v1_5())
+
+
+def watch(layout: str, args: argparse.Namespace, **fields: Any) -> dict[str, Any]:
+    config = WatchConfig(
+        checkpoint_dir=str(args.save),
+        run_dir=str(args.run_root / layout),
+        once=True,
+        settle_s=0,
+        redo_in_loop=True,
+        **LAYOUTS[layout],
+        **fields,
+    )
+    watcher = Watcher(config, EvaluatorConfig.from_dict(read_config_file(args.config)))
+    evaluated = watcher.run()
+    reads = {str(step): [asdict(r) for r in records] for step, records in watcher.reads.items()}
+    return {"evaluated": evaluated, "reads": reads, "failures": watcher.failures}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("--save", "--config", "--run-root", "--out"):
+        parser.add_argument(name, type=Path, required=True)
+    parser.add_argument("--kill-at", type=int)
+    args = parser.parse_args()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    try:
+        if args.kill_at is not None:
+            markers = args.out / "markers"
+            markers.mkdir(parents=True, exist_ok=True)
+            # The builder's calls count the checkpoints read: step N of 0, 2, 4 is call N // 2 + 1.
+            os.environ[KILL_AT_ENV] = f"{args.kill_at // 2 + 1}:{markers}"
+            watch("fsdp", args, model_builder="workers.watch_layouts:olmo_core_config_killed_at_a_step")
+            return
+        result = {layout: watch(layout, args) for layout in LAYOUTS}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
