@@ -176,7 +176,7 @@ def test_model_parallel_peers_hold_the_same_scores_and_data_parallel_ranks_split
 
 
 def test_tokens_forwarded_are_the_schedules_padded_micro_batches(launched) -> None:
-    """Every rank of a model-parallel group forwards the same padded batches; sequence parallelism pads
+    """Every rank of a model-parallel group forwards the same padded batches: under sequence parallelism
     widths a multiple of TP (the planner's), pipeline parallelism rows whole micro-batches."""
     for nproc, names in LAYOUTS.items():
         for name in names:
