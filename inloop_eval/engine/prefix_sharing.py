@@ -16,7 +16,8 @@ ancestors, at the same position ids):
 How rows are chosen: requests sorted by their tokens, so that the trie is walked depth first. Runs of
 neighbours all beginning with the same >= MIN_STEM tokens get that prefix as a stem, the runs chosen level
 by level of the trie to save the most tokens (a run of c contexts sharing s tokens saves (c - 1) x s:
-every member but one forwards them once less; `_best_runs`).
+every member but one forwards them once less; `_best_runs`), neighbouring runs whose stems lie within
+MIN_STEM tokens of the prefix they share made one.
 Below its stem, neighbours join one tree row while the row and its stem fit `cap` (the keys its tokens
 attend to) and joining costs less than a row of their own under the row cost model: a row of L tokens
 after a stem of S costs L x (1 + (S + L) / A), its tokens plus attention over what they see, A
@@ -202,8 +203,23 @@ def _best_runs(level_S: np.ndarray, new_context_S: np.ndarray) -> list[tuple[int
         if whole[b]:
             runs.append((int(lo[b]) - 1, int(hi[b]), int(level_S[b])))
         else:
-            todo += [c for c in (int(left[b]), int(right[b])) if c >= 0]
-    return runs
+            todo += [c for c in (int(right[b]), int(left[b])) if c >= 0]  # left first: runs in row order
+    return _merged_close_runs(runs, level_S)
+
+
+def _merged_close_runs(runs: list[tuple[int, int, int]], level_S: np.ndarray) -> list[tuple[int, int, int]]:
+    """`runs` (in row order) with neighbouring runs whose stems are both within MIN_STEM tokens of the
+    prefix they share made one run at that prefix: a kept prefix that few tokens deeper is not worth a
+    forward of its own and the batches it splits off (tree rows below the shared one share the few tokens)."""
+    merged: list[tuple[int, int, int]] = []
+    for first, last, stem in runs:
+        if merged and merged[-1][1] + 1 == first:
+            shared = int(level_S[first])
+            if shared >= MIN_STEM and max(merged[-1][2], stem) - shared < MIN_STEM:
+                merged[-1] = (merged[-1][0], last, min(merged[-1][2], stem, shared))
+                continue
+        merged.append((first, last, stem))
+    return merged
 
 
 def _post_order(root: int, left: np.ndarray, right: np.ndarray) -> list[int]:
