@@ -14,8 +14,9 @@ What every adapter promises, and `scoring.run_batches` relies on (it has one pat
   ids), whether it keeps a prefix's keys and values for the batches after it (`SharedPrefix`), and the
   groups of model-parallel peers that must be fed the same documents.
 - A kept prefix: a batch with `inputs.keeps_prefix` is one causal row, a prefix every row of the batches
-  that follow begins with; the adapter runs it and leaves whatever it needs (its layers' keys and values)
-  in `inputs.prefix.states`. The batches after it carry the same `inputs.prefix`, position ids from its
+  that follow begins with, of `inputs.prefix.length` tokens and then the padding the planner adds up to the
+  adapter's `width_multiple` (after the prefix, never seen by it); the adapter runs it and leaves whatever it
+  needs of the prefix's positions (its layers' keys and values) in `inputs.prefix.states`. The batches after it carry the same `inputs.prefix`, position ids from its
   length on, and a mask [B, 1, T, S + T] whose first S columns (the prefix) every real position sees; the
   adapter attends to the kept keys and values there instead of forwarding the prefix again.
 - A model that cannot be scored as it is run is refused before any forward, by `refuse_model`, with one
@@ -45,7 +46,8 @@ from inloop_eval.errors import ConfigError
 class AdapterNeeds:
     """What an adapter needs from the planner.
 
-    width_multiple: every batch's width must be a multiple of this (a sequence split over TP x CP ranks).
+    width_multiple: every batch's width must be a multiple of this (a sequence split over TP x CP ranks), a
+        kept prefix's row included: the planner pads it (`BatchShape.prefix_multiple`), no adapter does.
     packing: rows may be packed: the model takes a boolean attention mask [B, 1, T, T] and position ids [B, T].
     peer_groups: the model-parallel groups, by name, whose ranks hold parts of one model (other than through
         DTensor parameters) and so must be handed the same documents (`distributed.check_data_parallel`).

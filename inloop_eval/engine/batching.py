@@ -58,6 +58,8 @@ class BatchShape:
     attention_tokens: the row cost model's constant (`prefix_sharing.row_cost`).
     keep_prefixes: with sharing, prefixes many rows begin with are forwarded once and kept (the adapter's
         `prefix_reuse`).
+    prefix_multiple: a kept prefix's row is padded on the right to a multiple of this, the adapter's own
+        `width_multiple` (a sequence split over ranks; the padding follows the prefix, unseen by it).
     """
 
     packing: bool = False
@@ -65,6 +67,7 @@ class BatchShape:
     share_prefixes: bool = True
     attention_tokens: int = ATTENTION_COST_TOKENS
     keep_prefixes: bool = False
+    prefix_multiple: int = 1
 
     @classmethod
     def of(
@@ -84,6 +87,7 @@ class BatchShape:
             share_prefixes,
             attention_tokens,
             needs.packing and share_prefixes and keep_prefixes and needs.prefix_reuse,
+            needs.width_multiple,
         )
 
 
@@ -100,8 +104,9 @@ class Batch:
         (`tree_attention.TreeMask`); padding sees itself only.
     prefix_length: the rows begin with a kept prefix of this many tokens (`adapter.SharedPrefix`), not in
         the batch; their position ids start there. 0: none.
-    keeps_prefix: this batch is that prefix: one causal row without targets, whose states the batches after
-        it (with the same `prefix_length`) read.
+    keeps_prefix: this batch is that prefix: one causal row without targets, padded on the right to the
+        adapter's width multiple (`BatchShape.prefix_multiple`), whose first `prefix_length` positions' states
+        the batches after it (with the same `prefix_length`) read.
     """
 
     input_ids_BT: np.ndarray
@@ -179,7 +184,7 @@ def plan_batches(
     sequence = pair_rows(pairs, pair_ids)
     walk = prefix_sharing.walk_trie(sequence, len(pair_ids))  # sorted once for every plan
     bound = TreeBound.of(unshared, batch_tokens, max_length, shape.width_multiple)
-    trie_args = (bound, pad_id, max_length, shape.width_multiple, shape.attention_tokens)
+    trie_args = (bound, pad_id, max_length, shape.width_multiple, shape.attention_tokens, shape.prefix_multiple)
 
     def tree(keep: bool) -> list[Batch]:
         return _plan_trie_rows(pairs, pair_ids, walk, sequence, *trie_args, keep)
@@ -244,11 +249,12 @@ def _plan_trie_rows(
     max_length: int | None,
     width_multiple: int,
     attention_tokens: int,
+    prefix_multiple: int,
     keep_prefixes: bool,
 ) -> list[Batch]:
     """`plan_batches` with every row (`sequence`) a path of one prefix trie, walked in `walk`
     (`prefix_sharing.plan_trie_rows`): rows and batches within `bound`, cut into batches within each kept
-    prefix's group, the prefix's own batch before them."""
+    prefix's group, the prefix's own batch (padded to `prefix_multiple`) before them."""
     ids = pair_ids
     ctx_start_P = pairs.ctx_offsets[pairs.ctx_id[ids]] + pairs.ctx_start[ids]
     ctx_len_P = pairs.ctx_len[ids].astype(np.int64)
@@ -299,7 +305,7 @@ def _plan_trie_rows(
     nested_M = trie.span_end_M < trie.length_W[trie.row_M]
     packed_W = (np.bincount(trie.row_M, weights=nested_M, minlength=len(width_W)) > 0) | (trie.stem_W >= 0)
     batches = _assemble(tokens, targets, packed_W, batch_W, slot_W, widths, True, pad_id)
-    return _after_kept_prefixes(batches, stem_B, trie, sequence)
+    return _after_kept_prefixes(batches, stem_B, trie, sequence, (prefix_multiple, max_length, pad_id))
 
 
 def _in_batch_order(
@@ -313,10 +319,15 @@ def _in_batch_order(
 
 
 def _after_kept_prefixes(
-    batches: list[Batch], stem_B: list[int], trie: TrieRows, sequence: Callable[[int], np.ndarray]
+    batches: list[Batch],
+    stem_B: list[int],
+    trie: TrieRows,
+    sequence: Callable[[int], np.ndarray],
+    padding: tuple[int, int | None, int],
 ) -> list[Batch]:
-    """The batches with each kept prefix's own batch (one causal row) before the first batch reading it,
-    and `prefix_length` set on those that do."""
+    """The batches with each kept prefix's own batch (one causal row, padded as `padding` says: to a
+    multiple, not past a length, with a token) before the first batch reading it, and `prefix_length` set
+    on those that do."""
     out: list[Batch] = []
     for b, (batch, x) in enumerate(zip(batches, stem_B, strict=True)):
         if x < 0:
@@ -324,9 +335,11 @@ def _after_kept_prefixes(
             continue
         length = int(trie.stem_length_X[x])
         if b == 0 or stem_B[b - 1] != x:
-            ids = sequence(int(trie.stem_pair_X[x]))[:length]
+            multiple, max_length, pad_id = padding
+            ids_1T = np.full((1, round_widths(np.array([length]), multiple, max_length)[0]), pad_id, dtype=np.int64)
+            ids_1T[0, :length] = sequence(int(trie.stem_pair_X[x]))[:length]
             empty = np.zeros(0, dtype=np.int64)
-            out.append(Batch(ids[None].copy(), empty, empty, empty, empty, prefix_length=length, keeps_prefix=True))
+            out.append(Batch(ids_1T, empty, empty, empty, empty, prefix_length=length, keeps_prefix=True))
         batch.prefix_length = length
         out.append(batch)
     return out

@@ -13,9 +13,11 @@ ancestors, at the same position ids):
   it, batch after batch (`layout.SharedPrefix`). Only this helps where one document's context is longer
   than half a row (MMLU passages after their shots): its tree row holds one document.
 
-How rows are chosen: requests sorted by their tokens, so that the trie is walked depth first. A run of
-neighbours all beginning with the same >= MIN_STEM tokens gets that prefix as a stem when it saves tokens
-(every member but one forwards it once less, which must outweigh lowering the stem for those already in).
+How rows are chosen: requests sorted by their tokens, so that the trie is walked depth first. Runs of
+neighbours all beginning with the same >= MIN_STEM tokens get that prefix as a stem, the runs chosen level
+by level of the trie to save the most tokens (a run of c contexts sharing s tokens saves (c - 1) x s:
+every member but one forwards them once less; `_best_runs`), neighbouring runs whose stems lie within
+MIN_STEM tokens of the prefix they share made one.
 Below its stem, neighbours join one tree row while the row and its stem fit `cap` (the keys its tokens
 attend to) and joining costs less than a row of their own under the row cost model: a row of L tokens
 after a stem of S costs L x (1 + (S + L) / A), its tokens plus attention over what they see, A
@@ -136,35 +138,98 @@ def plan_trie_rows(
 
 def _stems(lcp_S: np.ndarray, ctx_len_S: np.ndarray, keep: bool) -> tuple[np.ndarray, np.ndarray]:
     """Each sorted row's stem length (0: none) and its stem group (the runs of neighbours that keep one
-    stem; rows without one form groups too): greedy runs of neighbours whose shared prefix stays >= MIN_STEM
-    while joining saves tokens (see the module docstring), counted in contexts, not rows: the choices of one
-    document share its context in a tree row anyway. A run of one context keeps no stem."""
+    stem; rows without one form groups too): with `keep`, the runs `_best_runs` finds. A run of one context
+    keeps no stem."""
     n = len(lcp_S)
     stem_S = np.zeros(n, dtype=np.int64)
     group_S = np.zeros(n, dtype=np.int64)
     if n == 0:
         return stem_S, group_S
-    # A row starts a new context unless it shares its neighbour's whole context.
+    # Between rows i - 1 and i: the prefix a run across them may keep (it ends before either row's last
+    # context token), and whether row i starts a new context (it does unless it shares its neighbour's).
+    level_S = np.zeros(n, dtype=np.int64)
+    level_S[1:] = np.minimum(lcp_S[1:], np.minimum(ctx_len_S[1:], ctx_len_S[:-1]) - 1)
     new_context_S = np.ones(n, dtype=bool)
     new_context_S[1:] = lcp_S[1:] < np.minimum(ctx_len_S[1:], ctx_len_S[:-1])
-    run_S = np.zeros(n, dtype=np.int64)
-    first, stem, contexts = 0, int(ctx_len_S[0]) - 1, 1
-    for i in range(1, n + 1):
-        if i < n and keep:
-            lowered = min(stem, int(lcp_S[i]), int(ctx_len_S[i]) - 1)
-            if not new_context_S[i] and lowered == stem:
-                continue
-            if lowered >= MIN_STEM and contexts * lowered >= (contexts - 1) * stem:
-                stem, contexts = lowered, contexts + int(new_context_S[i])
-                continue
-        run_S[first:i] = first
-        if contexts > 1:
-            stem_S[first:i] = stem
-        if i < n:
-            first, stem, contexts = i, int(ctx_len_S[i]) - 1, 1
+    run_S = np.arange(n)  # the first row of each row's run
+    if keep:
+        for first, last, stem in _best_runs(level_S, new_context_S):
+            run_S[first : last + 1] = first
+            stem_S[first : last + 1] = stem
     key_S = np.where(stem_S > 0, run_S, -1)  # neighbours without a stem share a group
     group_S[1:] = np.cumsum(key_S[1:] != key_S[:-1])
     return stem_S, group_S
+
+
+def _best_runs(level_S: np.ndarray, new_context_S: np.ndarray) -> list[tuple[int, int, int]]:
+    """The runs of sorted rows (first, last, stem) that save the most tokens: a run of c contexts whose rows
+    all begin with the same s >= MIN_STEM tokens saves (c - 1) x s (every context but one forwards them once
+    less). Chosen over the tree of the trie's levels between neighbours (a Cartesian tree of `level_S[1:]`,
+    boundary i lying between rows i - 1 and i): each node, the boundaries of a range whose lowest level is
+    its own, either keeps that level as one run over its whole range or leaves its two sides to choose
+    alone, whichever saves more. So where a few rows share only the shots' first tokens and many share all
+    of them, the many keep them all (a greedy walk would lower the stem for the few first)."""
+    n = len(level_S)
+    left = np.full(n, -1, dtype=np.int64)
+    right = np.full(n, -1, dtype=np.int64)
+    stack: list[int] = []
+    for b in range(1, n):  # the Cartesian tree, its root the lowest boundary
+        last = -1
+        while stack and level_S[stack[-1]] > level_S[b]:
+            last = stack.pop()
+        left[b] = last
+        if stack:
+            right[stack[-1]] = b
+        stack.append(b)
+    if not stack:
+        return []
+    contexts_S = np.cumsum(new_context_S)  # new contexts at boundaries 1..i: contexts_S[i] - 1
+    lo, hi = np.arange(n), np.arange(n)
+    saved = np.zeros(n, dtype=np.int64)
+    whole = np.zeros(n, dtype=bool)
+    for b in _post_order(stack[0], left, right):
+        children = [c for c in (left[b], right[b]) if c >= 0]
+        lo[b] = lo[left[b]] if left[b] >= 0 else b
+        hi[b] = hi[right[b]] if right[b] >= 0 else b
+        split = sum(int(saved[c]) for c in children)
+        level = int(level_S[b])
+        one_run = level * int(contexts_S[hi[b]] - contexts_S[lo[b] - 1]) if level >= MIN_STEM else 0
+        whole[b] = one_run > 0 and one_run >= split
+        saved[b] = one_run if whole[b] else split
+    runs: list[tuple[int, int, int]] = []
+    todo = [stack[0]]
+    while todo:
+        b = todo.pop()
+        if whole[b]:
+            runs.append((int(lo[b]) - 1, int(hi[b]), int(level_S[b])))
+        else:
+            todo += [c for c in (int(right[b]), int(left[b])) if c >= 0]  # left first: runs in row order
+    return _merged_close_runs(runs, level_S)
+
+
+def _merged_close_runs(runs: list[tuple[int, int, int]], level_S: np.ndarray) -> list[tuple[int, int, int]]:
+    """`runs` (in row order) with neighbouring runs whose stems are both within MIN_STEM tokens of the
+    prefix they share made one run at that prefix: a kept prefix that few tokens deeper is not worth a
+    forward of its own and the batches it splits off (tree rows below the shared one share the few tokens)."""
+    merged: list[tuple[int, int, int]] = []
+    for first, last, stem in runs:
+        if merged and merged[-1][1] + 1 == first:
+            shared = int(level_S[first])
+            if shared >= MIN_STEM and max(merged[-1][2], stem) - shared < MIN_STEM:
+                merged[-1] = (merged[-1][0], last, min(merged[-1][2], stem, shared))
+                continue
+        merged.append((first, last, stem))
+    return merged
+
+
+def _post_order(root: int, left: np.ndarray, right: np.ndarray) -> list[int]:
+    """The nodes of a binary tree, children before their parent."""
+    order, todo = [], [root]
+    while todo:
+        b = todo.pop()
+        order.append(b)
+        todo += [c for c in (int(left[b]), int(right[b])) if c >= 0]
+    return order[::-1]
 
 
 def _lay_out(

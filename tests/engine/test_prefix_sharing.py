@@ -10,13 +10,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import packing_reference
 import pytest
 import torch
 
 from inloop_eval.engine import batching, prefix_sharing
+from inloop_eval.engine.adapter import AdapterNeeds, TokenCount
 from inloop_eval.engine.batching import BatchShape, minimum_tokens, plan_batches
+from inloop_eval.engine.families import make_adapter
 from inloop_eval.engine.prefix_sharing import trie_minimum_tokens
+from inloop_eval.engine.scoring import run_batches
 from inloop_eval.engine.tree_attention import dense_mask
+from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests.table import PairSet, build_requests
 from inloop_eval.tasks import get_task, load_docs
 
@@ -79,6 +84,18 @@ def test_a_kept_prefix_literally(monkeypatch):
     assert mask[1, 0, 1].tolist() == [True] * 4 + [True, True, False]  # A's piece: the prefix, 10, itself
     picked = sorted(zip(after.pair_N.tolist(), after.rows_N.tolist(), after.cols_N.tolist(), strict=True))
     assert picked == [(0, 1, 0), (0, 1, 1), (1, 1, 0), (2, 0, 1), (2, 0, 2)]
+
+
+def test_a_kept_prefix_row_is_padded_to_the_adapters_width_multiple(monkeypatch):
+    """An adapter whose sequence is split over ranks declares its width multiple; the planner pads the kept
+    prefix's row to it on the right (the padding after the prefix, never seen by it), so no adapter pads."""
+    monkeypatch.setattr(prefix_sharing, "MIN_STEM", 2)
+    needs = AdapterNeeds(width_multiple=8, packing=True, prefix_reuse=True)
+    shape = BatchShape.of(needs, attention_tokens=1 << 20)
+    batches = plan_batches(shared_shots(), np.arange(4), 4096, shape, pad_id=7, max_length=64, by_cost=False)
+    (kept,) = [b for b in batches if b.keeps_prefix]
+    np.testing.assert_array_equal(kept.input_ids_BT, [[1, 2, 3, 4, 7, 7, 7, 7]])
+    assert kept.prefix_length == 4 and all(b.input_ids_BT.shape[1] % 8 == 0 for b in batches)
 
 
 @pytest.mark.parametrize("attention_tokens", [4, 512, 1 << 20])
@@ -182,3 +199,60 @@ def test_costlier_attention_shortens_the_tree_rows(few_shot):
 
     (long_width, long_tokens), (short_width, short_tokens) = plan(1 << 20), plan(128)
     assert short_width < long_width and short_tokens > long_tokens
+
+
+def shots_at_several_levels() -> PairSet:
+    """Requests whose contexts share prefixes at three levels, as a few-shot task's do where the documents
+    that are themselves shots get other shots: every context begins with the same 100 tokens (the first
+    shot); 24 of them go on with the same 120 (the second shot) and one of two third shots of 90, then a
+    question of their own; the first and the last in sorted order share the first shot only. Two
+    continuations per context."""
+    rng = np.random.default_rng(0)
+
+    def tokens(n: int, low: int = 1, high: int = 250) -> np.ndarray:
+        return rng.integers(low, high, size=n)
+
+    first, second, thirds = tokens(100), tokens(120, 100), (tokens(90), tokens(90))
+    contexts = [np.concatenate([first, tokens(80, 1, 50), tokens(30)])]  # sorts before the 24
+    for d in range(24):
+        question = tokens(int(rng.integers(20, 60)))
+        contexts.append(np.concatenate([first, second, thirds[d % 3 == 0], question]))
+    contexts.append(np.concatenate([first, tokens(80, 250, 256), tokens(30)]))  # sorts after them
+    continuations = [tokens(int(rng.integers(2, 8))) for _ in range(2 * len(contexts))]
+    ctx_len = [len(c) for c in contexts]
+    return PairSet(
+        ctx_tokens=np.concatenate(contexts),
+        ctx_offsets=np.concatenate([[0], np.cumsum(ctx_len)]),
+        ctx_id=np.repeat(np.arange(len(contexts)), 2),
+        ctx_start=np.zeros(2 * len(contexts), dtype=np.int64),
+        ctx_end=np.repeat(ctx_len, 2),
+        cont_tokens=np.concatenate(continuations),
+        cont_offsets=np.concatenate([[0], np.cumsum([len(c) for c in continuations])]),
+    )
+
+
+def test_prefixes_shared_at_several_levels_are_kept_at_the_level_most_rows_share():
+    """The deepest level many contexts share is kept (the three shots, 310 tokens, once for each third
+    shot), not the first shot that all share, so that the second and third shots are not repeated in every
+    tree row below it: the plan the cost model takes forwards within 1.3x the trie minimum (counted here
+    as every distinct prefix of the requests' own rows; kept at the first shot, 1.64x), and every request's
+    loglikelihood and greedy flag are those of one forward of its own row."""
+    pairs = shots_at_several_levels()
+    ids = np.arange(len(pairs.ctx_id))
+    rows = [np.concatenate([pairs.context(int(p)), pairs.continuation(int(p))[:-1]]) for p in ids]
+    trie = len({tuple(row[: i + 1]) for row in rows for i in range(len(row))})
+    shape = BatchShape(packing=True, keep_prefixes=True)
+    batches = plan_batches(pairs, ids, 1024, shape, max_length=512)
+    assert sorted(b.prefix_length for b in batches if b.keeps_prefix) == [310, 310]
+    assert trie <= sum(b.n_tokens for b in batches) <= 1.3 * trie
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=2, max_seq_len=512)).eval()
+    adapter = make_adapter(model)
+    assert adapter.needs.prefix_reuse
+    with torch.no_grad():
+        found = run_batches(adapter, batches, len(ids), TokenCount())
+    ll, greedy = packing_reference.reference_scores(
+        lambda ids_1T, n: model(ids_1T)[0, -n:], pairs, ids
+    )
+    np.testing.assert_allclose(found.ll, ll, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(found.greedy, greedy)

@@ -176,8 +176,8 @@ def test_model_parallel_peers_hold_the_same_scores_and_data_parallel_ranks_split
 
 
 def test_tokens_forwarded_are_the_schedules_padded_micro_batches(launched) -> None:
-    """Every rank of a model-parallel group forwards the same padded batches; sequence parallelism pads
-    widths to a multiple of TP, pipeline parallelism rows to whole micro-batches."""
+    """Every rank of a model-parallel group forwards the same padded batches: under sequence parallelism
+    widths a multiple of TP (the planner's), pipeline parallelism rows whole micro-batches."""
     for nproc, names in LAYOUTS.items():
         for name in names:
             tokens = {r["layouts"][name]["ranks"]["dp"]: set() for r in launched[nproc]}
@@ -276,7 +276,6 @@ def _layout(**overrides: Any) -> MegatronTopology:
         (_layout(pp_size=2), None, 5, (6, 7), 3),  # the batch split over the stages
         (_layout(pp_size=2), None, 1, (2, 7), 1),  # fewer rows than stages: a row of padding
         (_layout(pp_size=2, n_chunks=2, microbatch_group=4), 2, 5, (8, 7), 2),  # interleaved: groups of 4
-        (_layout(tp_size=2, sequence_parallel=True), None, 5, (5, 8), 5),  # width cut over TP
     ],
 )
 def test_micro_batches_have_the_shape_the_schedule_needs(layout, rows, n_rows, shape, per_micro) -> None:
@@ -285,3 +284,13 @@ def test_micro_batches_have_the_shape_the_schedule_needs(layout, rows, n_rows, s
     assert tuple(padded.shape) == shape and found == per_micro
     assert torch.equal(padded[:n_rows, :7], ids)
     assert (padded[n_rows:] == -1).all() and (padded[:, 7:] == -1).all()
+
+
+def test_micro_batches_under_sequence_parallelism_take_the_planners_widths_as_they_are() -> None:
+    """The planner makes every width a multiple of TP (`AdapterNeeds.width_multiple`, a kept prefix's row
+    included): a batch of such a width is cut over TP as it is, one of another width is refused."""
+    layout = _layout(tp_size=2, sequence_parallel=True)
+    padded, _ = micro_batches(torch.arange(40).reshape(5, 8), layout, None, pad_id=-1)
+    assert tuple(padded.shape) == (5, 8)
+    with pytest.raises(ValueError, match="width 7 under sequence parallelism needs a width that is a multiple of 2"):
+        micro_batches(torch.arange(35).reshape(5, 7), layout, None, pad_id=-1)

@@ -21,7 +21,7 @@ from packing_reference import task_pairs
 from torchtitan.models.llama3 import Llama3Model
 from torchtitan_cpu import VOCAB, tiny_decoder
 
-from inloop_eval.engine.adapter import TokenCount
+from inloop_eval.engine.adapter import AdapterNeeds, TokenCount
 from inloop_eval.engine.adapters.logits import LogitsAdapter
 from inloop_eval.engine.batching import BatchShape, plan_batches
 from inloop_eval.engine.prefix_sharing import trie_minimum_tokens
@@ -78,8 +78,10 @@ def adapter_of(model, seq_multiple: int = 1, widths: list[int] | None = None) ->
 
 def packed_plan(keep_prefixes: bool = False, width_multiple: int = 1, by_cost: bool = False) -> dict:
     """Packed rows; with `keep_prefixes` the plan below kept prefixes (whatever the cost model would take,
-    unless `by_cost`)."""
-    shape = BatchShape(packing=True, keep_prefixes=keep_prefixes, width_multiple=width_multiple)
+    unless `by_cost`); every width, a kept prefix's row included, a multiple of `width_multiple`, the
+    adapter's own (as `BatchShape.of` makes it)."""
+    needs = AdapterNeeds(width_multiple=width_multiple, packing=True, prefix_reuse=True)
+    shape = BatchShape.of(needs, keep_prefixes=keep_prefixes)
     return {"batch_tokens": 4096, "shape": shape, "max_length": MAX_LENGTH, "by_cost": by_cost}
 
 

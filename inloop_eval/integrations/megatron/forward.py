@@ -59,18 +59,25 @@ def micro_batches(
     input_ids_BT: Tensor, topology: MegatronTopology, rows: int | None, pad_id: int
 ) -> tuple[Tensor, int]:
     """The batch padded to M micro-batches of R rows, and R. R: `rows`, or the batch split over the pipeline's
-    stages; M at least the pipeline size and a multiple of the interleaved schedule's group."""
+    stages; M at least the pipeline size and a multiple of the interleaved schedule's group. Its width is the
+    planner's, a multiple of TP under sequence parallelism (`AdapterNeeds.width_multiple`, a kept prefix's
+    row included); ValueError for any other."""
     n_rows, width = input_ids_BT.shape
+    if width % topology.sequence_multiple:
+        raise ValueError(
+            f"MegatronAdapter: a batch of width {width} under sequence parallelism needs a width that is a "
+            f"multiple of {topology.sequence_multiple} (TP); plan with the adapter's needs.width_multiple, and "
+            "a max_length that is a multiple of TP"
+        )
     stages = topology.pp_size
     per_micro = rows or max(1, -(-n_rows // stages))
     count = max(-(-n_rows // per_micro), stages if stages > 1 else 1)
     multiple = topology.microbatch_multiple()
     count = -(-count // multiple) * multiple
-    wide = -(-width // topology.sequence_multiple) * topology.sequence_multiple
     padded_BT = torch.full(
-        (count * per_micro, wide), pad_id, dtype=input_ids_BT.dtype, device=input_ids_BT.device
+        (count * per_micro, width), pad_id, dtype=input_ids_BT.dtype, device=input_ids_BT.device
     )
-    padded_BT[:n_rows, :width] = input_ids_BT
+    padded_BT[:n_rows] = input_ids_BT
     return padded_BT, per_micro
 
 

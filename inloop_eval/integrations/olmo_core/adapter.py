@@ -13,7 +13,6 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
@@ -82,12 +81,13 @@ class OLMoCoreAdapter(ModelAdapter):
 
 
 def attention_for(
-    adapter: OLMoCoreAdapter | OLMoCoreSequenceSplitAdapter, inputs: ForwardInputs, width: int | None = None
+    adapter: OLMoCoreAdapter | OLMoCoreSequenceSplitAdapter, inputs: ForwardInputs
 ) -> AbstractContextManager[None]:
     """The context a forward of this batch runs in: for a model that packs, `routed_attention` whatever the
     batch (a packed batch under its tree, after the kept prefix it reads; a kept prefix or a plain row
-    causal, a kept prefix recording each attention's keys and values, its row fed `width` wide), so that no
-    backend kernel runs."""
+    causal, a kept prefix recording each attention's keys and values of its first `prefix.length`
+    positions, the rest of its row the padding the planner adds for a split sequence), so that no backend
+    kernel runs."""
     model, prefix = adapter.model, inputs.prefix
     if not adapter.packing:
         if inputs.packed or prefix is not None:
@@ -98,7 +98,7 @@ def attention_for(
         return nullcontext()
     if inputs.keeps_prefix and prefix is not None:
         prefix.states = {}
-        tree = causal_tree(1, width or prefix.length, inputs.input_ids_BT.device, inputs.mask_rendering)
+        tree = causal_tree(1, inputs.input_ids_BT.shape[1], inputs.input_ids_BT.device, inputs.mask_rendering)
         return routed_attention(
             model, tree, tree.position_ids_BT, record=prefix.states, max_positions=adapter.max_length,
             record_length=prefix.length,
@@ -134,8 +134,8 @@ class OLMoCoreSequenceSplitAdapter(ModelAdapter):
     """An OLMo-core `Transformer` under tensor or (Ulysses) context parallelism: each rank scores the positions
     it holds (`SequenceSplit`), its batches padded to a multiple of TP x CP. Its rows are packed and its
     prefixes kept as `OLMoCoreAdapter`'s are (`routed_attention`: every rank's attention sees every position
-    and its own heads, under Ulysses after the exchange OLMo-core's backends make; a kept prefix's row padded
-    to the multiple, only its own positions' keys and values kept).
+    and its own heads, under Ulysses after the exchange OLMo-core's backends make; a kept prefix's row, which
+    the planner pads to the multiple, keeps only its own positions' keys and values).
 
     max_length: the context length it was trained at (as for `OLMoCoreAdapter`).
     split: how the model splits the sequence over ranks (`topology.read_sequence_split`).
@@ -161,20 +161,9 @@ class OLMoCoreSequenceSplitAdapter(ModelAdapter):
         """Run `model` on the full inputs, projecting only the positions (rows_U, cols_U) in this rank's
         chunk (`logits_to_keep` in the chunk's coordinates; under tensor parallelism a replicated DTensor, the
         logits coming back sharded over the kept slots), and keep the logits of those this rank holds."""
-        split, input_ids_BT, rows_U, cols_U = self.split, self._fed_ids(inputs), inputs.rows_U, inputs.cols_U
-        with attention_for(self, inputs, width=input_ids_BT.shape[1]):
+        split, input_ids_BT, rows_U, cols_U = self.split, inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
+        with attention_for(self, inputs):
             return self._forward(split, input_ids_BT, rows_U, cols_U)
-
-    def _fed_ids(self, inputs: ForwardInputs) -> Tensor:
-        """The token ids `forward` feeds: the batch's; a kept prefix's row padded on the right (after the
-        prefix, unseen by it, its keys and values not kept) to a multiple of the split."""
-        ids_BT = inputs.input_ids_BT
-        if not inputs.keeps_prefix:
-            return ids_BT
-        return F.pad(ids_BT, (0, -ids_BT.shape[1] % self.split.multiple))
-
-    def tokens_fed(self, inputs: ForwardInputs) -> int:
-        return int(self._fed_ids(inputs).numel())
 
     def _forward(
         self, split: SequenceSplit, input_ids_BT: Tensor, rows_U: Tensor, cols_U: Tensor

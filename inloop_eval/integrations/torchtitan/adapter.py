@@ -10,7 +10,6 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
@@ -32,9 +31,9 @@ class TorchTitanAdapter(ModelAdapter):
     A decoder whose attention `attention.packing_refusal` verified (llama3 and qwen3 shapes, tensor parallel
     or not) takes packed rows and keeps prefixes: `forward` is called as for any batch, inside
     `packed_attention` (RoPE at the batch's position ids, each core attention through `tree_attention`; plain
-    causal rows under a causal mask) or, for a kept prefix, `keeping_prefix` (its row padded on the right to
-    a multiple of `seq_multiple`, each layer's keys and values of the prefix recorded in
-    `inputs.prefix.states`). Any other model is scored one request per row as it runs, said once in the
+    causal rows under a causal mask) or, for a kept prefix, `keeping_prefix` (its row, which the planner pads
+    on the right to a multiple of `seq_multiple`, causal; each layer's keys and values of the prefix recorded
+    in `inputs.prefix.states`). Any other model is scored one request per row as it runs, said once in the
     log."""
 
     def __init__(
@@ -57,7 +56,7 @@ class TorchTitanAdapter(ModelAdapter):
         return AdapterNeeds(width_multiple=self.seq_multiple, packing=self.packing, prefix_reuse=self.packing)
 
     def forward(self, inputs: ForwardInputs) -> ModelOutputs:
-        input_ids_BT, rows_U, cols_U = self._fed_ids(inputs), inputs.rows_U, inputs.cols_U
+        input_ids_BT, rows_U, cols_U = inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
         with self._routed(inputs, input_ids_BT.shape[1]):
             out = self.call(input_ids_BT)
         if getattr(self.model, "_skip_lm_head", False):
@@ -68,17 +67,6 @@ class TorchTitanAdapter(ModelAdapter):
         if isinstance(out, DTensor) and any(isinstance(p, Shard) for p in out.placements):
             return selected_logits(out, rows_U, cols_U)
         return selected_logits(replicated_local(out, input_ids_BT, "logits"), rows_U, cols_U)
-
-    def _fed_ids(self, inputs: ForwardInputs) -> Tensor:
-        """The token ids `forward` feeds: the batch's, a kept prefix's row padded on the right (after the
-        prefix, unseen by it) to a multiple of `seq_multiple`."""
-        ids_BT = inputs.input_ids_BT
-        if not inputs.keeps_prefix:
-            return ids_BT
-        return F.pad(ids_BT, (0, -ids_BT.shape[1] % self.seq_multiple))
-
-    def tokens_fed(self, inputs: ForwardInputs) -> int:
-        return int(self._fed_ids(inputs).numel())
 
     def _routed(self, inputs: ForwardInputs, width: int) -> AbstractContextManager[None]:
         """The context a forward of this batch runs in, for a model that packs: `keeping_prefix` for a kept
