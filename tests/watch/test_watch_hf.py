@@ -233,7 +233,8 @@ def test_wandb_figures_logged_late_land_at_the_checkpoints_step(hf, data_root, t
 @pytest.fixture(scope="module")
 def two_ranks(hf, data_root, tmp_path_factory):
     """One launch of 2 gloo ranks (tests/support/workers/watch_hf_layouts.py) on steps 10 and 20: a watcher
-    holding the whole model on every rank, then one FSDP over the 2 ranks; one process's watcher beside."""
+    holding the whole model on every rank, one FSDP over the 2 ranks, one asking for TP=2 (refused); one
+    process's watcher beside."""
     from workers.launch import launch
 
     work = tmp_path_factory.mktemp("two_ranks")
@@ -262,6 +263,14 @@ def test_under_torchrun_two_ranks_give_the_one_process_figures(two_ranks, layout
                 assert a[key] == value, key
             elif not key.endswith(("/seconds", "/tokens_forwarded")):
                 assert math.isclose(a[key], value, rel_tol=1e-6, abs_tol=1e-9), key
+
+
+def test_tensor_parallel_hugging_face_checkpoints_are_refused_with_the_remedy(two_ranks):
+    for rank in two_ranks["ranks"]:
+        assert rank["tp2"]["evaluated"] == []
+        for step in ("10", "20"):
+            assert "which --tp does not load sharded (only --fsdp does)" in rank["tp2"]["failures"][step]
+    assert eval_lines(two_ranks["runs"] / "tp2") == []
 
 
 def test_under_fsdp_each_rank_reads_only_its_rows_of_the_safetensors(two_ranks):

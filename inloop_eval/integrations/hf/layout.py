@@ -5,7 +5,7 @@ random init of whole tensors), then each parameter's local shard (FSDP2's `Shard
 rows, the last ranks holding fewer or none) read from its safetensors file with `safe_open(...).get_slice`,
 only the rows this rank holds. Buffers are replicated: a saved one is read whole by every rank; one no file
 holds (rotary `inv_freq`) is computed again by building its parameter-free module from the config, as
-transformers does. Tensor parallelism (`--tp`) is refused: transformers' own TP plans need its launcher."""
+transformers does. Tensor parallelism (`--tp`) is refused with the remedy: it is not built for Hugging Face models here."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def load_in_layout(
     fully_shard(model, mesh=mesh)
     model.to_empty(device=device)
     reads, whole = read_weights(model, path, rename)
-    restore_computed_buffers(model, read={r.fqn for r in reads})
+    restore_computed_buffers(model)
     return model.eval(), layout.dp_group(), reads, whole
 
 
@@ -190,11 +190,11 @@ def persistent_names(model: nn.Module) -> set[str]:
     return names
 
 
-def restore_computed_buffers(model: nn.Module, read: set[str]) -> None:
-    """The buffers no file holds (rotary `inv_freq`, computed at construction): each owning module built
+def restore_computed_buffers(model: nn.Module) -> None:
+    """The non-persistent buffers, which no file holds (rotary `inv_freq`, computed at construction): each owning module built
     again from its config on the CPU, its buffers copied; ConfigError for one that cannot be."""
     for prefix, module in model.named_modules():
-        missing = [n for n in module._buffers if (f"{prefix}.{n}" if prefix else n) not in read]
+        missing = [n for n in module._buffers if n in module._non_persistent_buffers_set]
         if not missing:
             continue
         config = getattr(module, "config", None)

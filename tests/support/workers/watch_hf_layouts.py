@@ -2,8 +2,9 @@
 
     python tests/support/workers/watch_hf_layouts.py --save DIR --config EVAL.yaml --run-root DIR --out DIR
 
-Two watchers in turn: every rank the whole model (`<run-root>/two`), then FSDP over the 2 ranks
-(`<run-root>/fsdp`, each rank reading only its rows of the safetensors). Every rank writes
+Three watchers in turn: every rank the whole model (`<run-root>/two`), FSDP over the 2 ranks
+(`<run-root>/fsdp`, each rank reading only its rows of the safetensors), then tensor parallel over 2
+(`<run-root>/tp2`: refused for Hugging Face checkpoints, each step recorded failed). Every rank writes
 `<out>/rank<r>.json`: per watcher, the steps it evaluated, its failures and what it read (`ShardRead`s).
 """
 
@@ -40,7 +41,11 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:
-        out = {"two": watch("two", args), "fsdp": watch("fsdp", args, fsdp=True)}
+        out = {
+            "two": watch("two", args),
+            "fsdp": watch("fsdp", args, fsdp=True),
+            "tp2": watch("tp2", args, tp=2),
+        }
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"rank{dist.get_rank()}.json").write_text(json.dumps(out))
     finally:
