@@ -79,13 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="under torchrun: build the model tensor parallel over this many ranks, each reading only its "
-        "share of the checkpoint (OLMo-core, torchtitan; default 1)",
+        "share of the checkpoint (OLMo-core, torchtitan, not Hugging Face; default 1)",
     )
     parser.add_argument(
         "--fsdp",
         action="store_true",
         help="under torchrun: shard the model with FSDP2 over the data-parallel ranks (world / tp), each "
-        "reading only its shard (OLMo-core, torchtitan)",
+        "reading only its shard (OLMo-core, torchtitan, Hugging Face safetensors)",
     )
     parser.add_argument("--wandb", action="store_true", help="log to W&B too (offline unless $WANDB_MODE)")
     parser.add_argument("--wandb-project", default="inloop-eval", help="W&B project")

@@ -19,6 +19,9 @@ device and parallelised by its framework (`integrations/<framework>/layout.py`),
 its weights read with `torch.distributed.checkpoint.load` through `ShardReader`: each rank reads only the
 slices of the tensors it holds, whatever layout the checkpoint was saved in (DCP reshards).
 
+A Hugging Face checkpoint with `--fsdp` is built FSDP2-sharded by `integrations/hf/layout.py`, each rank
+reading only the rows of the safetensors tensors it holds (`--tp` is refused there).
+
 Every model is returned in eval mode on `device`, one at a time: the watcher drops it before the next.
 """
 
@@ -50,6 +53,8 @@ SHARDED_BUILDERS = {
     OLMO_CORE: "inloop_eval.integrations.olmo_core.layout:build_in_layout",
     TORCHTITAN: "inloop_eval.integrations.torchtitan.layout:build_in_layout",
 }
+# A Hugging Face model in a layout (`--fsdp`), read from its safetensors shard by shard.
+HF_SHARDED_LOADER = "inloop_eval.integrations.hf.layout:load_in_layout"
 # What an OLMo-core trainer state needs beyond tensors: NumPy arrays (the reconstructor, whatever module
 # this NumPy keeps it in) and their dtypes.
 NUMPY_GLOBALS = [
@@ -186,10 +191,14 @@ def load_sharded(
     """The checkpoint's model built in `layout` by its framework's integration (OLMo-core, torchtitan), its
     weights read through torch.distributed.checkpoint into each rank's shards by `ShardReader`: only the
     model's entries, each rank only the slices it holds."""
+    if checkpoint.format == HF:
+        load_in_layout = resolve_builder(HF_SHARDED_LOADER)
+        model, dp_group, reads, whole = load_in_layout(checkpoint.path, layout, device)
+        return LoadedModel(model=model, scored=model, dp_group=dp_group, reads=reads, whole=whole)
     if checkpoint.format not in SHARDED_BUILDERS:
         raise ConfigError(
             f"watch: {checkpoint.path} is a {checkpoint.format} checkpoint, which --tp/--fsdp do not load "
-            "sharded yet (OLMo-core and torchtitan DCP checkpoints only); run the watcher without them"
+            "sharded yet (Hugging Face with --fsdp, OLMo-core and torchtitan); run the watcher without them"
         )
     # The model's spec first: a torchtitan builder may set torchtitan up (its device) before the
     # integration imports torchtitan's modules.

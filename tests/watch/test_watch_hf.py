@@ -5,6 +5,7 @@ read back from an offline run."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -229,22 +230,71 @@ def test_wandb_figures_logged_late_land_at_the_checkpoints_step(hf, data_root, t
     assert defined["eval/*"] == "trainer/step"
 
 
-def test_under_torchrun_two_ranks_give_the_one_process_figures(hf, data_root, tmp_path):
-    """`torchrun -m inloop_eval.cli watch` with 2 gloo ranks: rank 0 decides and writes, both load each
-    checkpoint and share its documents; accuracies equal one process's, the rest within float rounding."""
+@pytest.fixture(scope="module")
+def two_ranks(hf, data_root, tmp_path_factory):
+    """One launch of 2 gloo ranks (tests/support/workers/watch_hf_layouts.py) on steps 10 and 20: a watcher
+    holding the whole model on every rank, one FSDP over the 2 ranks, one asking for TP=2 (refused); one
+    process's watcher beside."""
     from workers.launch import launch
 
-    folder = copy_steps(hf[0], tmp_path / "ckpt", [10, 20])
-    config = tmp_path / "eval.yaml"
+    work = tmp_path_factory.mktemp("two_ranks")
+    folder = copy_steps(hf[0], work / "ckpt", [10, 20])
+    config = work / "eval.yaml"
     config.write_text(yaml.safe_dump(eval_config(data_root)))
-    args = ["-m", "inloop_eval.cli", "watch", str(folder), "--config", str(config), "--once", "--settle", "0"]
-    launch(2, [*args, "--run-dir", str(tmp_path / "two")], timeout=300)
-    assert watcher(folder, tmp_path / "one", data_root).run() == [10, 20]
-    two, one = eval_lines(tmp_path / "two"), eval_lines(tmp_path / "one")
+    args = [str(REPO / "tests" / "support" / "workers" / "watch_hf_layouts.py"), "--save", str(folder)]
+    args += ["--config", str(config), "--run-root", str(work / "runs"), "--out", str(work / "out")]
+    launch(2, args, timeout=300)
+    assert watcher(folder, work / "one", data_root).run() == [10, 20]
+    ranks = [json.loads((work / "out" / f"rank{r}.json").read_text()) for r in range(2)]
+    return {"folder": folder, "runs": work / "runs", "one": work / "one", "ranks": ranks}
+
+
+@pytest.mark.parametrize("layout", ["two", "fsdp"])
+def test_under_torchrun_two_ranks_give_the_one_process_figures(two_ranks, layout):
+    """2 gloo ranks, each holding the whole model or FSDP-sharded (`--fsdp`): rank 0 decides and writes,
+    both load each checkpoint and share its documents; accuracies equal one process's, the rest within
+    float rounding."""
+    assert [r[layout]["evaluated"] for r in two_ranks["ranks"]] == [[10, 20]] * 2
+    two, one = eval_lines(two_ranks["runs"] / layout), eval_lines(two_ranks["one"])
     assert [line["step"] for line in two] == [10, 20]
     for a, b in zip(two, one, strict=True):
         for key, value in b.items():
             if key.endswith(EXACT) or key == "step":
                 assert a[key] == value, key
             elif not key.endswith(("/seconds", "/tokens_forwarded")):
-                assert math.isclose(a[key], value, rel_tol=1e-5, abs_tol=1e-9), key
+                assert math.isclose(a[key], value, rel_tol=1e-6, abs_tol=1e-9), key
+
+
+def test_tensor_parallel_hugging_face_checkpoints_are_refused_with_the_remedy(two_ranks):
+    for rank in two_ranks["ranks"]:
+        assert rank["tp2"]["evaluated"] == []
+        for step in ("10", "20"):
+            assert "which --tp does not load sharded (only --fsdp does)" in rank["tp2"]["failures"][step]
+    assert eval_lines(two_ranks["runs"] / "tp2") == []
+
+
+def test_under_fsdp_each_rank_reads_only_its_rows_of_the_safetensors(two_ranks):
+    """Per checkpoint, the rows the two ranks read of each saved tensor never overlap and cover it (FSDP2's
+    `Shard(0)`, uneven splits included); the replicated buffers no file holds are read by neither; each
+    rank reads about half of the bytes. The watcher holding the whole model reads nothing sharded."""
+    from safetensors import safe_open
+
+    sizes = {}
+    for file in sorted((two_ranks["folder"] / "checkpoint-10").glob("model-*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            sizes.update({k: handle.get_slice(k).get_shape() for k in handle.keys()})
+    for step in ("10", "20"):
+        assert [r["two"]["reads"][step] for r in two_ranks["ranks"]] == [[], []]
+        reads = [r["fsdp"]["reads"][step] for r in two_ranks["ranks"]]
+        assert {x["fqn"] for x in reads[0]} == {x["fqn"] for x in reads[1]} == set(sizes)
+        whole = 0
+        for fqn, shape in sizes.items():
+            (a,), (b,) = ([x for x in rank if x["fqn"] == fqn] for rank in reads)
+            assert a["in_place"] and b["in_place"], fqn
+            assert a["offsets"][0] + a["lengths"][0] == b["offsets"][0], fqn  # rank 1 starts where 0 ends
+            assert a["offsets"][0] == 0 and b["offsets"][0] + b["lengths"][0] == shape[0], fqn
+            assert a["lengths"][1:] == b["lengths"][1:] == shape[1:], fqn
+            assert a["lengths"][0] == -(-shape[0] // 2), fqn  # torch.chunk's split: rank 0 the larger half
+            whole += math.prod(shape) * 4
+        for rank in reads:
+            assert 0.49 * whole <= sum(x["nbytes"] for x in rank) <= 0.51 * whole
