@@ -25,6 +25,20 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
+# What a test module that starts processes holds (tests/support/workers/launch.py is the one way to start them).
+PROCESS_STARTERS = ("launch", "run_job_in_processes", "subprocess")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that start processes first, each module's tests kept together and in order: they are the
+    longest, and under pytest-xdist a long module handed out last leaves the other workers idle at the end."""
+    def starts_processes(item: pytest.Item) -> bool:
+        module = getattr(item, "module", None)
+        return module is not None and any(name in vars(module) for name in PROCESS_STARTERS)
+
+    items.sort(key=lambda item: not starts_processes(item))
+
+
 @pytest.fixture(scope="session")
 def data_root() -> Path:
     """The standard tasks in OLMo's layout: `$INLOOP_EVAL_DATA` if set, else fetched once into the cache."""

@@ -34,9 +34,9 @@ def test_a_layout_the_world_cannot_take_is_refused_at_the_start():
     assert not layout_for(1, False, torch.device("cpu")).sharded
 
 
-def test_a_hugging_face_checkpoint_in_a_sharded_layout_is_refused_with_the_remedy(tmp_path):
+def test_a_hugging_face_checkpoint_under_tensor_parallelism_is_refused_with_the_remedy(tmp_path):
     checkpoint = Checkpoint(step=1, path=tmp_path / "checkpoint-1", format="hf")
-    with pytest.raises(ConfigError, match="do not load sharded yet.*run the watcher without them"):
+    with pytest.raises(ConfigError, match="--tp does not load sharded.*run the watcher with --fsdp or without"):
         load_model(checkpoint, torch.device("cpu"), layout=ParallelLayout(tp=2))
 
 

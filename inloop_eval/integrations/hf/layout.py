@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from torch import nn
 from torch.distributed import ProcessGroup
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from inloop_eval.errors import ConfigError
 from inloop_eval.watch.layout import ParallelLayout
@@ -59,7 +61,6 @@ def weight_files(path: Path, rename: Callable[[str], str]) -> dict[str, tuple[Pa
     """Each of the model's tensors the checkpoint saves: (its safetensors file, its name there), through the
     index of a sharded checkpoint, else the one file; the saved names renamed as transformers renames them
     on load (e.g. GPT-NeoX's `embed_out` is the model's `lm_head`)."""
-    from safetensors import safe_open
 
     if (path / INDEX_FILE).is_file():
         weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
@@ -105,7 +106,6 @@ def model_names(model: nn.Module) -> Callable[[str], str]:
 def read_weights(model: nn.Module, path: Path, rename: Callable[[str], str]) -> tuple[list[ShardRead], int]:
     """Fill every tensor of `model`'s state dict from the files: a sharded one its local rows only, a
     replicated one whole; a tied tensor once. (what was read, those tensors' bytes whole)."""
-    from safetensors import safe_open
 
     files = weight_files(path, rename)
     reads: list[ShardRead] = []
@@ -164,7 +164,6 @@ def local_box(tensor: torch.Tensor, shape: tuple[int, ...]) -> tuple[tuple[int, 
         raise ConfigError(f"watch: a saved tensor has shape {shape}, the model's {tuple(tensor.shape)}")
     if not isinstance(tensor, DTensor):
         return (0,) * len(shape), tensor.detach()
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     local_shape, offsets = compute_local_shape_and_global_offset(
         tensor.shape, tensor.device_mesh, tensor.placements
