@@ -12,26 +12,21 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from inloop_eval.config_fields import read_config_file
-from inloop_eval.evaluators.config import EvaluatorConfig
-from inloop_eval.watch import WatchConfig, Watcher
+from inloop_eval.watch import WatchConfig
+from workers.watch_once import watch_once
 
 
 def watch(name: str, args: argparse.Namespace, **fields: Any) -> dict[str, Any]:
     config = WatchConfig(
         checkpoint_dir=str(args.save), run_dir=str(args.run_root / name), once=True, settle_s=0, **fields
     )
-    watcher = Watcher(config, EvaluatorConfig.from_dict(read_config_file(args.config)))
-    evaluated = watcher.run()
-    reads = {str(step): [asdict(r) for r in records] for step, records in watcher.reads.items()}
-    return {"evaluated": evaluated, "reads": reads, "failures": watcher.failures}
+    return watch_once(config, args.config)
 
 
 def main() -> None:

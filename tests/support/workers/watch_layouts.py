@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,9 @@ from typing import Any
 import torch.distributed as dist
 from olmo_core.data import TokenizerConfig
 
-from inloop_eval.config_fields import read_config_file
-from inloop_eval.evaluators.config import EvaluatorConfig
-from inloop_eval.watch import WatchConfig, Watcher
+from inloop_eval.watch import WatchConfig
 from workers.olmo_core_train import model_config
+from workers.watch_once import watch_once
 
 # Layout name -> WatchConfig layout fields.
 LAYOUTS: dict[str, dict[str, Any]] = {"fsdp": {"fsdp": True}, "tp2": {"tp": 2}}
@@ -58,10 +56,7 @@ def watch(layout: str, args: argparse.Namespace, **fields: Any) -> dict[str, Any
         **LAYOUTS[layout],
         **fields,
     )
-    watcher = Watcher(config, EvaluatorConfig.from_dict(read_config_file(args.config)))
-    evaluated = watcher.run()
-    reads = {str(step): [asdict(r) for r in records] for step, records in watcher.reads.items()}
-    return {"evaluated": evaluated, "reads": reads, "failures": watcher.failures}
+    return watch_once(config, args.config)
 
 
 def main() -> None:
