@@ -21,6 +21,7 @@ from workers.olmo_core_train import INTERVAL, LIMIT, SEQ_LEN, STEPS, TASKS, call
 from inloop_eval.data.root import TOKENIZER_DIR
 from inloop_eval.engine.adapters.logits import LogitsAdapter
 from inloop_eval.engine.families import make_adapter
+from inloop_eval.engine.logprobs import chunk_positions
 from inloop_eval.errors import ConfigError, TokenizerError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -254,31 +255,64 @@ def test_olmo_core_models_ignore_a_mask_and_positions():
         assert torch.equal(model(ids), model(ids, attention_mask=mask, position_ids=torch.zeros_like(ids)))
 
 
-def test_adapter_projects_only_the_positions_read(data_root, neox_tokenizer):
-    """The adapter calls the model with `logits_to_keep` (fewer positions than the batch is wide) and gets
-    the loglikelihoods of full logits; it packs (tests/engine/test_olmo_core_packing.py); a bare model without
-    max_length is refused."""
+def test_the_head_scores_only_the_positions_read_a_chunk_at_a_time(data_root, neox_tokenizer):
+    """The adapter's forward has the output head (OLMo-core's LMHead) score the targets itself: its `w_out`
+    projects the positions read and nothing else, at most one chunk of positions at a time (no logits of the
+    whole batch exist), and the loglikelihoods are those of full logits. Afterwards the head forwards as
+    before. A bare model without max_length is refused."""
     model = tiny_olmo_core_model()
-    kept: list[tuple[int, int]] = []
-    hook = model.register_forward_pre_hook(
-        lambda m, args, kwargs: kept.append((args[0].shape[1], kwargs["logits_to_keep"].shape[1])),
-        with_kwargs=True,
-    )
+    tokens, projected = [], []
+    hooks = [
+        model.register_forward_pre_hook(lambda m, args: tokens.append(args[0].numel())),
+        model.lm_head.w_out.register_forward_pre_hook(lambda m, args: projected.append(tuple(args[0].shape))),
+    ]
     entries = [{"task": "piqa", "limit": 5, "batch_tokens": 512}, {"task": "mmlu_mc", "limit": 4}]
     config = EvaluatorConfig(evaluators=entries, data_root=str(data_root), strict=True, max_length=SEQ_LEN)
     adapter = make_adapter(model, SEQ_LEN)
-    assert isinstance(adapter, OLMoCoreAdapter) and adapter.needs.packing
+    assert isinstance(adapter, OLMoCoreAdapter) and adapter.needs.packing and adapter.head_scores
     assert (adapter.max_length, adapter.vocab_size) == (SEQ_LEN, 50304)
     evaluator = InLoopEvaluator(config, tokenizer=neox_tokenizer)
     ours = evaluator.run(model)
     ll_ours = evaluator.detail("piqa").scores.ll.copy()
-    assert kept and all(k < width for width, k in kept)
-    hook.remove()
+    for hook in hooks:
+        hook.remove()
+    assert projected and all(len(shape) == 2 and shape[0] <= chunk_positions(50304) for shape in projected)
+    assert sum(shape[0] for shape in projected) < sum(tokens)
+    assert "forward" not in model.lm_head.__dict__
+    with torch.no_grad():
+        assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, 50304)
     full = evaluator.run(LogitsAdapter(model, SEQ_LEN))
     assert evaluator.detail("piqa").scores.ll == pytest.approx(ll_ours, abs=1e-5)
     assert ours == pytest.approx(full, abs=1e-5)
     with pytest.raises(ConfigError, match="does not record the context length.*set `max_length:`"):
         make_adapter(model)
+
+
+def test_a_head_of_another_class_projects_only_the_positions_read(data_root, neox_tokenizer):
+    """An nGPT model (its NormalizedLMHead scales the logits, so the head is not scored in): the adapter
+    calls the model with `logits_to_keep` (fewer positions than the batch is wide), one request per row (its
+    blocks are not verified for packing), and gets the loglikelihoods of full logits."""
+    config = TransformerConfig.ngpt_like(d_model=32, vocab_size=50304, n_layers=2, n_heads=2, hidden_size_multiple_of=16)
+    model = config.build(init_device="cpu")
+    torch.manual_seed(0)
+    model.init_weights(device=torch.device("cpu"))
+    model.eval()
+    adapter = make_adapter(model, SEQ_LEN)
+    assert isinstance(adapter, OLMoCoreAdapter) and not adapter.head_scores and not adapter.needs.packing
+    kept: list[tuple[int, int]] = []
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kwargs: kept.append((args[0].shape[1], kwargs["logits_to_keep"].shape[1])),
+        with_kwargs=True,
+    )
+    entries = [{"task": "piqa", "limit": 4, "batch_tokens": 512}]
+    config = EvaluatorConfig(evaluators=entries, data_root=str(data_root), strict=True, max_length=SEQ_LEN)
+    evaluator = InLoopEvaluator(config, tokenizer=neox_tokenizer)
+    evaluator.run(adapter)
+    ll_ours = evaluator.detail("piqa").scores.ll.copy()
+    assert kept and all(k < width for width, k in kept)
+    hook.remove()
+    evaluator.run(LogitsAdapter(model, SEQ_LEN))
+    assert evaluator.detail("piqa").scores.ll == pytest.approx(ll_ours, abs=1e-5)
 
 
 def test_callback_module_is_importable_without_side_effects():

@@ -1,7 +1,8 @@
 """The adapters of OLMo-core `Transformer`s (`olmo_core.nn.transformer`), one per way it is run, chosen once by
-`build_adapter`: `OLMoCoreAdapter` (logits of the positions kept, `full_logits`; packed rows and kept prefixes
-through `attention`) and, under tensor or (Ulysses) context parallelism, `OLMoCoreSequenceSplitAdapter`
-(logits sharded on the sequence, `sequence_sharded`, over the split `topology` reads).
+`build_adapter`: `OLMoCoreAdapter` (targets scored inside its output head, `head`, or else logits of the
+positions kept, `full_logits`; packed rows and kept prefixes through `attention`) and, under tensor or
+(Ulysses) context parallelism, `OLMoCoreSequenceSplitAdapter` (logits sharded on the sequence,
+`sequence_sharded`, over the split `topology` reads).
 Legend: B rows, T time, U positions read, C of them in this rank's context-parallel chunk, L of those this
 rank holds, K positions kept per row, V vocabulary.
 """
@@ -16,12 +17,13 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter, ModelOutputs
+from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, HeadWorkspace, ModelAdapter, ModelOutputs
 from inloop_eval.engine.outputs.full_logits import FullLogits
 from inloop_eval.engine.outputs.sequence_sharded import SequenceShard
 from inloop_eval.engine.tree_attention import causal_tree
 from inloop_eval.errors import ConfigError, ModelOutputError
 from inloop_eval.integrations.olmo_core.attention import packs, routed_attention
+from inloop_eval.integrations.olmo_core.head import scores_in_head, scoring_head
 from inloop_eval.integrations.olmo_core.topology import SequenceSplit, read_sequence_split
 
 
@@ -41,8 +43,10 @@ def build_adapter(model: Any, max_length: int | None) -> ModelAdapter:
 
 
 class OLMoCoreAdapter(ModelAdapter):
-    """An OLMo-core `Transformer`, called through `__call__` so that FSDP's hooks run. Its forward takes
-    `logits_to_keep` [B, K] (positions per row), so the output head projects only the positions read. Its
+    """An OLMo-core `Transformer`, called through `__call__` so that FSDP's hooks run. Its output head
+    (`LMHead`) scores the targets itself, a chunk of positions at a time (`head.scoring_head`); a head of
+    another class is handed `logits_to_keep` [B, K] (positions per row), so that it projects only the
+    positions read. Its
     forward ignores an attention mask and position ids, so every forward of a model that packs runs inside
     `routed_attention` (`attention`), which gives its attention both through the engine's attention, on
     every backend; a model that module was not verified for (`packing_refusal`: MoE, attention sinks, ...)
@@ -59,6 +63,8 @@ class OLMoCoreAdapter(ModelAdapter):
         self.max_length = max_length
         self.vocab_size = int(model.vocab_size)
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.head_scores = scores_in_head(model)
+        self.workspace = HeadWorkspace()
         self.packing = packs(model)
 
     @property
@@ -68,6 +74,10 @@ class OLMoCoreAdapter(ModelAdapter):
     def forward(self, inputs: ForwardInputs) -> ModelOutputs:
         input_ids_BT, rows_U, cols_U = inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
         packed = attention_for(self, inputs)
+        if self.head_scores:
+            with packed, scoring_head(self.model, inputs, self.workspace) as scored:
+                self.model(input_ids_BT)
+            return scored.result()
         if not self.keeps_logits:
             with packed:
                 logits_BTV = self.model(input_ids_BT)

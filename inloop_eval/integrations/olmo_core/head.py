@@ -1,0 +1,71 @@
+"""An OLMo-core Transformer's output head scoring a batch's targets inside the forward, a chunk of positions at a
+time, so that no [B, K, V] logits exist: with packed rows a batch reads many positions per row, and their
+logits, made at once by `logits_to_keep`, were the largest tensor of an evaluation.
+
+`scoring_head(model, inputs, workspace)`: while it is open, the model's `LMHead` (`olmo_core.nn.lm_head`,
+final norm then `w_out`) takes the last hidden states [B, T, X], normalises the positions read (rows_U,
+cols_U) and scores every target through `projected_head.token_logprobs` (a float32 `w_out` writes each chunk's
+logits into the workspace), inside the head's own `__call__`, where FSDP2 has its parameters gathered. The
+forward returns an empty tensor; the scores are `scored.targets`. Its `forward` is an instance-level override
+(`forward_overrides`), removed on exit. A head of another class (`NormalizedLMHead`, ...) is not scored here
+(`scores_in_head`): its adapter keeps logits of the positions read.
+Legend: B rows, T time, X hidden width, U positions read, V vocabulary, N targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace
+from inloop_eval.engine.forward_overrides import overridden_forwards, own_class
+from inloop_eval.engine.outputs.pipeline_stage import ScoredTargets
+from inloop_eval.engine.outputs.projected_head import token_logprobs
+from inloop_eval.errors import ModelOutputError
+
+
+def scores_in_head(model: nn.Module) -> bool:
+    """Whether `model`'s output head is OLMo-core's plain `LMHead`, which `scoring_head` scores in."""
+    from olmo_core.nn.lm_head import LMHead
+
+    head = getattr(model, "lm_head", None)
+    return head is not None and own_class(head) is LMHead
+
+
+@dataclass
+class HeadScores:
+    """What the head scored in the forward (None until it ran)."""
+
+    targets: ScoredTargets | None = None
+
+    def result(self) -> ScoredTargets:
+        if self.targets is None:
+            raise ModelOutputError("OLMo-core model: its forward never called its output head (lm_head)")
+        return self.targets
+
+
+@contextmanager
+def scoring_head(model: nn.Module, inputs: ForwardInputs, workspace: HeadWorkspace) -> Iterator[HeadScores]:
+    """During the body, a forward of `model` on `inputs.input_ids_BT` scores `inputs`' targets in its head
+    (see the module docstring)."""
+    head = model.lm_head
+    scored = HeadScores()
+
+    def forward(x_BTX: Tensor, labels: Any = None, **_: Any) -> Tensor:
+        if labels is not None:
+            raise ModelOutputError("OLMo-core model: the evaluation's forward passed labels to the output head")
+        features_UX = x_BTX[inputs.rows_U, inputs.cols_U]
+        if head.norm is not None:
+            features_UX = head.norm(features_UX)
+        logp_N, greedy_N = token_logprobs(
+            features_UX, head.w_out, inputs.target_N, inputs.min_vocab, inputs.position_N, workspace
+        )
+        scored.targets = ScoredTargets(logp_N, greedy_N, int(head.w_out.out_features))
+        return x_BTX.new_empty(0)
+
+    with overridden_forwards(model, {head: forward}):
+        yield scored
