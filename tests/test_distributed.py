@@ -1,6 +1,7 @@
 """The evaluator under real process groups (gloo on CPU, each rank in torchrun's environment): the same numbers
 at world sizes 1-4, sharded models that make collectives in forward, failures on one rank, the request cache,
-training.
+training, and the `lm` evaluator at world sizes 1-3 (no sequence counted twice, no hang when a label is absent
+from a rank's shard or a domain fails).
 
 One launch per world size runs every check of tests/support/workers/dist_checks.py; world size 1 runs the
 same checks in this process without a process group. Every launch has a free port and a hard timeout.
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from lm_helpers import write_domains
 from workers import dist_checks
 from workers.launch import REPO, launch, read_ranks, run_with_timeout, worker_env
 
@@ -39,8 +41,9 @@ LAUNCHES: dict[int, list[str]] = {
         "training",
         "olmo_core_fsdp",
         "olmo_core_tp",
+        "lm",
     ],
-    3: ["cache", "metrics", "collective", "fsdp", "failures"],
+    3: ["cache", "metrics", "collective", "fsdp", "failures", "lm"],
     4: ["cache", "metrics"],
 }
 LAUNCH_TIMEOUT_S = 300
@@ -67,7 +70,17 @@ def assert_same_metrics(found: dict[str, float], expected: dict[str, float], whe
 
 
 @pytest.fixture(scope="module")
-def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
+def lm_domains(neox_tokenizer, tmp_path_factory) -> Path:
+    """The `lm` check's domain files (`lm_helpers.write_domains`) and `broken.jsonl`, a JSONL file with a line
+    that is not JSON."""
+    folder = tmp_path_factory.mktemp("lm_domains")
+    write_domains(folder, neox_tokenizer, n_tiny=1)
+    (folder / "broken.jsonl").write_text('{"text": "fine"}\n{"text": not json}\n')
+    return folder
+
+
+@pytest.fixture(scope="module")
+def single(data_root: Path, lm_domains: Path, tmp_path_factory) -> dict[str, Any]:
     """World size 1: the checks in this process, without a process group, on an empty request cache."""
     checks = sorted(
         {c for names in LAUNCHES.values() for c in names} - {"cache_race", "training", "olmo_core_tp"}
@@ -75,18 +88,20 @@ def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
     order = [c for c in dist_checks.CHECKS if c in checks]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("INLOOP_EVAL_HOME", str(tmp_path_factory.mktemp("home1")))
+        mp.setenv("LM_DOMAINS", str(lm_domains))
         return dist_checks.run_checks(order, data_root)
 
 
 @pytest.fixture(scope="module")
-def launched(data_root: Path, tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
-    """World size -> every rank's results, one launch each (each on its own empty cache)."""
+def launched(data_root: Path, lm_domains: Path, tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
+    """World size -> every rank's results, one launch each (each on its own empty caches)."""
     out: dict[int, list[dict[str, Any]]] = {}
     for nproc, checks in LAUNCHES.items():
         folder = tmp_path_factory.mktemp(f"ws{nproc}")
         args = [str(REPO / "tests" / "support" / "workers" / "dist_checks.py"), "--data-root", str(data_root)]
         args += ["--out", str(folder), "--checks", ",".join(checks)]
-        launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
+        env = worker_env(INLOOP_EVAL_HOME=str(folder / "home"), LM_DOMAINS=str(lm_domains))
+        launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=env)
         out[nproc] = read_ranks(folder, nproc)
     return out
 
@@ -246,6 +261,40 @@ def test_ddp_and_fsdp_training_is_bit_for_bit_with_in_loop_eval(launched):
         for kind in ("ddp", "fsdp"):
             with_eval, without = results["training"][kind]
             assert with_eval == without, (kind, rank)
+
+
+LM_LABELS = ("code", "prose", "tiny")
+
+
+def test_the_lm_evaluator_gives_the_same_figures_at_world_sizes_1_to_3(single, launched):
+    """The same figures, the same number of forward calls on every rank, every sequence on exactly one rank,
+    a label absent from some ranks' shards, and no hang when a domain fails (on every rank: a model too small
+    for the tokens; on rank 0 only, while it builds the token cache: a JSONL line that is not JSON)."""
+    results = {1: [single["lm"]]}
+    results.update({n: [r["lm"] for r in ranks] for n, ranks in launched.items() if "lm" in LAUNCHES[n]})
+    assert sorted(results) == [1, 2, 3]
+    base = results[1][0]
+    keys = {f"eval/lm/{label}/{k}" for label in LM_LABELS for k in ("ce", "ppl", "bpb")}
+    assert set(base["metrics"]) == keys
+    for world_size, ranks in results.items():
+        assert len({r["calls"] for r in ranks}) == 1, f"world {world_size}: unequal forward calls"
+        for label in LM_LABELS:  # every sequence on exactly one rank
+            assert sum(r["shard"][label] for r in ranks) == base["shard"][label]
+        for r in ranks:
+            assert set(r["metrics"]) == keys
+            for key, value in r["metrics"].items():
+                assert math.isfinite(value)
+                assert value == pytest.approx(base["metrics"][key], rel=1e-6), (world_size, key)
+            assert r["too_small"] == {f"eval/lm/{label}/failed": 1.0 for label in LM_LABELS}
+            assert r["rank0_fails"]["eval/lm/prose/failed"] == 1.0
+            assert set(r["rank0_fails"]) == {"eval/lm/prose/failed"} | {
+                f"eval/lm/{label}/{k}" for label in ("code", "tiny") for k in ("ce", "ppl", "bpb")
+            }
+            for label in ("code", "tiny"):
+                assert r["rank0_fails"][f"eval/lm/{label}/ce"] == pytest.approx(
+                    base["metrics"][f"eval/lm/{label}/ce"], rel=1e-6
+                )
+    assert any(r["shard"]["tiny"] == 0 for r in results[3])  # the label some ranks never saw
 
 
 # ---- the command line under torchrun ------------------------------------------------------------------
