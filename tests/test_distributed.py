@@ -1,12 +1,15 @@
 """The evaluator under real process groups (gloo on CPU, each rank in torchrun's environment): the same numbers
 at world sizes 1-4, sharded models that make collectives in forward, failures on one rank, the request cache,
-training, and the `lm` evaluator at world sizes 1-3 (no sequence counted twice, no hang when a label is absent
-from a rank's shard or a domain fails).
+training; the `lm` evaluator at world sizes 1-3 (no sequence counted twice, no hang when a label is absent
+from a rank's shard or a domain fails); ranks that disagree (limits, task lists, counts and orders,
+data-parallel groups, task data, pipeline arguments), refused on every rank before any forward, naming what
+differs, well before the process group's 120 s timeout (a hang would sit it out).
 
-One launch per world size runs every check of tests/support/workers/dist_checks.py; world size 1 runs the
-same checks in this process without a process group. Every launch has a free port and a hard timeout.
+One launch per world size runs the checks of tests/support/workers/dist_checks.py, at world size 2 with those
+of tests/support/workers/agreement_checks.py (tests/support/workers/world_checks.py runs both); world size 1
+runs the checks of dist_checks in this process without a process group. Every launch has a free port and a
+hard timeout.
 """
-
 from __future__ import annotations
 
 import json
@@ -18,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from lm_helpers import write_domains
-from workers import dist_checks
+from workers import agreement_checks, dist_checks, world_checks
 from workers.launch import REPO, launch, read_ranks, run_with_timeout, worker_env
 
 from inloop_eval.engine.batching import row_lengths
@@ -42,6 +45,7 @@ LAUNCHES: dict[int, list[str]] = {
         "olmo_core_fsdp",
         "olmo_core_tp",
         "lm",
+        *(world_checks.AGREEMENT + name for name in agreement_checks.CHECKS),
     ],
     3: ["cache", "metrics", "collective", "fsdp", "failures", "lm"],
     4: ["cache", "metrics"],
@@ -83,7 +87,8 @@ def lm_domains(neox_tokenizer, tmp_path_factory) -> Path:
 def single(data_root: Path, lm_domains: Path, tmp_path_factory) -> dict[str, Any]:
     """World size 1: the checks in this process, without a process group, on an empty request cache."""
     checks = sorted(
-        {c for names in LAUNCHES.values() for c in names} - {"cache_race", "training", "olmo_core_tp"}
+        {c for names in LAUNCHES.values() for c in names if c in dist_checks.CHECKS}
+        - {"cache_race", "training", "olmo_core_tp"}
     )
     order = [c for c in dist_checks.CHECKS if c in checks]
     with pytest.MonkeyPatch.context() as mp:
@@ -98,7 +103,7 @@ def launched(data_root: Path, lm_domains: Path, tmp_path_factory) -> dict[int, l
     out: dict[int, list[dict[str, Any]]] = {}
     for nproc, checks in LAUNCHES.items():
         folder = tmp_path_factory.mktemp(f"ws{nproc}")
-        args = [str(REPO / "tests" / "support" / "workers" / "dist_checks.py"), "--data-root", str(data_root)]
+        args = [str(REPO / "tests" / "support" / "workers" / "world_checks.py"), "--data-root", str(data_root)]
         args += ["--out", str(folder), "--checks", ",".join(checks)]
         env = worker_env(INLOOP_EVAL_HOME=str(folder / "home"), LM_DOMAINS=str(lm_domains))
         launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=env)
@@ -295,6 +300,54 @@ def test_the_lm_evaluator_gives_the_same_figures_at_world_sizes_1_to_3(single, l
                     base["metrics"][f"eval/lm/{label}/ce"], rel=1e-6
                 )
     assert any(r["shard"]["tiny"] == 0 for r in results[3])  # the label some ranks never saw
+
+
+# ---- ranks that disagree -------------------------------------------------------------------------------
+
+WELL_BEFORE_THE_TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def agreement(launched) -> list[dict[str, Any]]:
+    """Every rank's results of the agreement checks (world size 2), under their own names."""
+    prefix = world_checks.AGREEMENT
+    return [{k.removeprefix(prefix): v for k, v in ranks.items() if k.startswith(prefix)} for ranks in launched[2]]
+
+
+def refused_alike(ranks: list[dict[str, Any]], *fragments: str) -> None:
+    for rank, result in enumerate(ranks):
+        assert "error" in result, (rank, result)
+        for fragment in fragments:
+            assert fragment in result["error"], (rank, fragment, result["error"])
+        assert result["seconds"] < WELL_BEFORE_THE_TIMEOUT_S, (rank, result["seconds"])
+
+
+def test_different_limits_are_refused_naming_the_setting_and_the_ranks(agreement) -> None:
+    refused_alike([r["limits"] for r in agreement], "ConfigError", "evaluators[0].limit: rank 0 9, rank 1 13")
+
+
+def test_different_task_lists_counts_and_orders_are_refused(agreement) -> None:
+    refused_alike([r["task_lists"] for r in agreement], "evaluators[0].task: rank 0 \"copa\", rank 1 \"arc_easy\"")
+    refused_alike([r["task_count"] for r in agreement], "evaluators.count: rank 0 1, rank 1 2")
+    refused_alike([r["task_order"] for r in agreement], "evaluators[0].task", "evaluators[1].task")
+
+
+def test_data_parallel_groups_that_disagree_are_refused(agreement) -> None:
+    refused_alike([r["dp_groups"]["none_and_group"] for r in agreement], "data-parallel groups", "do not agree")
+    refused_alike([r["dp_groups"]["not_a_member"] for r in agreement], "rank 1:", "dp_group")
+
+
+def test_different_task_data_fails_the_task_on_every_rank(agreement) -> None:
+    for result in agreement:
+        assert result["task_data"]["lenient"]["metrics"]["eval/downstream/arc_easy/failed"] == 1.0
+        after = result["task_data"]["after"]["metrics"]
+        assert "eval/downstream/copa/acc" in after and "eval/downstream/copa/failed" not in after
+    refused_alike([r["task_data"]["strict"] for r in agreement], "tokenized requests differ across ranks")
+
+
+def test_pipeline_arguments_wrong_on_one_rank_are_refused_on_every_rank(agreement) -> None:
+    refused_alike([r["pipeline_arguments"]["no_stages"] for r in agreement], "rank 1: stages is empty")
+    refused_alike([r["pipeline_arguments"]["step_shape"] for r in agreement], "different step shapes", "seq_len=32")
 
 
 # ---- the command line under torchrun ------------------------------------------------------------------
