@@ -1,12 +1,13 @@
 """The evaluator under real process groups (gloo on CPU, each rank in torchrun's environment): the same numbers
 at world sizes 1-4, sharded models that make collectives in forward, failures on one rank, the request cache,
 training; the `lm` evaluator at world sizes 1-3 (no sequence counted twice, no hang when a label is absent
-from a rank's shard or a domain fails); ranks that disagree (limits, task lists, counts and orders,
+from a rank's shard or a domain fails) and a domain that fails on one rank only (agreed by all); ranks that disagree (limits, task lists, counts and orders,
 data-parallel groups, task data, pipeline arguments), refused on every rank before any forward, naming what
 differs, well before the process group's 120 s timeout (a hang would sit it out).
 
 One launch per world size runs the checks of tests/support/workers/dist_checks.py, at world size 2 with those
-of tests/support/workers/agreement_checks.py (tests/support/workers/world_checks.py runs both); world size 1
+of tests/support/workers/agreement_checks.py and lm_rank_faults.py (tests/support/workers/world_checks.py runs
+them all); world size 1
 runs the checks of dist_checks in this process without a process group. Every launch has a free port and a
 hard timeout.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ LAUNCHES: dict[int, list[str]] = {
         "olmo_core_tp",
         "lm",
         *(world_checks.AGREEMENT + name for name in agreement_checks.CHECKS),
+        "lm_rank_faults",
     ],
     3: ["cache", "metrics", "collective", "fsdp", "failures", "lm"],
     4: ["cache", "metrics"],
@@ -98,14 +101,18 @@ def single(data_root: Path, lm_domains: Path, tmp_path_factory) -> dict[str, Any
 
 
 @pytest.fixture(scope="module")
-def launched(data_root: Path, lm_domains: Path, tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
+def launched(
+    data_root: Path, lm_domains: Path, rank_faults_work: Path, tmp_path_factory
+) -> dict[int, list[dict[str, Any]]]:
     """World size -> every rank's results, one launch each (each on its own empty caches)."""
     out: dict[int, list[dict[str, Any]]] = {}
     for nproc, checks in LAUNCHES.items():
         folder = tmp_path_factory.mktemp(f"ws{nproc}")
         args = [str(REPO / "tests" / "support" / "workers" / "world_checks.py"), "--data-root", str(data_root)]
         args += ["--out", str(folder), "--checks", ",".join(checks)]
-        env = worker_env(INLOOP_EVAL_HOME=str(folder / "home"), LM_DOMAINS=str(lm_domains))
+        env = worker_env(
+            INLOOP_EVAL_HOME=str(folder / "home"), LM_DOMAINS=str(lm_domains), LM_FAULTS_WORK=str(rank_faults_work)
+        )
         launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=env)
         out[nproc] = read_ranks(folder, nproc)
     return out
@@ -348,6 +355,54 @@ def test_different_task_data_fails_the_task_on_every_rank(agreement) -> None:
 def test_pipeline_arguments_wrong_on_one_rank_are_refused_on_every_rank(agreement) -> None:
     refused_alike([r["pipeline_arguments"]["no_stages"] for r in agreement], "rank 1: stages is empty")
     refused_alike([r["pipeline_arguments"]["step_shape"] for r in agreement], "different step shapes", "seq_len=32")
+
+
+# ---- a perplexity domain that fails on one rank only ------------------------------------------------------
+
+LM_FIGURES = ("ce", "ppl", "bpb")
+
+
+@pytest.fixture(scope="module")
+def rank_faults_work(neox_tokenizer, tmp_path_factory) -> Path:
+    """The `lm_rank_faults` check's folder: the domain files in `data/`, and each rank's home folder,
+    `node-<rank>/`: `local.npy`, `local.jsonl` and `flaky.npy` on rank 0's only, rank 1's `flaky.npy` a file
+    whose reading is a real I/O error."""
+    work = tmp_path_factory.mktemp("lm_rank_faults")
+    files = write_domains(work / "data", neox_tokenizer)
+    for rank in range(2):
+        (work / f"node-{rank}").mkdir()
+    shutil.copy(files["tiny"], work / "node-0" / "local.npy")
+    shutil.copy(files["prose"], work / "node-0" / "local.jsonl")
+    shutil.copy(files["tiny"], work / "node-0" / "flaky.npy")
+    (work / "node-1" / "flaky.npy").symlink_to("/proc/self/mem")  # reading it is a real EIO
+    return work
+
+
+def test_a_domain_missing_on_one_rank_is_agreed_by_all(launched):
+    """Files under `~` that exist on rank 0's node only, and one that fails to read on rank 1's: every rank
+    reports the same failed labels and the others' figures; strict, rank 1 names the file and rank 0 the rank;
+    once rank 1's files are there the labels are tried again and give the figures of their twins."""
+    ranks = [results["lm_rank_faults"] for results in launched[2]]
+
+    healthy = {f"eval/lm/{label}/{k}" for label in LM_LABELS for k in LM_FIGURES}
+    local_labels = ("local_tokens", "local_text", "flaky")
+    local = {f"eval/lm/{label}/{k}" for label in local_labels for k in LM_FIGURES}
+    for rank, r in enumerate(ranks):
+        failed = {f"eval/lm/{label}/failed": 1.0 for label in local_labels}
+        assert {k: v for k, v in r["first"].items() if k.endswith("/failed")} == failed
+        assert set(r["first"]) == healthy | set(failed)
+        assert r["first"] == ranks[0]["first"]
+        assert set(r["second"]) == healthy | local  # retried once the files are there
+        for key in healthy:
+            assert math.isfinite(r["second"][key])
+            assert r["first"][key] == pytest.approx(r["second"][key], rel=1e-9), (rank, key)
+        for key in local:  # the same data as `tiny` and `prose`
+            twin = key.replace("local_tokens", "tiny").replace("local_text", "prose").replace("flaky", "tiny")
+            assert r["second"][key] == pytest.approx(r["second"][twin], rel=1e-6), (rank, key)
+    assert ranks[1]["strict"].startswith("LMDataError: label 'local_tokens': file ")
+    assert "local.npy does not exist" in ranks[1]["strict"]
+    assert ranks[0]["strict"].startswith("TaskFailedOnAnotherRank: ")
+    assert "rank 1" in ranks[0]["strict"]
 
 
 # ---- the command line under torchrun ------------------------------------------------------------------
