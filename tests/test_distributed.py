@@ -1,22 +1,29 @@
 """The evaluator under real process groups (gloo on CPU, each rank in torchrun's environment): the same numbers
 at world sizes 1-4, sharded models that make collectives in forward, failures on one rank, the request cache,
-training.
+training; the `lm` evaluator at world sizes 1-3 (no sequence counted twice, no hang when a label is absent
+from a rank's shard or a domain fails) and a domain that fails on one rank only (agreed by all); ranks that disagree (limits, task lists, counts and orders,
+data-parallel groups, task data, pipeline arguments), refused on every rank before any forward, naming what
+differs, well before the process group's 120 s timeout (a hang would sit it out).
 
-One launch per world size runs every check of tests/support/workers/dist_checks.py; world size 1 runs the
-same checks in this process without a process group. Every launch has a free port and a hard timeout.
+One launch per world size runs the checks of tests/support/workers/dist_checks.py, at world size 2 with those
+of tests/support/workers/agreement_checks.py and lm_rank_faults.py (tests/support/workers/world_checks.py runs
+them all); world size 1
+runs the checks of dist_checks in this process without a process group. Every launch has a free port and a
+hard timeout.
 """
-
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from workers import dist_checks
+from lm_helpers import write_domains
+from workers import agreement_checks, dist_checks, world_checks
 from workers.launch import REPO, launch, read_ranks, run_with_timeout, worker_env
 
 from inloop_eval.engine.batching import row_lengths
@@ -39,8 +46,11 @@ LAUNCHES: dict[int, list[str]] = {
         "training",
         "olmo_core_fsdp",
         "olmo_core_tp",
+        "lm",
+        *(world_checks.AGREEMENT + name for name in agreement_checks.CHECKS),
+        "lm_rank_faults",
     ],
-    3: ["cache", "metrics", "collective", "fsdp", "failures"],
+    3: ["cache", "metrics", "collective", "fsdp", "failures", "lm"],
     4: ["cache", "metrics"],
 }
 LAUNCH_TIMEOUT_S = 300
@@ -67,26 +77,43 @@ def assert_same_metrics(found: dict[str, float], expected: dict[str, float], whe
 
 
 @pytest.fixture(scope="module")
-def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
+def lm_domains(neox_tokenizer, tmp_path_factory) -> Path:
+    """The `lm` check's domain files (`lm_helpers.write_domains`) and `broken.jsonl`, a JSONL file with a line
+    that is not JSON."""
+    folder = tmp_path_factory.mktemp("lm_domains")
+    write_domains(folder, neox_tokenizer, n_tiny=1)
+    (folder / "broken.jsonl").write_text('{"text": "fine"}\n{"text": not json}\n')
+    return folder
+
+
+@pytest.fixture(scope="module")
+def single(data_root: Path, lm_domains: Path, tmp_path_factory) -> dict[str, Any]:
     """World size 1: the checks in this process, without a process group, on an empty request cache."""
     checks = sorted(
-        {c for names in LAUNCHES.values() for c in names} - {"cache_race", "training", "olmo_core_tp"}
+        {c for names in LAUNCHES.values() for c in names if c in dist_checks.CHECKS}
+        - {"cache_race", "training", "olmo_core_tp"}
     )
     order = [c for c in dist_checks.CHECKS if c in checks]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("INLOOP_EVAL_HOME", str(tmp_path_factory.mktemp("home1")))
+        mp.setenv("LM_DOMAINS", str(lm_domains))
         return dist_checks.run_checks(order, data_root)
 
 
 @pytest.fixture(scope="module")
-def launched(data_root: Path, tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
-    """World size -> every rank's results, one launch each (each on its own empty cache)."""
+def launched(
+    data_root: Path, lm_domains: Path, rank_faults_work: Path, tmp_path_factory
+) -> dict[int, list[dict[str, Any]]]:
+    """World size -> every rank's results, one launch each (each on its own empty caches)."""
     out: dict[int, list[dict[str, Any]]] = {}
     for nproc, checks in LAUNCHES.items():
         folder = tmp_path_factory.mktemp(f"ws{nproc}")
-        args = [str(REPO / "tests" / "support" / "workers" / "dist_checks.py"), "--data-root", str(data_root)]
+        args = [str(REPO / "tests" / "support" / "workers" / "world_checks.py"), "--data-root", str(data_root)]
         args += ["--out", str(folder), "--checks", ",".join(checks)]
-        launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(INLOOP_EVAL_HOME=str(folder / "home")))
+        env = worker_env(
+            INLOOP_EVAL_HOME=str(folder / "home"), LM_DOMAINS=str(lm_domains), LM_FAULTS_WORK=str(rank_faults_work)
+        )
+        launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=env)
         out[nproc] = read_ranks(folder, nproc)
     return out
 
@@ -246,6 +273,136 @@ def test_ddp_and_fsdp_training_is_bit_for_bit_with_in_loop_eval(launched):
         for kind in ("ddp", "fsdp"):
             with_eval, without = results["training"][kind]
             assert with_eval == without, (kind, rank)
+
+
+LM_LABELS = ("code", "prose", "tiny")
+
+
+def test_the_lm_evaluator_gives_the_same_figures_at_world_sizes_1_to_3(single, launched):
+    """The same figures, the same number of forward calls on every rank, every sequence on exactly one rank,
+    a label absent from some ranks' shards, and no hang when a domain fails (on every rank: a model too small
+    for the tokens; on rank 0 only, while it builds the token cache: a JSONL line that is not JSON)."""
+    results = {1: [single["lm"]]}
+    results.update({n: [r["lm"] for r in ranks] for n, ranks in launched.items() if "lm" in LAUNCHES[n]})
+    assert sorted(results) == [1, 2, 3]
+    base = results[1][0]
+    keys = {f"eval/lm/{label}/{k}" for label in LM_LABELS for k in ("ce", "ppl", "bpb")}
+    assert set(base["metrics"]) == keys
+    for world_size, ranks in results.items():
+        assert len({r["calls"] for r in ranks}) == 1, f"world {world_size}: unequal forward calls"
+        for label in LM_LABELS:  # every sequence on exactly one rank
+            assert sum(r["shard"][label] for r in ranks) == base["shard"][label]
+        for r in ranks:
+            assert set(r["metrics"]) == keys
+            for key, value in r["metrics"].items():
+                assert math.isfinite(value)
+                assert value == pytest.approx(base["metrics"][key], rel=1e-6), (world_size, key)
+            assert r["too_small"] == {f"eval/lm/{label}/failed": 1.0 for label in LM_LABELS}
+            assert r["rank0_fails"]["eval/lm/prose/failed"] == 1.0
+            assert set(r["rank0_fails"]) == {"eval/lm/prose/failed"} | {
+                f"eval/lm/{label}/{k}" for label in ("code", "tiny") for k in ("ce", "ppl", "bpb")
+            }
+            for label in ("code", "tiny"):
+                assert r["rank0_fails"][f"eval/lm/{label}/ce"] == pytest.approx(
+                    base["metrics"][f"eval/lm/{label}/ce"], rel=1e-6
+                )
+    assert any(r["shard"]["tiny"] == 0 for r in results[3])  # the label some ranks never saw
+
+
+# ---- ranks that disagree -------------------------------------------------------------------------------
+
+WELL_BEFORE_THE_TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def agreement(launched) -> list[dict[str, Any]]:
+    """Every rank's results of the agreement checks (world size 2), under their own names."""
+    prefix = world_checks.AGREEMENT
+    return [{k.removeprefix(prefix): v for k, v in ranks.items() if k.startswith(prefix)} for ranks in launched[2]]
+
+
+def refused_alike(ranks: list[dict[str, Any]], *fragments: str) -> None:
+    for rank, result in enumerate(ranks):
+        assert "error" in result, (rank, result)
+        for fragment in fragments:
+            assert fragment in result["error"], (rank, fragment, result["error"])
+        assert result["seconds"] < WELL_BEFORE_THE_TIMEOUT_S, (rank, result["seconds"])
+
+
+def test_different_limits_are_refused_naming_the_setting_and_the_ranks(agreement) -> None:
+    refused_alike([r["limits"] for r in agreement], "ConfigError", "evaluators[0].limit: rank 0 9, rank 1 13")
+
+
+def test_different_task_lists_counts_and_orders_are_refused(agreement) -> None:
+    refused_alike([r["task_lists"] for r in agreement], "evaluators[0].task: rank 0 \"copa\", rank 1 \"arc_easy\"")
+    refused_alike([r["task_count"] for r in agreement], "evaluators.count: rank 0 1, rank 1 2")
+    refused_alike([r["task_order"] for r in agreement], "evaluators[0].task", "evaluators[1].task")
+
+
+def test_data_parallel_groups_that_disagree_are_refused(agreement) -> None:
+    refused_alike([r["dp_groups"]["none_and_group"] for r in agreement], "data-parallel groups", "do not agree")
+    refused_alike([r["dp_groups"]["not_a_member"] for r in agreement], "rank 1:", "dp_group")
+
+
+def test_different_task_data_fails_the_task_on_every_rank(agreement) -> None:
+    for result in agreement:
+        assert result["task_data"]["lenient"]["metrics"]["eval/downstream/arc_easy/failed"] == 1.0
+        after = result["task_data"]["after"]["metrics"]
+        assert "eval/downstream/copa/acc" in after and "eval/downstream/copa/failed" not in after
+    refused_alike([r["task_data"]["strict"] for r in agreement], "tokenized requests differ across ranks")
+
+
+def test_pipeline_arguments_wrong_on_one_rank_are_refused_on_every_rank(agreement) -> None:
+    refused_alike([r["pipeline_arguments"]["no_stages"] for r in agreement], "rank 1: stages is empty")
+    refused_alike([r["pipeline_arguments"]["step_shape"] for r in agreement], "different step shapes", "seq_len=32")
+
+
+# ---- a perplexity domain that fails on one rank only ------------------------------------------------------
+
+LM_FIGURES = ("ce", "ppl", "bpb")
+
+
+@pytest.fixture(scope="module")
+def rank_faults_work(neox_tokenizer, tmp_path_factory) -> Path:
+    """The `lm_rank_faults` check's folder: the domain files in `data/`, and each rank's home folder,
+    `node-<rank>/`: `local.npy`, `local.jsonl` and `flaky.npy` on rank 0's only, rank 1's `flaky.npy` a file
+    whose reading is a real I/O error."""
+    work = tmp_path_factory.mktemp("lm_rank_faults")
+    files = write_domains(work / "data", neox_tokenizer)
+    for rank in range(2):
+        (work / f"node-{rank}").mkdir()
+    shutil.copy(files["tiny"], work / "node-0" / "local.npy")
+    shutil.copy(files["prose"], work / "node-0" / "local.jsonl")
+    shutil.copy(files["tiny"], work / "node-0" / "flaky.npy")
+    (work / "node-1" / "flaky.npy").symlink_to("/proc/self/mem")  # reading it is a real EIO
+    return work
+
+
+def test_a_domain_missing_on_one_rank_is_agreed_by_all(launched):
+    """Files under `~` that exist on rank 0's node only, and one that fails to read on rank 1's: every rank
+    reports the same failed labels and the others' figures; strict, rank 1 names the file and rank 0 the rank;
+    once rank 1's files are there the labels are tried again and give the figures of their twins."""
+    ranks = [results["lm_rank_faults"] for results in launched[2]]
+
+    healthy = {f"eval/lm/{label}/{k}" for label in LM_LABELS for k in LM_FIGURES}
+    local_labels = ("local_tokens", "local_text", "flaky")
+    local = {f"eval/lm/{label}/{k}" for label in local_labels for k in LM_FIGURES}
+    for rank, r in enumerate(ranks):
+        failed = {f"eval/lm/{label}/failed": 1.0 for label in local_labels}
+        assert {k: v for k, v in r["first"].items() if k.endswith("/failed")} == failed
+        assert set(r["first"]) == healthy | set(failed)
+        assert r["first"] == ranks[0]["first"]
+        assert set(r["second"]) == healthy | local  # retried once the files are there
+        for key in healthy:
+            assert math.isfinite(r["second"][key])
+            assert r["first"][key] == pytest.approx(r["second"][key], rel=1e-9), (rank, key)
+        for key in local:  # the same data as `tiny` and `prose`
+            twin = key.replace("local_tokens", "tiny").replace("local_text", "prose").replace("flaky", "tiny")
+            assert r["second"][key] == pytest.approx(r["second"][twin], rel=1e-6), (rank, key)
+    assert ranks[1]["strict"].startswith("LMDataError: label 'local_tokens': file ")
+    assert "local.npy does not exist" in ranks[1]["strict"]
+    assert ranks[0]["strict"].startswith("TaskFailedOnAnotherRank: ")
+    assert "rank 1" in ranks[0]["strict"]
 
 
 # ---- the command line under torchrun ------------------------------------------------------------------

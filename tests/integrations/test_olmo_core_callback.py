@@ -1,5 +1,8 @@
 """The OLMo-core callback: a tiny OLMo-core model trained by the real OLMo-core `Trainer` for a few steps, in
-one process and under torchrun with 2 gloo ranks; the adapter for OLMo-core models; the callback config."""
+one process and under torchrun with 2 gloo ranks; the adapter for OLMo-core models; the callback config.
+
+The 2-rank launch (tests/support/workers/olmo_core_ranks.py) also runs the perplexity callback's 2-rank check
+(its other tests: tests/integrations/test_olmo_core_perplexity.py), so that its processes start once."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from olmo_core.config import DType
 from olmo_core.data import TokenizerConfig
 from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.train import TrainerConfig
-from workers.launch import launch, read_ranks, worker_env
+from workers.launch import REPO, launch, read_ranks, worker_env
+from workers.olmo_core_perplexity import N_DOCUMENTS, assert_ours_equal_theirs, olmo_core_figures
 from workers.olmo_core_train import INTERVAL, LIMIT, SEQ_LEN, STEPS, TASKS, callback_config, train
 
 from inloop_eval.data.root import TOKENIZER_DIR
@@ -90,20 +94,22 @@ def test_training_is_bit_identical_with_and_without_the_callback(single_runs, ba
     assert [s for s, m in with_cb["logged"].items() if downstream(m)] == EVAL_STEPS
 
 
-def test_two_gloo_ranks_match_one_process(single_runs, data_root, tmp_path):
+@pytest.fixture(scope="module")
+def two_ranks(data_root, tmp_path_factory) -> dict[str, list[dict]]:
+    """torchrun, 2 ranks, DDP over gloo, one launch: run -> every rank's result, for the run with the in-loop
+    callback (`callback`) and for OLMo-core's perplexity callback beside ours (`perplexity`)."""
+    folder = tmp_path_factory.mktemp("two_ranks")
+    args = [str(REPO / "tests" / "support" / "workers" / "olmo_core_ranks.py"), "--data-root", str(data_root)]
+    args += ["--work", str(folder / "work"), "--out", str(folder / "out")]
+    launch(2, args, timeout=360, env=worker_env(OLMO_SHARED_FS="1"))
+    return {run: read_ranks(folder / "out" / run, 2) for run in ("callback", "perplexity")}
+
+
+def test_two_gloo_ranks_match_one_process(single_runs, two_ranks):
     """torchrun, 2 ranks, DDP over gloo: every rank records the same figures, and they equal the
     single-process run's (exactly up to float32 summation at step 0, where the models are the same; within
     1e-4 later, where DDP's gradient all-reduce has moved the weights by float rounding)."""
-    out = tmp_path / "out"
-    args = [
-        "tests/support/workers/olmo_core_train.py",
-        "--data-root",
-        str(data_root),
-        "--work",
-        str(tmp_path / "work"),
-    ]
-    launch(2, [*args, "--out", str(out)], timeout=240, env=worker_env(OLMO_SHARED_FS="1"))
-    ranks = read_ranks(out, 2)
+    ranks = two_ranks["callback"]
     single = single_runs["cb"]["logged"]
     figures = [{s: downstream(ranks[r]["logged"][s]) for s in EVAL_STEPS} for r in range(2)]
     assert figures[0] == figures[1]
@@ -114,6 +120,17 @@ def test_two_gloo_ranks_match_one_process(single_runs, data_root, tmp_path):
         tol = 1e-6 if step == "0" else 1e-4
         for key, value in expected.items():
             assert math.isclose(figures[0][step][key], value, rel_tol=tol, abs_tol=tol), (step, key)
+
+
+def test_two_gloo_ranks_record_olmo_cores_perplexity_figures(two_ranks):
+    """The perplexity callback (tests/integrations/test_olmo_core_perplexity.py) on 2 ranks: eval batches of 1
+    sequence per rank (the train module's micro-batch), so global batches of 2 and 22 of the 23 documents, on
+    both sides; every rank records OLMo-core's figures."""
+    ranks = two_ranks["perplexity"]
+    for result in ranks:
+        assert_ours_equal_theirs(result)
+        assert sum(result["scored"].values()) == N_DOCUMENTS // 2 * 2
+    assert olmo_core_figures(ranks[0]["ours"]["2"]) == olmo_core_figures(ranks[1]["ours"]["2"])
 
 
 def test_the_forward_runs_under_the_train_modules_autocast(data_root, tmp_path):

@@ -1,11 +1,11 @@
 """The OLMo-core callback when OLMo-core's train module splits the model: tensor parallel (TP=2, FSDP), Ulysses
 context parallel (CP=2, DDP) and FSDP=2 x TP=2 (4 processes), each a real `Trainer` run under torchrun on gloo,
-compared with one process: rows packed in every layout (the attention routed through the engine's, under
+compared with one process (tp2 and cp2 one after the other in one 2-process launch): rows packed in every layout (the attention routed through the engine's, under
 Ulysses after OLMo-core's head exchange), the same `eval/downstream/...` keys, accuracies identical, the other figures within
 1e-5 relative, for an rc, a letter-key mc and a bpb OLMo label and a PMI task, under our keys and OLMo-core's.
 Also: the scoring code allocates at most [B, T/TP, V] per batch, tokens are counted once per data-parallel
 rank, and sharding over no group or over the world is refused. The worker is
-tests/support/workers/olmo_core_layouts.py (one launch per layout)."""
+tests/support/workers/olmo_core_layouts.py (one launch per world size)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from workers.olmo_core_layouts import LAYOUTS, run_layout
 from inloop_eval.errors import ConfigError, ModelOutputError
 from inloop_eval.integrations.olmo_core.topology import SequenceSplit, read_sequence_split
 
-LAUNCHED = ["tp2", "cp2", "dp2tp2"]
+# The layouts of each launch (of one world size): tp2 and cp2 share one, so their processes start once.
+LAUNCHES = [["tp2", "cp2"], ["dp2tp2"]]
 LAUNCH_TIMEOUT_S = 400
 # Figures that count documents: equal exactly (OLMo-core's keys name accuracies in words).
 EXACT = ("/acc", "/acc_norm", "/acc_bytes", "/acc_per_token", "/acc_pmi", "/n_docs", "/failed", "accuracy)", "accuracy v2)")
@@ -38,15 +39,15 @@ def single(data_root: Path, tmp_path_factory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def launched(data_root: Path, tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
-    """Layout -> every rank's result, one launch each."""
+    """Layout -> every rank's result; the layouts of one world size in one launch."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for layout in LAUNCHED:
-        nproc = LAYOUTS[layout][0]
-        folder = tmp_path_factory.mktemp(layout)
+    for layouts in LAUNCHES:
+        (nproc,) = {LAYOUTS[layout][0] for layout in layouts}
+        folder = tmp_path_factory.mktemp("_".join(layouts))
         args = [str(REPO / "tests" / "support" / "workers" / "olmo_core_layouts.py"), "--data-root", str(data_root)]
-        args += ["--work", str(folder / "work"), "--out", str(folder / "out"), "--layout", layout]
+        args += ["--work", str(folder / "work"), "--out", str(folder / "out"), "--layouts", ",".join(layouts)]
         launch(nproc, args, timeout=LAUNCH_TIMEOUT_S, env=worker_env(OLMO_SHARED_FS="1"))
-        out[layout] = read_ranks(folder / "out", nproc)
+        out.update({layout: read_ranks(folder / "out" / layout, nproc) for layout in layouts})
     return out
 
 

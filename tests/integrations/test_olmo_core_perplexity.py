@@ -1,11 +1,10 @@
 """The replacement of OLMo-core's perplexity callback (`InLoopPerplexityCallbackConfig`) in a real OLMo-core
 `Trainer` on CPU, beside OLMo-core's own `LMEvaluatorCallbackConfig` on the same numpy files: the same keys
-`eval/lm/<label>/CE loss` and `PPL` with the same values, on one process and on 2 gloo ranks; the config's
-round trip, OLMo-core's validation mix in `with_recommended_evals`, and the configs it refuses."""
+`eval/lm/<label>/CE loss` and `PPL` with the same values, on one process (on 2 gloo ranks: in
+tests/integrations/test_olmo_core_callback.py, whose launch runs it); the config's round trip, OLMo-core's
+validation mix in `with_recommended_evals`, and the configs it refuses."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
@@ -13,8 +12,14 @@ from olmo_core.data import DataCollator, NumpyDataLoaderBase, NumpyPaddedFSLData
 from olmo_core.train import TrainerConfig
 from olmo_core.train.common import Duration
 from olmo_core.train.train_module import EvalBatchSizeUnit, EvalBatchSpec
-from workers.launch import launch, read_ranks, worker_env
-from workers.olmo_core_perplexity import DOCUMENTS, both_runs, olmo_core_config, write_documents
+from workers.olmo_core_perplexity import (
+    DOCUMENTS,
+    N_DOCUMENTS,
+    assert_ours_equal_theirs,
+    both_runs,
+    olmo_core_config,
+    write_documents,
+)
 from workers.olmo_core_train import SEQ_LEN, callback_config, train
 
 from inloop_eval.data.perplexity.documents import LoaderSelection, loader_selection
@@ -26,24 +31,8 @@ from inloop_eval.integrations.olmo_core.callback import (
     with_recommended_evals,
 )
 from inloop_eval.integrations.olmo_core.perplexity import loader_batches
-from inloop_eval.keys import is_olmo_core_key
 
-N_DOCUMENTS = sum(n for files in DOCUMENTS.values() for n in files)
-EVAL_STEPS = ("0", "2")
 BATCH_SPEC = EvalBatchSpec(rank_batch_size=2 * SEQ_LEN, max_sequence_length=SEQ_LEN)
-
-
-def olmo_core_figures(logged: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in logged.items() if k.startswith("eval/lm/") and is_olmo_core_key(k)}
-
-
-def assert_ours_equal_theirs(result: dict) -> None:
-    """At every evaluated step, OLMo-core's keys of all three labels, with its values (1e-5 relative)."""
-    for step in EVAL_STEPS:
-        theirs, ours = olmo_core_figures(result["theirs"][step]), olmo_core_figures(result["ours"][step])
-        assert len(theirs) == 2 * len(DOCUMENTS) and ours.keys() == theirs.keys(), step
-        for key, value in theirs.items():
-            assert math.isclose(ours[key], value, rel_tol=1e-5), (step, key, ours[key], value)
 
 
 @pytest.fixture(scope="module")
@@ -57,25 +46,6 @@ def test_one_process_records_olmo_cores_figures(single_run):
     assert sum(single_run["scored"].values()) == N_DOCUMENTS // 2 * 2
     for label in DOCUMENTS:  # our own figures beside OLMo-core's
         assert {f"eval/lm/{label}/ce", f"eval/lm/{label}/bpb"} <= single_run["ours"]["2"].keys()
-
-
-def test_two_gloo_ranks_record_olmo_cores_figures(data_root, tmp_path):
-    """torchrun, 2 ranks, DDP over gloo: eval batches of 1 sequence per rank (the train module's micro-batch),
-    so global batches of 2 and 22 of the 23 documents, on both sides; every rank records OLMo-core's figures."""
-    out = tmp_path / "out"
-    args = [
-        "tests/support/workers/olmo_core_perplexity.py",
-        "--data-root",
-        str(data_root),
-        "--work",
-        str(tmp_path),
-    ]
-    launch(2, [*args, "--out", str(out)], timeout=240, env=worker_env(OLMO_SHARED_FS="1"))
-    ranks = read_ranks(out, 2)
-    for result in ranks:
-        assert_ours_equal_theirs(result)
-        assert sum(result["scored"].values()) == N_DOCUMENTS // 2 * 2
-    assert olmo_core_figures(ranks[0]["ours"]["2"]) == olmo_core_figures(ranks[1]["ours"]["2"])
 
 
 def test_config_round_trip_and_replacing_olmo_cores_callback(tmp_path):

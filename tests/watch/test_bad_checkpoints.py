@@ -100,15 +100,13 @@ def test_a_damaged_safetensors_header_is_recorded_failed_and_the_others_evaluate
     assert again.run() == [] and list(again.failures) == [20]
 
 
-@pytest.mark.parametrize("unreadable", ["file", "folder"])
-def test_a_checkpoint_without_read_permission_is_recorded_failed_and_the_others_evaluated(
-    saved, data_root, tmp_path, unreadable
-):
+def test_checkpoints_without_read_permission_are_recorded_failed_and_the_others_evaluated(saved, data_root, tmp_path):
     """`inloop-eval watch` in a process that obeys file permissions (root's override dropped): step 20's
-    `model.safetensors`, or its whole folder, mode 000."""
-    folder = copy(saved, tmp_path / "ckpt", same_names(10, 20, 30))
-    target = folder / "checkpoint-20" / ("model.safetensors" if unreadable == "file" else "")
-    target.chmod(0)
+    `model.safetensors` mode 000, and step 25's whole folder (one run for both, so the command starts once)."""
+    folder = copy(saved, tmp_path / "ckpt", [*same_names(10, 20, 30), ("checkpoint-20", "checkpoint-25")])
+    unreadable = [folder / "checkpoint-20" / "model.safetensors", folder / "checkpoint-25"]
+    for target in unreadable:
+        target.chmod(0)
     config = tmp_path / "eval.yaml"
     config.write_text(yaml.safe_dump(eval_config(data_root)))
     run_dir = tmp_path / "run"
@@ -125,11 +123,15 @@ def test_a_checkpoint_without_read_permission_is_recorded_failed_and_the_others_
             obey_permissions=True,
         )
     finally:
-        target.chmod(0o755)
+        for target in unreadable:
+            target.chmod(0o755)
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     assert "Traceback" not in done.stderr
-    assert "watch: evaluated 2 checkpoints: steps 10, 30; step 20 failed: " in done.stdout
-    assert "PermissionError" in done.stdout
+    closing = next(line for line in done.stdout.splitlines() if line.startswith("watch: evaluated"))
+    evaluated, *failures = closing.split("; step ")
+    assert evaluated == "watch: evaluated 2 checkpoints: steps 10, 30", closing
+    assert [failure.partition(" failed: ")[0] for failure in failures] == ["20", "25"], closing
+    assert all("PermissionError" in failure for failure in failures), closing
     assert sorted(line["step"] for line in eval_lines(run_dir)) == [10, 30]
 
 

@@ -1,8 +1,7 @@
-"""Worker for tests/evaluators/test_rank_agreement.py: ranks handed different settings (task lists, limits,
-task order and count, data-parallel groups, task data, pipeline step shapes), each refused on every rank
-before any forward; per check, what each rank raised (or its figures) and how long the check took.
-
-    torchrun --nproc_per_node 2 agreement_checks.py --data-root DIR --out DIR --checks a,b
+"""Checks for tests/test_distributed.py: ranks handed different settings (task lists, limits, task order and
+count, data-parallel groups, task data, pipeline step shapes), each refused on every rank before any forward;
+per check, what each rank raised (or its figures) and how long the check took. They run in the 2-rank launch
+of tests/support/workers/world_checks.py, as `agreement_<check>`.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import inloop_eval.evaluators.downstream as downstream_module
 from inloop_eval.engine.adapters.pipeline import PipelineAdapter
 from inloop_eval.errors import InLoopEvalError
 from workers.dist_checks import Context, patched, tiny_gpt
-from workers.launch import checks_main
 from workers.pipeline_checks import BATCH_ROWS, SEQ_LEN, pipeline
 
 COPA = {"task": "copa", "limit": 9, "batch_tokens": 96}
@@ -117,11 +115,3 @@ CHECKS: dict[str, Callable[[Context], Any]] = {
     "task_data": check_task_data,
     "pipeline_arguments": check_pipeline_arguments,
 }
-
-
-def main() -> None:
-    checks_main(CHECKS, Context)
-
-
-if __name__ == "__main__":
-    main()

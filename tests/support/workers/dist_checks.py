@@ -10,6 +10,7 @@ matches fails the run instead of hanging it.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 import inloop_eval.evaluators.downstream as downstream_module
-from inloop_eval.data.root import neox_tokenizer_path
+from inloop_eval.data.root import home, neox_tokenizer_path
 from inloop_eval.data.tokenizer import Tokenizer, load_tokenizer
 from inloop_eval.distributed import TaskFailedOnAnotherRank, world
 from inloop_eval.engine.adapters.logits import LogitsAdapter
@@ -37,6 +38,7 @@ from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests.cache import cache_dir, load_table, save_table
 from inloop_eval.requests.table import build_requests
 from inloop_eval.tasks import get_task, load_docs
+from workers import lm_world_sizes
 from workers.launch import checks_main
 
 MAX_LENGTH = 512
@@ -438,6 +440,12 @@ def check_training(ctx: Context) -> dict[str, Any]:
     return out
 
 
+def check_lm(ctx: Context) -> dict[str, Any]:
+    """The `lm` evaluator on the domain files in `$LM_DOMAINS` (tests/support/workers/lm_world_sizes.py), its
+    token cache under this launch's empty home."""
+    return lm_world_sizes.evaluate(Path(os.environ["LM_DOMAINS"]), home() / "lm_cache", ctx.tokenizer)
+
+
 CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "cache": check_cache,
     "metrics": check_metrics,
@@ -448,6 +456,7 @@ CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "training": check_training,
     "olmo_core_fsdp": check_olmo_core_fsdp,
     "olmo_core_tp": check_olmo_core_tp,
+    "lm": check_lm,
 }
 
 

@@ -1,36 +1,44 @@
-"""One rank of a job whose nodes each have their own home folder (tests/data/test_perplexity_faults.py), run
-by `launch` on the domain files of `lm_helpers.write_domains` in `<work>/data`:
-
-    launch(2, [lm_rank_faults.py, --work DIR, --tokenizer FILE])
+"""One rank of a job whose nodes each have their own home folder, on the domain files of
+`lm_helpers.write_domains` in `<work>/data` (`$LM_FAULTS_WORK`): the `lm_rank_faults` check of the 2-rank
+launch of tests/test_distributed.py (tests/support/workers/world_checks.py).
 
 `~` is `<work>/node-<rank>`: `~/local.npy` (memmap) and `~/local.jsonl` exist on rank 0's node only, and
 `~/flaky.npy` gives an I/O error on rank 1's node. Evaluates (lenient, then strict), then rank 1's files
-appear and the lenient evaluator runs again. Writes what it saw to `<work>/rank<r>.json`.
+appear and the lenient evaluator runs again.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
-from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-import torch
-import torch.distributed as dist
 from lm_helpers import lm_entry, tiny_gpt
 
-from inloop_eval.data.tokenizer import load_tokenizer
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from workers.dist_checks import Context
 
 NODE_FILES = ("local.npy", "local.jsonl", "flaky.npy")
 
 
-def evaluate(root: Path, rank: int, tokenizer_path: str) -> dict:
+def check_lm_rank_faults(ctx: Context) -> dict[str, Any]:
+    """`evaluate` on `$LM_FAULTS_WORK` with `~` this rank's node folder (`HOME` put back afterwards)."""
+    work = Path(os.environ["LM_FAULTS_WORK"])
+    home = os.environ.get("HOME")
+    os.environ["HOME"] = str(work / f"node-{ctx.rank}")
+    try:
+        return evaluate(work, ctx.rank, ctx.tokenizer)
+    finally:
+        if home is None:
+            del os.environ["HOME"]
+        else:
+            os.environ["HOME"] = home
+
+
+def evaluate(root: Path, rank: int, tokenizer: Any) -> dict[str, Any]:
     """Lenient, strict (the error it raised), and lenient again once this node's files are there."""
-    tokenizer = load_tokenizer(tokenizer_path)
     files = {
         "code": root / "data" / "code",
         "prose": root / "data" / "prose.jsonl",
@@ -56,23 +64,3 @@ def evaluate(root: Path, rank: int, tokenizer_path: str) -> dict:
             shutil.copy(root / "node-0" / name, root / "node-1" / name)
     second = lenient.run(model)
     return {"first": first, "strict": strict, "second": second}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--work", required=True, type=Path)
-    parser.add_argument("--tokenizer", required=True)
-    args = parser.parse_args()
-    rank = int(os.environ["RANK"])
-    os.environ["HOME"] = str(args.work / f"node-{rank}")  # `~` in the config is this node's own folder
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
-    try:
-        seen = evaluate(args.work, rank, args.tokenizer)
-        (args.work / f"rank{rank}.json").write_text(json.dumps(seen))
-    finally:
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,34 +1,27 @@
-"""One rank of the `lm` evaluator at world sizes 1-3 (tests/evaluators/test_perplexity_distributed.py), run by
-`launch` on the domain files of `lm_helpers.write_domains` and a JSONL file `broken.jsonl` beside them:
-
-    launch(N, [lm_world_sizes.py, --data DIR, --cache DIR, --tokenizer FILE, --out DIR])
+"""One rank of the `lm` evaluator at world sizes 1-3, on the domain files of `lm_helpers.write_domains` and a
+JSONL file `broken.jsonl` beside them: the `lm` check of tests/support/workers/dist_checks.py, so the launches of
+tests/test_distributed.py run it beside their other checks (world size 1 in the test's own process).
 
 A clean evaluation, counting the model's forward calls and this rank's share of each label, then two that fail
-(a model too small for the tokens; a JSONL file that only rank 0 reads, while building the cache). Writes what
-it saw to `<out>/rank<r>.json`.
+(a model too small for the tokens; a JSONL file that only rank 0 reads, while building the cache).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-import torch
-import torch.distributed as dist
 from lm_helpers import lm_entry, tiny_gpt
 
-from inloop_eval.data.tokenizer import load_tokenizer
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 
 LABELS = ("code", "prose", "tiny")
 
 
-def evaluate(data: Path, cache: Path, tokenizer_path: str) -> dict:
-    """This rank's three evaluations: what each returned, the forward calls and the share of the first."""
-    tokenizer = load_tokenizer(tokenizer_path)
+def evaluate(data: Path, cache: Path, tokenizer: Any) -> dict:
+    """This rank's three evaluations: what each returned, the forward calls and the share of the first; the
+    token cache in `cache` (empty at first, so rank 0 builds it)."""
     files = {"code": data / "code", "prose": data / "prose.jsonl", "tiny": data / "tiny.npy"}
     model = tiny_gpt()
     calls = [0]
@@ -58,22 +51,3 @@ def evaluate(data: Path, cache: Path, tokenizer_path: str) -> dict:
         "too_small": too_small,
         "rank0_fails": rank0_fails,
     }
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    for flag in ("--data", "--cache", "--out"):
-        parser.add_argument(flag, required=True, type=Path)
-    parser.add_argument("--tokenizer", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    try:
-        seen = evaluate(args.data, args.cache, args.tokenizer)
-        (args.out / f"rank{dist.get_rank()}.json").write_text(json.dumps(seen))
-    finally:
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

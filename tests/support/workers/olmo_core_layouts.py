@@ -1,13 +1,14 @@
 """The OLMo-core `Trainer` with the in-loop callback under one parallel layout of its train module, on CPU:
 
     torchrun --nproc_per_node N tests/support/workers/olmo_core_layouts.py --data-root DIR --work DIR --out DIR \
-        --layout tp2
+        --layouts tp2,cp2
 
 Layouts (`LAYOUTS`): tensor parallel (`tp2`, under FSDP), Ulysses context parallel (`cp2`, under DDP), FSDP=2 x
 TP=2 (`dp2tp2`, 4 processes); `single` (one process, no process group) is the reference
 tests/integrations/test_olmo_core_parallel.py runs in its own process. Two callbacks evaluate: `inloop_eval`
 (our keys) at startup and after each step, `inloop_eval_olmo` (OLMo-core's keys, from a config file that adds
-a PMI task) at startup. Every rank writes `<out>/rank<r>.json`: what OLMo-core logged per step (`collected`),
+a PMI task) at startup. The layouts named (of one world size) run one after the other in one launch, each with
+a trainer of its own. Every rank writes `<out>/<layout>/rank<r>.json`: what OLMo-core logged per step (`collected`),
 at `tp2` the largest tensor the scoring code allocated per batch (`ScoringMemory`), and, for the distributed layouts,
 the refusals of sharding over no group and over the world (and at `tp2`, of evaluating a DDP x TP model before
 it has trained).
@@ -23,6 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import olmo_core.distributed.parallel as olmo_core_parallel
 import torch
 import torch.distributed as dist
 from olmo_core.distributed.parallel import DataParallelType, get_dp_model_mesh, get_tp_mesh
@@ -208,14 +210,22 @@ def main() -> None:
     parser.add_argument("--data-root", type=Path, required=True)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--layout", choices=sorted(LAYOUTS), required=True)
+    parser.add_argument("--layouts", required=True, help="comma-separated, each of the same world size")
     args = parser.parse_args()
+    layouts = args.layouts.split(",")
+    unknown = sorted(set(layouts) - set(LAYOUTS))
+    if unknown:
+        parser.error(f"--layouts: unknown {unknown}; known: {sorted(LAYOUTS)}")
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:
-        result = run_layout(args.layout, args.work, args.data_root)
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
-        dist.barrier()
+        for layout in layouts:  # one after the other in this process group: Python, torch and OLMo-core start once
+            # OLMo-core keeps one world mesh per process, built by the first train module; each layout's
+            # trainer builds its own over the same ranks.
+            olmo_core_parallel._WORLD_MESH = None
+            result = run_layout(layout, args.work / layout, args.data_root)
+            (args.out / layout).mkdir(parents=True, exist_ok=True)
+            (args.out / layout / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+            dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -1,17 +1,12 @@
 """OLMo-core's perplexity callback and this project's replacement, each in a real OLMo-core `Trainer` (the tiny
-model of `olmo_core_train`), on the same small numpy validation files; in process or under torchrun:
-
-    torchrun --nproc_per_node 2 tests/support/workers/olmo_core_perplexity.py --data-root DIR --work DIR --out DIR
-
-Every rank writes `<out>/rank<r>.json`: {"theirs": logged, "ours": logged}, the metrics each run's trainer
-handed its callbacks per step.
+model of `olmo_core_train`), on the same small numpy validation files; in process or under torchrun
+(tests/support/workers/olmo_core_ranks.py). `both_runs` returns {"theirs": logged, "ours": logged, "scored":
+...}: the metrics each run's trainer handed its callbacks per step, and the documents ours scored per label.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from datetime import timedelta
+import math
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +17,29 @@ from olmo_core.data import NumpyPaddedFSLDatasetConfig, TokenizerConfig
 from olmo_core.train.callbacks import LMEvaluatorCallbackConfig
 
 from inloop_eval.integrations.olmo_core.callback import InLoopPerplexityCallbackConfig
+from inloop_eval.keys import is_olmo_core_key
 from workers.olmo_core_train import SEQ_LEN, train
 
 STEPS = 2
 # label -> documents in each of its files (23 in all: not a whole number of eval batches at 1 or 2 ranks).
 DOCUMENTS = {"c4_en-validation": [9, 4], "wiki-validation": [7], "code-validation": [3]}
 TRAILING = 5  # tokens after the last EOS of the first file, which belong to no document
+N_DOCUMENTS = sum(n for files in DOCUMENTS.values() for n in files)
+EVAL_STEPS = ("0", "2")  # eval_on_startup and every STEPS
+
+
+def olmo_core_figures(logged: dict[str, float]) -> dict[str, float]:
+    """The perplexity figures under OLMo-core's keys."""
+    return {k: v for k, v in logged.items() if k.startswith("eval/lm/") and is_olmo_core_key(k)}
+
+
+def assert_ours_equal_theirs(result: dict[str, Any]) -> None:
+    """At every evaluated step, OLMo-core's keys of all three labels, with its values (1e-5 relative)."""
+    for step in EVAL_STEPS:
+        theirs, ours = olmo_core_figures(result["theirs"][step]), olmo_core_figures(result["ours"][step])
+        assert len(theirs) == 2 * len(DOCUMENTS) and ours.keys() == theirs.keys(), step
+        for key, value in theirs.items():
+            assert math.isclose(ours[key], value, rel_tol=1e-5), (step, key, ours[key], value)
 
 
 def document_files(folder: Path) -> list[tuple[Path, str]]:
@@ -100,21 +112,3 @@ def both_runs(work: Path, data_root: Path) -> dict[str, Any]:
     outputs = trainer.callbacks["lm_evaluator"].evaluator.last_outputs.values()
     scored = {d.label: len(d) for output in outputs for d in output.detail.domains}
     return {"theirs": theirs["logged"], "ours": ours["logged"], "scored": scored}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data-root", type=Path, required=True)
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    args.work.mkdir(parents=True, exist_ok=True)
-    result = both_runs(args.work, args.data_root)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,19 +1,13 @@
 """A tiny OLMo-core model trained for a few steps by the real OLMo-core `Trainer`, with or without the in-loop
-evaluation callback; in process (tests/test_olmo_core_callback.py imports `train`) or under torchrun:
-
-    torchrun --nproc_per_node 2 tests/support/workers/olmo_core_train.py --data-root DIR --work DIR --out DIR
-
-Every rank writes `<out>/rank<r>.json`: the metrics OLMo-core passed to its callbacks' `log_metrics` per
-step, the evaluator's max_length per task, and a hash of the trained parameters.
+evaluation callback; in process (tests/integrations/test_olmo_core_callback.py imports `train`) or under
+torchrun (tests/support/workers/olmo_core_ranks.py). `train` returns the metrics OLMo-core passed to its
+callbacks' `log_metrics` per step, the evaluator's max_length per task, and a hash of the trained parameters.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
-import json
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -204,22 +198,3 @@ def collected(trainer: Trainer) -> dict[str, Any]:
         "max_lengths": max_lengths,
         "params_sha": hashlib.sha256(params.numpy().tobytes()).hexdigest(),
     }
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data-root", type=Path, required=True)
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    rank = dist.get_rank()
-    args.work.mkdir(parents=True, exist_ok=True)
-    result, _ = train(args.work, args.data_root, with_callback=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"rank{rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

@@ -4,7 +4,8 @@ in-process for world size 1, the reference).
     torchrun --nproc_per_node N tests/support/workers/parallel_checks.py --data-root DIR --out DIR --checks a,b
 
 Every rank writes `<out>/rank<r>.json`: check name -> JSON-able result; tests/engine/test_parallelism.py
-compares them with one process.
+compares them with one process. The checks of tests/support/workers/pipeline_checks.py run here too, as
+`pipeline_<check>`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
+from workers import pipeline_checks
 from workers.dist_checks import Context, per_rank, samples, tiny_gpt
 from workers.launch import checks_main
 
@@ -330,6 +332,8 @@ CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "vocab_tp": check_vocab_tp,
     "torchtitan_plan": check_torchtitan_plan,
     "registered_layout": check_registered_layout,
+    # The pipeline's checks too, so that one launch per world size runs both (processes start once).
+    **{f"pipeline_{name}": check for name, check in pipeline_checks.CHECKS.items()},
 }
 
 

@@ -1,11 +1,12 @@
-"""Checks of the evaluator on the reference GPT split into two pipeline stages (torch.distributed.pipelining),
-run by torchrun; in-process for world size 1 (the unsplit model: the reference).
+"""Checks of the evaluator on the reference GPT split into two pipeline stages (torch.distributed.pipelining);
+in-process for world size 1 (the unsplit model: the reference). They run in the launches of
+tests/support/workers/parallel_checks.py, as `pipeline_<check>`:
 
-    torchrun --nproc_per_node N tests/support/workers/pipeline_checks.py --data-root DIR --out DIR --checks a
+    torchrun --nproc_per_node N tests/support/workers/parallel_checks.py --data-root DIR --out DIR \
+        --checks pipeline_layouts
 
-Every rank writes `<out>/rank<r>.json`: check name -> JSON-able result; tests/engine/test_pipeline.py
-compares them with one process. The perplexity domains are written under $INLOOP_EVAL_HOME (one folder per
-launch).
+tests/engine/test_parallelism.py compares each rank's results with one process. The perplexity domains are
+written under $INLOOP_EVAL_HOME (one folder per launch).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.models.gpt import GPT, GPTConfig
 from workers.dist_checks import Context, draw_random_numbers, params_digest, refusal, samples
-from workers.launch import checks_main
 
 SEQ_LEN = 64  # the schedule's fixed row length, and the longest request (the reference's max_length)
 MICRO_BATCHES = 2
@@ -224,17 +224,3 @@ CHECKS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "last_stage_failure": check_last_stage_failure,
     "training": check_training,
 }
-
-
-def run_checks(names: list[str], data_root: Path) -> dict[str, Any]:
-    """The checks `names` on one context, in this process (world size 1 runs them without torchrun)."""
-    ctx = Context(data_root)
-    return {name: CHECKS[name](ctx) for name in names}
-
-
-def main() -> None:
-    checks_main(CHECKS, Context)
-
-
-if __name__ == "__main__":
-    main()
