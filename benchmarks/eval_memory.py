@@ -40,13 +40,6 @@ VOCAB_SIZE = 50304  # the NeoX vocabulary padded, as OLMo-core's models take it
 MAX_LENGTH = 2048
 
 
-def status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """One build's evaluation in this process (`inloop_eval` imported from `args.build`): its second run's
     peak resident memory above what was resident before it."""
@@ -56,6 +49,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     import inloop_eval
     from benchmarks.flash_attention import flash_kernel_stand_in, flash_model_build
+    from benchmarks.watch_memory import status_kib
     from inloop_eval import EvaluatorConfig, InLoopEvaluator
     from inloop_eval.data.root import neox_tokenizer_path
     from inloop_eval.data.tokenizer import load_tokenizer

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import functools
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import olmo_core.distributed.parallel as olmo_core_parallel
 import torch
 import torch.distributed as dist
 from olmo_core.distributed.parallel import DataParallelType, get_dp_model_mesh, get_tp_mesh
@@ -38,7 +37,7 @@ import inloop_eval.engine.outputs.sequence_sharded as sequence_sharded
 from inloop_eval.errors import ConfigError
 from inloop_eval.integrations.callback_config import DEFAULT_BATCH_TOKENS
 from inloop_eval.integrations.olmo_core.adapter import OLMoCoreAdapter, OLMoCoreSequenceSplitAdapter
-from workers.olmo_core_train import callback_config, collected, model_config, train
+from workers.olmo_core_train import callback_config, collected, model_config, runs_in_turn, train
 from workers.parallel_checks import LargestTensor
 
 STEPS = 1
@@ -218,14 +217,10 @@ def main() -> None:
         parser.error(f"--layouts: unknown {unknown}; known: {sorted(LAYOUTS)}")
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:
-        for layout in layouts:  # one after the other in this process group: Python, torch and OLMo-core start once
-            # OLMo-core keeps one world mesh per process, built by the first train module; each layout's
-            # trainer builds its own over the same ranks.
-            olmo_core_parallel._WORLD_MESH = None
-            result = run_layout(layout, args.work / layout, args.data_root)
-            (args.out / layout).mkdir(parents=True, exist_ok=True)
-            (args.out / layout / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
-            dist.barrier()
+        runs_in_turn(
+            [(layout, functools.partial(run_layout, layout, args.work / layout, args.data_root)) for layout in layouts],
+            args.out,
+        )
     finally:
         dist.destroy_process_group()
 

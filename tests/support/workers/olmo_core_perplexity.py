@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import olmo_core.distributed.parallel as olmo_core_parallel
 import torch.distributed as dist
 from olmo_core.data import NumpyPaddedFSLDatasetConfig, TokenizerConfig
 from olmo_core.train.callbacks import LMEvaluatorCallbackConfig
 
 from inloop_eval.integrations.olmo_core.callback import InLoopPerplexityCallbackConfig
 from inloop_eval.keys import is_olmo_core_key
-from workers.olmo_core_train import SEQ_LEN, train
+from workers.olmo_core_train import SEQ_LEN, fresh_world_mesh, train
 
 STEPS = 2
 # label -> documents in each of its files (23 in all: not a whole number of eval batches at 1 or 2 ranks).
@@ -99,9 +98,7 @@ def both_runs(work: Path, data_root: Path) -> dict[str, Any]:
         steps=STEPS,
         extra_callbacks={"lm_evaluator": theirs_config},
     )
-    # OLMo-core keeps one world mesh per process, built by the first DDP train module; the second run of this
-    # process builds its own over the same ranks.
-    olmo_core_parallel._WORLD_MESH = None
+    fresh_world_mesh()
     ours, trainer = train(
         work / "ours",
         data_root,

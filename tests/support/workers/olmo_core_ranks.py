@@ -12,15 +12,13 @@ Every rank writes `<out>/callback/rank<r>.json` (what `train` returned) and `<ou
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import timedelta
 from pathlib import Path
 
-import olmo_core.distributed.parallel as olmo_core_parallel
 import torch.distributed as dist
 
 from workers.olmo_core_perplexity import both_runs
-from workers.olmo_core_train import train
+from workers.olmo_core_train import runs_in_turn, train
 
 
 def main() -> None:
@@ -31,16 +29,11 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:
-        rank = dist.get_rank()
-        callback, _ = train(args.work / "callback", args.data_root, with_callback=True)
-        # OLMo-core keeps one world mesh per process, built by the first DDP train module; the next runs of
-        # this process build their own over the same ranks.
-        olmo_core_parallel._WORLD_MESH = None
-        perplexity = both_runs(args.work / "perplexity", args.data_root)
-        for name, result in (("callback", callback), ("perplexity", perplexity)):
-            (args.out / name).mkdir(parents=True, exist_ok=True)
-            (args.out / name / f"rank{rank}.json").write_text(json.dumps(result))
-        dist.barrier()
+        runs = [
+            ("callback", lambda: train(args.work / "callback", args.data_root, with_callback=True)[0]),
+            ("perplexity", lambda: both_runs(args.work / "perplexity", args.data_root)),
+        ]
+        runs_in_turn(runs, args.out)
     finally:
         dist.destroy_process_group()
 

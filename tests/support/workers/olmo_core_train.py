@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import olmo_core.distributed.parallel as olmo_core_parallel
 import torch
 import torch.distributed as dist
 from olmo_core.config import DType
@@ -46,6 +49,24 @@ class MetricsCollector(Callback):
         self.logged.setdefault(step, {}).update(metrics)
         if SECONDS_KEY in metrics:
             self.evaluations[step] = self.evaluations.get(step, 0) + 1
+
+
+def fresh_world_mesh() -> None:
+    """OLMo-core keeps one world mesh per process, built by its first train module: after this, the next
+    trainer of the process builds its own over the same ranks."""
+    olmo_core_parallel._WORLD_MESH = None
+
+
+def runs_in_turn(runs: Iterable[tuple[str, Callable[[], Any]]], out: Path) -> None:
+    """Each named run one after the other in this process group (Python, torch and OLMo-core start once),
+    each trainer building its own world mesh; every rank writes what a run returned to
+    `<out>/<name>/rank<r>.json`."""
+    for name, run in runs:
+        fresh_world_mesh()
+        result = run()
+        (out / name).mkdir(parents=True, exist_ok=True)
+        (out / name / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+        dist.barrier()
 
 
 def write_tokens(path: Path, n_tokens: int, dtype: type[np.unsignedinteger] = np.uint16) -> Path:
