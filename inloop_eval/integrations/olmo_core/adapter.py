@@ -46,13 +46,12 @@ class OLMoCoreAdapter(ModelAdapter):
     """An OLMo-core `Transformer`, called through `__call__` so that FSDP's hooks run. Its output head
     (`LMHead`) scores the targets itself, a chunk of positions at a time (`head.scoring_head`); a head of
     another class is handed `logits_to_keep` [B, K] (positions per row), so that it projects only the
-    positions read. Its
-    forward ignores an attention mask and position ids, so every forward of a model that packs runs inside
-    `routed_attention` (`attention`), which gives its attention both through the engine's attention, on
-    every backend; a model that module was not verified for (`packing_refusal`: MoE, attention sinks, ...)
-    is scored one request per row, said once in the log. A model that packs keeps prefixes too
-    (`adapter.SharedPrefix`): the keys and values of each attention, recorded while the prefix is
-    forwarded, are attended to by the batches after it.
+    positions read. Its forward ignores an attention mask and position ids, so every forward of a model
+    that packs runs inside `routed_attention` (`attention`), which gives its attention both through the
+    engine's attention, on every backend; a model that module was not verified for (`packing_refusal`:
+    MoE, attention sinks, ...) is scored one request per row, said once in the log. A model that packs
+    keeps prefixes too (`adapter.SharedPrefix`): the keys and values of each attention, recorded while the
+    prefix is forwarded, are attended to by the batches after it.
 
     max_length: the context length it was trained at (the train module's `max_sequence_length`); the model
         does not record it, and RoPE would run past it without complaint.
