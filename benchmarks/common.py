@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from inloop_eval import AdapterNeeds, ForwardInputs, InLoopEvaluator, ModelAdapter, ProjectedHead
+from inloop_eval.engine.flex_kernel import sequence_length
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.requests.table import RequestTable, build_requests
 from inloop_eval.tasks import get_task, load_docs
@@ -99,13 +100,15 @@ class TokenCounter:
 class PlanOnly(ModelAdapter):
     """A model that takes packed rows (and, with `prefix_reuse`, keeps prefixes) and computes nothing
     (equal logits everywhere): a run through it counts, in `tokens_forwarded`, what the planner would send
-    such a model."""
+    such a model, and in `lengths` the sequence lengths the block rendering would lay its batches out in
+    (`flex_kernel.sequence_length`: one compiled graph each) with the keys (kept prefix and rows) each held."""
 
     def __init__(self, vocab_size: int, max_length: int, prefix_reuse: bool = False) -> None:
         super().__init__(None)
         self.vocab_size, self.max_length, self.prefix_reuse = vocab_size, max_length, prefix_reuse
         self.head = nn.Linear(1, vocab_size, bias=False)
         nn.init.zeros_(self.head.weight)
+        self.lengths: list[tuple[int, int]] = []
 
     @property
     def needs(self) -> AdapterNeeds:
@@ -114,6 +117,9 @@ class PlanOnly(ModelAdapter):
     def forward(self, inputs: ForwardInputs) -> ProjectedHead:
         if inputs.keeps_prefix and inputs.prefix is not None:
             inputs.prefix.states = ()
+        kept = inputs.prefix.length if inputs.prefix is not None and not inputs.keeps_prefix else 0
+        keys = kept + inputs.input_ids_BT.numel()
+        self.lengths.append((sequence_length(keys), keys))
         return ProjectedHead(torch.zeros((inputs.rows_U.shape[0], 1)), self.head)
 
 

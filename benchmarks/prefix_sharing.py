@@ -43,6 +43,7 @@ from benchmarks.common import (
 from inloop_eval import EvaluatorConfig, InLoopEvaluator
 from inloop_eval.data.root import default_data_root, neox_tokenizer_path
 from inloop_eval.data.tokenizer import load_tokenizer
+from inloop_eval.engine.prefix_sharing import ATTENTION_COST_TOKENS_BY_DEVICE
 from inloop_eval.integrations.olmo_core.callback import task_set_ids
 
 VOCAB_SIZE = 50304
@@ -78,14 +79,24 @@ def token_rows(
     attention_tokens: int | None,
     spread: bool,
 ) -> list[dict[str, Any]]:
-    """Per label: tokens planned each way and the two minima of the requests the evaluator scored."""
+    """Per label: tokens planned each way and the two minima of the requests the evaluator scored; for the
+    shared way, and the shared way planned with CUDA's row cost constant (`cuda`), the sequence lengths the
+    block rendering lays its batches out in (`lengths`: one compiled graph each) and the keys they hold."""
     rows = []
+    cuda_tokens = ATTENTION_COST_TOKENS_BY_DEVICE["cuda"]
+    ways = (("today", False, False, attention_tokens), ("tree", True, False, attention_tokens),
+            ("shared", True, True, attention_tokens), ("cuda", True, True, cuda_tokens))  # fmt: skip
     for task_id in task_ids:
-        planned = {}
-        for name, share, keep in (("today", False, False), ("tree", True, False), ("shared", True, True)):
-            ev = evaluator([task_id], limit, data_root, tokenizer, share, attention_tokens, spread)
-            ev.run(PlanOnly(VOCAB_SIZE, MAX_LENGTH, prefix_reuse=keep))
+        planned: dict[str, Any] = {}
+        for name, share, keep, constant in ways:
+            ev = evaluator([task_id], limit, data_root, tokenizer, share, constant, spread)
+            model = PlanOnly(VOCAB_SIZE, MAX_LENGTH, prefix_reuse=keep)
+            ev.run(model)
             planned[name] = ev.tokens_forwarded
+            if keep:
+                planned[f"{name}_lengths"] = sorted({length for length, _ in model.lengths})
+                planned[f"{name}_laid_out"] = sum(length for length, _ in model.lengths)
+                planned[f"{name}_keys"] = sum(keys for _, keys in model.lengths)
         with_uncond = len(ev.detail(task_id).uncond_ids) > 0
         table = task_requests(task_id, tokenizer, data_root, limit, with_uncond=with_uncond, spread=spread)
         trie = trie_minimum(table_rows(table, with_uncond=with_uncond))
@@ -101,7 +112,8 @@ def token_rows(
         print(
             f"{r['label']:42} per-doc min {r['per_document_minimum']:>9,} trie min {trie:>9,} today "
             f"{r['today']:>9,} tree {r['tree']:>9,} kept {r['shared']:>9,}  tree/trie {r['tree'] / trie:.2f}  "
-            f"kept/trie {r['shared'] / trie:.2f}  today/kept {r['today'] / r['shared']:.2f}",
+            f"kept/trie {r['shared'] / trie:.2f}  today/kept {r['today'] / r['shared']:.2f}  "
+            f"cuda plan {r['cuda']:>9,} lengths {r['cuda_lengths']}",
             flush=True,
         )
     return rows
@@ -191,16 +203,26 @@ def main(argv: list[str] | None = None) -> None:
     report: dict[str, Any] = {"limit": args.limit, "spread": args.spread}
     if args.limit:
         rows = token_rows(task_ids, args.limit, data_root, tokenizer, args.attention_tokens, args.spread)
-        totals = {
+        totals: dict[str, Any] = {
             k: sum(r[k] for r in rows)
-            for k in ("per_document_minimum", "trie_minimum", "today", "tree", "shared")
+            for k in ("per_document_minimum", "trie_minimum", "today", "tree", "shared", "cuda")
+            + ("shared_laid_out", "shared_keys", "cuda_laid_out", "cuda_keys")
         }
+        for way in ("shared", "cuda"):
+            totals[f"{way}_lengths"] = sorted(set().union(*(r[f"{way}_lengths"] for r in rows)))
         print(
             f"all {len(rows)} labels: per-doc min {totals['per_document_minimum']:,} trie min "
             f"{totals['trie_minimum']:,} today {totals['today']:,} tree {totals['tree']:,} kept "
             f"{totals['shared']:,}  tree/trie {totals['tree'] / totals['trie_minimum']:.2f}  kept/trie "
             f"{totals['shared'] / totals['trie_minimum']:.2f}  today/kept {totals['today'] / totals['shared']:.2f}"
         )
+        for way, constant in (("shared", args.attention_tokens or "the CPU's"), ("cuda", "CUDA's")):
+            print(
+                f"block rendering, planned with {constant} row cost constant: {totals[way]:,} tokens "
+                f"({totals[way] / totals['trie_minimum']:.2f}x the trie minimum), compiled graphs "
+                f"{len(totals[f'{way}_lengths'])} (sequence lengths {totals[f'{way}_lengths']}), keys laid out "
+                f"{totals[f'{way}_laid_out'] / totals[f'{way}_keys']:.2f}x the keys held"
+            )
         report.update(labels=rows, totals=totals)
     if args.wall_limit:
         shape = (args.width, args.layers)

@@ -38,6 +38,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
+from inloop_eval.engine.flex_kernel import FlexKernel
+from inloop_eval.engine.logprobs import HostTargets
 from inloop_eval.engine.tree_attention import TreeMask, causal_tree
 from inloop_eval.errors import ConfigError
 
@@ -86,6 +88,9 @@ class ForwardInputs:
     prefix: the kept prefix this batch's rows begin with (None: none), or the one this batch forwards.
     keeps_prefix: this batch is the prefix (one causal row, no targets): keep its states in `prefix.states`.
     mask_rendering: how masks are rendered for the engine's attention ("dense" or "block", `tree_attention`).
+    host_targets: position_N and target_N as planned, on the host (`logprobs.HostTargets`): scoring chunks
+        and checks the targets from them without a copy from the device (None: read from it once).
+    kernel: what runs a block rendering (`flex_kernel.FlexKernel`: compiled or eager, and its counts).
     """
 
     input_ids_BT: Tensor
@@ -99,6 +104,8 @@ class ForwardInputs:
     prefix: SharedPrefix | None = None
     keeps_prefix: bool = False
     mask_rendering: str = "dense"
+    host_targets: HostTargets | None = None
+    kernel: FlexKernel | None = None
 
     @property
     def packed(self) -> bool:
@@ -115,8 +122,11 @@ class ForwardInputs:
         (a kept prefix, a plain row) of a model whose attention is routed through the engine's."""
         if self.tree is not None:
             return self.tree
-        B, T = self.input_ids_BT.shape
-        return causal_tree(B, T, self.input_ids_BT.device, self.mask_rendering)
+        return self.causal_mask(*self.input_ids_BT.shape)
+
+    def causal_mask(self, rows: int, width: int) -> TreeMask:
+        """The mask of plain causal rows [rows, width], rendered as this batch's masks are."""
+        return causal_tree(rows, width, self.input_ids_BT.device, self.mask_rendering, self.kernel)
 
 
 class ModelOutputs(Protocol):

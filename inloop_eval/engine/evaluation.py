@@ -11,7 +11,7 @@ so that a rank that fails anywhere stops every rank before the metric sync (`inl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -20,6 +20,7 @@ from torch.distributed import ProcessGroup
 from inloop_eval.distributed import TaskAgreement, data_parallel_in
 from inloop_eval.engine.adapter import ModelAdapter, TokenCount
 from inloop_eval.engine.batching import Batch, BatchShape, equalize_forward_calls
+from inloop_eval.engine.flex_kernel import FlexKernel, sequence_length
 from inloop_eval.engine.scoring import PairScores, run_batches
 
 ItemsT = TypeVar("ItemsT")
@@ -37,6 +38,7 @@ class EvalContext:
     strict: raise a failure rather than reporting `failed = 1`.
     progress: called with the number of requests (or sequences) of each batch scored.
     mask_rendering: how packed batches' masks are rendered (`tree_attention.mask_rendering`).
+    kernel: what runs a block rendering (`flex_kernel.FlexKernel`; None for dense).
     """
 
     adapter: ModelAdapter
@@ -47,6 +49,7 @@ class EvalContext:
     strict: bool = False
     progress: Callable[[int], None] | None = None
     mask_rendering: str = "dense"
+    kernel: FlexKernel | None = None
 
     @property
     def data_parallel(self) -> tuple[int, int]:
@@ -105,6 +108,7 @@ def score_share(
         progress=context.progress,
         min_vocab=share.min_vocab,
         mask_rendering=context.mask_rendering,
+        kernel=context.kernel,
     )
     agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
     return share.items, scores
@@ -116,3 +120,11 @@ def start_progress(progress: Callable[[int], None] | None, title: str, total: in
     start = getattr(progress, "start", None)
     if start is not None:
         start(title, total)
+
+
+def attention_lengths(batches: Iterable[Batch]) -> set[int]:
+    """The sequence lengths the block rendering lays `batches` out in (`flex_kernel.sequence_length` of each
+    batch's keys, a kept prefix's and its rows'): the graphs a compiled kernel needs for them, known from the
+    plan before the first forward (for an adapter whose attention sees whole rows, not a split sequence)."""
+    return {sequence_length((0 if b.keeps_prefix else b.prefix_length) + b.n_tokens) for b in batches}
+

@@ -16,6 +16,8 @@ import torch
 
 from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace, ModelAdapter, SharedPrefix, TokenCount
 from inloop_eval.engine.batching import Batch
+from inloop_eval.engine.flex_kernel import FlexKernel
+from inloop_eval.engine.logprobs import HostTargets
 from inloop_eval.engine.tree_attention import TreeMask
 from inloop_eval.errors import ModelOutputError
 
@@ -36,25 +38,28 @@ def forward_inputs(
     min_vocab: int,
     prefix: SharedPrefix | None = None,
     mask_rendering: str = "dense",
+    kernel: FlexKernel | None = None,
 ) -> ForwardInputs:
     """The batch's tensors on the model's device: the distinct positions read, the position of each target,
     for a packed batch its mask (`TreeMask`, rendered as `mask_rendering` says) and position ids, and the
-    kept prefix its rows begin with (or that it forwards)."""
+    kept prefix its rows begin with (or that it forwards); `kernel` runs a block rendering."""
     device = adapter.device
     width = batch.input_ids_BT.shape[1]
     flat_U, position_N = np.unique(batch.rows_N * width + batch.cols_N, return_inverse=True)
     rows_U, cols_U = np.divmod(flat_U, width)
-    t = torch.from_numpy
+    position_N = position_N.reshape(-1)
     inputs = ForwardInputs(
-        t(batch.input_ids_BT).to(device),
-        t(rows_U).to(device),
-        t(cols_U).to(device),
-        t(position_N.reshape(-1)).to(device),
-        t(batch.target_N).to(device),
+        to_device(batch.input_ids_BT, device),
+        to_device(rows_U, device),
+        to_device(cols_U, device),
+        to_device(position_N, device),
+        to_device(batch.target_N, device),
         min_vocab=min_vocab,
         prefix=prefix,
         keeps_prefix=batch.keeps_prefix,
         mask_rendering=mask_rendering,
+        kernel=kernel,
+        host_targets=HostTargets(position_N, batch.target_N),
     )
     if (batch.span_end_BT is not None or batch.prefix_length) and not adapter.needs.packing:
         raise ValueError(
@@ -68,9 +73,35 @@ def forward_inputs(
         )
     if batch.span_end_BT is not None and batch.position_ids_BT is not None:
         after = 0 if batch.keeps_prefix else batch.prefix_length
-        inputs.position_ids_BT = t(batch.position_ids_BT).to(device)
-        inputs.tree = TreeMask(t(batch.span_end_BT).to(device), inputs.position_ids_BT, after, mask_rendering)
+        inputs.position_ids_BT = to_device(batch.position_ids_BT, device)
+        span_end_BT = to_device(batch.span_end_BT, device)
+        inputs.tree = TreeMask(span_end_BT, inputs.position_ids_BT, after, mask_rendering, kernel)
     return inputs
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """`array` as a tensor on `device`; to a CUDA device copied from pinned memory without waiting, so that
+    the host goes on to the next batch while the device is busy (pinning is for CUDA only)."""
+    tensor = torch.from_numpy(array)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def pair_sums(
+    owners: list[np.ndarray], logps: list[torch.Tensor], greedies: list[torch.Tensor], n_pairs: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per pair, the sum of its targets' float32 log-probs in float64 [P] and whether every one is greedy
+    [P], from each batch's pairs, log-probs and greedy flags (lists over the batches, in order, of [N]): the
+    scores come to the host in one copy, and are added in batch order, as batch by batch they would be."""
+    ll_P = torch.zeros(n_pairs, dtype=torch.float64)
+    n_bad_P = torch.zeros(n_pairs, dtype=torch.int64)
+    if owners:
+        scores_2N = torch.stack([torch.cat(logps), torch.cat(greedies).float()]).cpu()
+        owner_N = torch.from_numpy(np.concatenate(owners))
+        ll_P.index_add_(0, owner_N, scores_2N[0].double())
+        n_bad_P.index_add_(0, owner_N, (scores_2N[1] == 0).long())
+    return ll_P.numpy(), (n_bad_P == 0).numpy()
 
 
 def _prefix_for(batch: Batch, kept: SharedPrefix | None) -> SharedPrefix | None:
@@ -106,28 +137,32 @@ def run_batches(
     progress: Callable[[int], None] | None = None,
     min_vocab: int = 0,
     mask_rendering: str = "dense",
+    kernel: FlexKernel | None = None,
 ) -> PairScores:
     """Forward every batch and sum log-probs per pair; each forward's tokens are added to `tokens` as it is
     made. Batches with no targets (dummies, kept prefixes) are forwarded and their outputs discarded; a kept
     prefix lives until a batch that does not begin with it. Packed batches' masks are rendered as
-    `mask_rendering` says (`tree_attention.mask_rendering`)."""
-    ll_P = torch.zeros(n_pairs, dtype=torch.float64)
-    n_bad_P = torch.zeros(n_pairs, dtype=torch.int64)
+    `mask_rendering` says (`tree_attention.mask_rendering`), a block rendering run by `kernel`."""
+    # Each batch's scores stay where they were computed until every batch is queued: the host never waits
+    # for the device between batches, and copies the scores once, at the end (`pair_sums`).
+    owners: list[np.ndarray] = []
+    logps: list[torch.Tensor] = []
+    greedies: list[torch.Tensor] = []
     start = tokens.total
     workspace = HeadWorkspace()
     kept: SharedPrefix | None = None
     for batch in batches:
         kept = _prefix_for(batch, kept)
-        inputs = forward_inputs(adapter, batch, min_vocab, kept, mask_rendering)
+        inputs = forward_inputs(adapter, batch, min_vocab, kept, mask_rendering, kernel)
         with _naming_batch(describe, batch):
             outputs = adapter.forward(inputs)
             tokens.add(adapter.tokens_fed(inputs))
             if batch.pair_N.size == 0:
                 continue
             logp_N, greedy_N = outputs.target_logprobs(inputs, workspace)
-        owners_N = torch.from_numpy(batch.pair_N)
-        ll_P.index_add_(0, owners_N, logp_N.cpu().double())
-        n_bad_P.index_add_(0, owners_N, (~greedy_N).long().cpu())
+        owners.append(batch.pair_N)
+        logps.append(logp_N)
+        greedies.append(greedy_N)
         if progress is not None:
             progress(len(np.unique(batch.pair_N)))
-    return PairScores(ll_P.numpy(), (n_bad_P == 0).numpy(), tokens.total - start)
+    return PairScores(*pair_sums(owners, logps, greedies, n_pairs), tokens.total - start)

@@ -6,12 +6,13 @@ A packed batch's mask is held compactly, as the planner made it (`TreeMask`): fo
 end of j's subtree in the row's trie (`span_end_BT`: j is seen by columns j..span_end - 1), the length S of
 a kept prefix every real position sees, and each token's position (for sliding windows). It is rendered
 - dense: a boolean [B, 1, T, S + T] mask for `F.scaled_dot_product_attention` (T x T per row; the CPU's);
-- block: a FlexAttention `BlockMask` (`torch.nn.attention.flex_attention`) whose block table is computed
-  from `span_end_BT` without any T x T tensor, and whose mask function reads `span_end_BT` as data: memory
-  proportional to blocks, and the kernel skips the blocks no query sees. On CUDA `flex_attention` is
-  compiled once, and recompiles per width bucket only, the mask being an input.
+- block: the batch laid out as one sequence of a ladder length and a FlexAttention `BlockMask` over it
+  (`flex_kernel`), its tables computed without any T x T tensor and its mask function reading the layout
+  as data: memory proportional to blocks, the kernel skips the blocks no query sees and runs the mask
+  function only in partial ones, and a compiled `flex_attention` makes one graph per ladder length.
 `mask_rendering(device, configured)` is the one place the rendering is chosen: `configured` ("dense" or
-"block") when given, else block on CUDA and dense elsewhere.
+"block") when given, else block on CUDA and dense elsewhere; `block_kernel` makes what runs a block
+rendering, compiled on CUDA unless configured otherwise.
 
 Padding sees itself and the kept prefix only, so no query's softmax
 is over nothing; no real position sees padding.
@@ -21,18 +22,16 @@ width.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask
+
+from inloop_eval.engine.flex_kernel import NO_BACK, FlexKernel, Sequence, block_mask, lay_out
 
 MASK_RENDERINGS = ("dense", "block")
-# FlexAttention's block: each side of a block of queries x keys the kernel skips or computes whole.
-BLOCK_SIZE = 128
 # A window (keys at most `window[0]` positions back; -1: none), as OLMo-core and flash-attn write it.
 NO_WINDOW = (-1, -1)
 
@@ -47,28 +46,48 @@ def mask_rendering(device: torch.device, configured: str | None = None) -> str:
     return "block" if device.type == "cuda" else "dense"
 
 
+def block_kernel(rendering: str, device: torch.device, compiled: bool | None = None) -> FlexKernel | None:
+    """What runs the `rendering` of one evaluation's masks on `device`: for "block" a `FlexKernel`, compiled
+    where `compiled` says (None: on CUDA only); None for "dense"."""
+    if rendering != "block":
+        return None
+    return FlexKernel(compiled=device.type == "cuda" if compiled is None else compiled)
+
+
 @dataclass
 class TreeMask:
     """The mask of one packed batch, compact: `span_end_BT` (column j is seen by columns j..span_end - 1),
     `prefix_length` S (a kept prefix every position sees, keys 0..S-1, positions 0..S-1) and
     `position_ids_BT` (each token's position, read for sliding windows). Renderings are made on first use
-    and kept for the batch, one per window."""
+    and kept for the batch, one per window that can bind in it; `kernel` runs the block rendering (None: an
+    eager `flex_kernel.FlexKernel` of the mask's own)."""
 
     span_end_BT: Tensor
     position_ids_BT: Tensor
     prefix_length: int = 0
     rendering: str = "dense"
+    kernel: FlexKernel | None = None
     _dense: dict[tuple[int, int], Tensor] = field(default_factory=dict, repr=False)
-    _block: dict[tuple[int, int], BlockMask] = field(default_factory=dict, repr=False)
+    _block: dict[int, BlockMask] = field(default_factory=dict, repr=False)
+    _sequence: list[Sequence] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.rendering == "block" and self.kernel is None:
+            self.kernel = FlexKernel(compiled=False)
 
     @property
     def keys(self) -> int:
         """K: the keys each query is scored against, the kept prefix's and the row's own."""
         return self.prefix_length + self.span_end_BT.shape[1]
 
+    def binds(self, window: tuple[int, int]) -> bool:
+        """Whether `window` can narrow this batch's mask: some query lies more than `window[0]` positions
+        past a key (no position in it reaches S + T)."""
+        return tuple(window) != NO_WINDOW and window[0] < self.keys - 1
+
     def dense(self, window: tuple[int, int] = NO_WINDOW) -> Tensor:
-        """The boolean mask [B, 1, T, S + T] (True = may attend), narrowed to `window` where one is set."""
-        window = tuple(window)
+        """The boolean mask [B, 1, T, S + T] (True = may attend), narrowed to `window` where it binds."""
+        window = tuple(window) if self.binds(window) else NO_WINDOW
         if window not in self._dense:
             if window == NO_WINDOW:
                 self._dense[window] = dense_mask(self.span_end_BT, self.prefix_length)
@@ -77,20 +96,30 @@ class TreeMask:
                 self._dense[window] = self.dense() & within_KT[:, None]
         return self._dense[window]
 
+    @property
+    def sequence(self) -> Sequence:
+        """The batch laid out as one sequence of a ladder length, for the block rendering (`flex_kernel`)."""
+        if not self._sequence:
+            self._sequence.append(lay_out(self.span_end_BT, self.position_ids_BT, self.prefix_length))
+        return self._sequence[0]
+
     def block(self, window: tuple[int, int] = NO_WINDOW) -> BlockMask:
-        """The FlexAttention `BlockMask` of the same mask, narrowed to `window` where one is set."""
-        window = tuple(window)
-        if window not in self._block:
-            self._block[window] = _block_mask(self, window)
-        return self._block[window]
+        """The FlexAttention `BlockMask` of the same mask over `sequence`, narrowed to `window` where it
+        binds."""
+        back = window[0] if self.binds(window) else NO_BACK
+        if back not in self._block:
+            self._block[back] = block_mask(self.sequence, back)
+        return self._block[back]
 
 
-def causal_tree(rows: int, width: int, device: torch.device, rendering: str = "dense") -> TreeMask:
+def causal_tree(
+    rows: int, width: int, device: torch.device, rendering: str = "dense", kernel: FlexKernel | None = None
+) -> TreeMask:
     """The `TreeMask` of plain causal rows [rows, width] at positions 0..width-1: each column seen by every
     later one (right padding follows the real positions, so none sees it)."""
     span_end_BT = torch.full((rows, width), width, dtype=torch.long, device=device)
     position_ids_BT = torch.arange(width, device=device).expand(rows, width)
-    return TreeMask(span_end_BT, position_ids_BT, 0, rendering)
+    return TreeMask(span_end_BT, position_ids_BT, 0, rendering, kernel)
 
 
 def tree_attention(
@@ -102,18 +131,19 @@ def tree_attention(
     window: tuple[int, int] = NO_WINDOW,
 ) -> Tensor:
     """Attention [B, H, T, D] of queries over keys and values under `mask` in its rendering: each query
-    sees its own trie path and the kept prefix (keys 0..S-1 of `k_BGKD`, `v_BGKD`, where S > 0), within
+    sees its own trie path and the kept prefix (keys 0..S-1 of `k_BGKD`, `v_BGKD`, where S > 0: one prefix,
+    the same in every row), within
     `window`. Grouped-query attention: query head h reads key/value head h // (H / G), as every framework
-    here repeats them."""
+    here repeats them. A block rendering its kernel cannot run compiled runs dense (`FlexKernel.attend`)."""
     H, G = q_BHTD.shape[1], k_BGKD.shape[1]
     if H % G:
         raise ValueError(f"tree attention: {H} query heads are not a multiple of {G} key/value heads")
     if k_BGKD.shape[2] != mask.keys:
         raise ValueError(f"tree attention: {k_BGKD.shape[2]} keys for a mask of {mask.keys} (S + T)")
-    if mask.rendering == "block":
-        return _flex_attention(q_BHTD.device.type)(
-            q_BHTD, k_BGKD, v_BGKD, block_mask=mask.block(window), scale=scale, enable_gqa=G != H
-        )
+    if mask.rendering == "block" and mask.kernel is not None:
+        out_BHTD = mask.kernel.attend(q_BHTD, k_BGKD, v_BGKD, mask.sequence, mask.block(window), scale)
+        if out_BHTD is not None:
+            return out_BHTD
     if G != H:
         k_BGKD, v_BGKD = repeat_heads(k_BGKD, H // G), repeat_heads(v_BGKD, H // G)
     return F.scaled_dot_product_attention(q_BHTD, k_BGKD, v_BGKD, attn_mask=mask.dense(window), scale=scale)
@@ -153,52 +183,3 @@ def _within_window(position_ids_BT: Tensor, prefix_length: int, window: tuple[in
     and flash-attn narrow an unshared row's causal mask."""
     back_BTK = position_ids_BT[:, :, None] - _key_positions(position_ids_BT, prefix_length)[:, None, :]
     return back_BTK <= window[0]
-
-
-def _block_mask(mask: TreeMask, window: tuple[int, int]) -> BlockMask:
-    """The `BlockMask` of `mask`: its table lists, for each block of queries, the blocks of keys some query
-    of it sees (the kept prefix's, and each key j's whose queries j..span_end - 1 reach into the block),
-    found from `span_end_BT` in [B, T, T / BLOCK_SIZE] steps; its mask function decides within a block."""
-    span_end_BT, S = mask.span_end_BT, mask.prefix_length
-    B, T = span_end_BT.shape
-    K = S + T
-    device = span_end_BT.device
-    n_q, n_k = -(-T // BLOCK_SIZE), -(-K // BLOCK_SIZE)
-    # seen_BKQ[b, key, query block]: some query of the block sees the key (before the window narrows it)
-    q0_Q = torch.arange(n_q, device=device) * BLOCK_SIZE
-    q1_Q = (q0_Q + BLOCK_SIZE).clamp(max=T)
-    col_T = torch.arange(T, device=device)
-    own_BTQ = (col_T[None, :, None] < q1_Q) & (span_end_BT[:, :, None] > q0_Q)
-    seen_BKQ = torch.cat([own_BTQ.new_ones(B, S, n_q), own_BTQ], dim=1)
-    seen_BKQ = F.pad(seen_BKQ, (0, 0, 0, n_k * BLOCK_SIZE - K))
-    seen_BQK = seen_BKQ.view(B, n_k, BLOCK_SIZE, n_q).any(dim=2).transpose(1, 2)
-    kv_num_blocks = seen_BQK.sum(-1, dtype=torch.int32)[:, None]
-    kv_indices = torch.argsort(~seen_BQK, dim=-1, stable=True).to(torch.int32)[:, None]
-    return BlockMask.from_kv_blocks(
-        kv_num_blocks, kv_indices, BLOCK_SIZE=BLOCK_SIZE, mask_mod=_mask_mod(mask, window), seq_lengths=(T, K)
-    )
-
-
-def _mask_mod(mask: TreeMask, window: tuple[int, int]) -> Any:
-    """FlexAttention's mask function of `mask`: the dense rendering's entry (b, query, key), read from
-    `span_end_BT` and the positions."""
-    span_end_BT, position_ids_BT, S = mask.span_end_BT, mask.position_ids_BT, mask.prefix_length
-    key_position_BK = _key_positions(position_ids_BT, S)
-
-    def tree(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
-        own = (kv - S).clamp(min=0)
-        seen = (kv < S) | ((own <= q) & (q < span_end_BT[b, own]))
-        if window != NO_WINDOW:
-            seen = seen & (position_ids_BT[b, q] - key_position_BK[b, kv] <= window[0])
-        return seen
-
-    return tree
-
-
-@functools.cache
-def _flex_attention(device_type: str) -> Any:
-    """`flex_attention`, compiled on CUDA, where it runs fused; as is elsewhere (an unfused reference that
-    gives the same numbers, used on CPU to check the block rendering)."""
-    if device_type == "cuda":
-        return torch.compile(flex_attention, dynamic=False)
-    return flex_attention

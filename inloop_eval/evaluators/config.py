@@ -120,6 +120,11 @@ class EvaluatorConfig:
     """How a packed batch's mask reaches the engine's attention (`engine/tree_attention.py`): `dense`, a boolean
     [B, 1, T, T] mask for PyTorch SDPA; `block`, a FlexAttention block mask, memory by blocks and empty blocks
     skipped; `auto` (the default): block on CUDA, dense elsewhere."""
+    compile_attention: bool | None = None
+    """Whether the block mask's FlexAttention runs compiled (fused, one graph per sequence length of a fixed
+    ladder: `engine/flex_kernel.py`) or eager (unfused: every score materialised). null (the default):
+    compiled on CUDA, eager elsewhere; true on CPU compiles it with inductor as CUDA does (a check of the
+    GPU path: tens of seconds per graph)."""
     compiler_reset: bool = False
     """Call `torch.compiler.reset()` after each evaluation, dropping every graph torch.compile holds
     (training's too: its next step recompiles). Evaluation itself runs the uncompiled module

@@ -24,7 +24,7 @@ from inloop_eval.engine.adapter import TokenCount
 from inloop_eval.engine.evaluation import EvalContext
 from inloop_eval.engine.families import make_adapter
 from inloop_eval.engine.training_state import training_untouched
-from inloop_eval.engine.tree_attention import mask_rendering
+from inloop_eval.engine.tree_attention import block_kernel, mask_rendering
 from inloop_eval.evaluators.base import EvalOutput, Evaluator
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.kinds import KINDS
@@ -89,8 +89,9 @@ class InLoopEvaluator:
         self._tokens = TokenCount()
         max_length = self.config.max_length or adapter.max_length
         rendering = mask_rendering(adapter.device, self.config.attention_mask)
+        kernel = block_kernel(rendering, adapter.device, self.config.compile_attention)
         context = EvalContext(
-            adapter, max_length, group, shape, self._tokens, self.config.strict, progress, rendering
+            adapter, max_length, group, shape, self._tokens, self.config.strict, progress, rendering, kernel
         )
         try:
             with training_untouched(adapter.model):
@@ -98,6 +99,8 @@ class InLoopEvaluator:
         finally:
             if self.config.compiler_reset:
                 torch.compiler.reset()
+        if kernel is not None:
+            log.info("%s", kernel.summary())
         metrics: dict[str, float] = {}
         for name, output in self.last_outputs.items():
             kind = self.evaluators[name].kind

@@ -23,6 +23,7 @@ from olmo_core.nn.attention import GateConfig, SlidingWindowAttentionConfig
 from olmo_core.nn.attention.backend import TorchAttentionBackend
 from olmo_core.nn.transformer import Transformer, TransformerBlockType, TransformerConfig
 from packing_reference import task_pairs
+from torch._dynamo.utils import counters
 
 from inloop_eval.engine.adapter import TokenCount
 from inloop_eval.engine.adapters.logits import LogitsAdapter
@@ -433,4 +434,52 @@ def test_the_evaluator_packs_olmo_core_models(data_root, neox_tokenizer):
     found = ours.run(model)
     expected = plain.run(LogitsAdapter(model, MAX_LENGTH))
     assert found == pytest.approx(expected, abs=1e-5)
+    assert ours.tokens_forwarded < plain.tokens_forwarded
+
+
+def compiled_block_config(data_root, tasks: tuple[str, ...]) -> dict:
+    """An evaluation of `tasks` (4 documents each) as a GPU runs it: the block mask, flex_attention compiled
+    (inductor on CPU)."""
+    return {
+        "evaluators": [{"task": t, "limit": N_DOCS, "batch_tokens": 2048} for t in tasks],
+        "data_root": str(data_root),
+        "strict": True,
+        "max_length": MAX_LENGTH,
+        "attention_mask": "block",
+        "compile_attention": True,
+    }
+
+
+def assert_compiled_without_fallback(records: list[logging.LogRecord]) -> None:
+    """The evaluation's kernel line says it ran compiled and no call fell back to the dense mask."""
+    lines = [r.getMessage() for r in records if r.getMessage().startswith("flex_attention ")]
+    assert lines and all(line.startswith("flex_attention compiled") for line in lines), lines
+    assert not any("dense mask instead" in line for line in lines), lines
+
+
+def test_an_olmo3_flash_model_through_the_evaluator_with_the_compiled_block_mask(data_root, neox_tokenizer, caplog):
+    """OLMo 3 on flash-attention 2 (sliding windows binding, GQA) through `InLoopEvaluator` with the block mask
+    and flex_attention compiled, as on a GPU: every request of a letter-key 5-shot task (kept prefix), a
+    task with PMI and a 5-shot rc task equals one request per row on the torch-backend twin (1e-5, the same
+    greedy flags), with fewer tokens; a second evaluation compiles nothing and gives the same numbers."""
+    model = olmo3_flash_model()
+    twin = torch_backend_twin(model)
+    tasks = ("arc_easy", "olmo:arc_easy_rc_5shot", "olmo:mmlu_stem_test_mc_5shot_fast")
+    ours = InLoopEvaluator(EvaluatorConfig(**compiled_block_config(data_root, tasks)), tokenizer=neox_tokenizer)
+    plain = InLoopEvaluator(
+        EvaluatorConfig(**compiled_block_config(data_root, tasks)), tokenizer=neox_tokenizer
+    )
+    with flash_kernel(), caplog.at_level(logging.INFO, logger="inloop_eval.evaluators.orchestrator"):
+        found = ours.run(model)
+        graphs = counters["stats"]["unique_graphs"]
+        again = ours.run(model)
+    assert counters["stats"]["unique_graphs"] == graphs, "the second evaluation compiled a graph"
+    assert_compiled_without_fallback(caplog.records)
+    expected = plain.run(LogitsAdapter(twin, MAX_LENGTH))
+    assert found == pytest.approx(expected, abs=1e-5) and again == found
+    assert "eval/downstream/arc_easy/acc_pmi" in found
+    for task in tasks:
+        result, reference = ours.detail(task), plain.detail(task)
+        np.testing.assert_allclose(result.scores.ll, reference.scores.ll, atol=1e-5, rtol=0, err_msg=task)
+        np.testing.assert_array_equal(result.scores.greedy, reference.scores.greedy, err_msg=task)
     assert ours.tokens_forwarded < plain.tokens_forwarded

@@ -9,16 +9,14 @@ float64.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 from workers.parallel_checks import LargestTensor
 
+from inloop_eval.engine.flex_kernel import BLOCK_SIZE
 from inloop_eval.engine.tree_attention import (
-    BLOCK_SIZE,
     TreeMask,
     causal_tree,
     dense_mask,
@@ -84,36 +82,78 @@ def test_both_renderings_are_the_reference_attention(prefix, window):
     torch.manual_seed(0)
     B, T, K = 2, 180, prefix + 180
     q, k, v = torch.randn(B, 4, T, 8), torch.randn(B, 2, K, 8), torch.randn(B, 2, K, 8)
+    k[:, :, :prefix], v[:, :, :prefix] = k[:1, :, :prefix], v[:1, :, :prefix]  # one kept prefix for every row
     expected = reference_attention(q, k, v, span_end, positions, prefix, window, 8**-0.5)
     win = (-1, -1) if window is None else (window, 0)
     found = {}
     for rendering in ("dense", "block"):
         mask = TreeMask(span_end, positions, prefix, rendering)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # flex_attention runs unfused on the CPU and says so
-            found[rendering] = tree_attention(q, k, v, mask, window=win)
+        found[rendering] = tree_attention(q, k, v, mask, window=win)
         torch.testing.assert_close(found[rendering].double(), expected, atol=1e-5, rtol=0, msg=rendering)
     assert torch.equal(dense_mask(span_end, prefix), TreeMask(span_end, positions, prefix).dense())
 
 
-def test_the_block_mask_is_built_without_a_t_by_t_tensor_and_skips_empty_blocks():
-    """A batch of 4 rows 2048 wide after a kept prefix of 300: the BlockMask's table is the only thing
-    made, its largest tensor far below T x T, and blocks no query sees (padding's, a finished subtree's)
-    are not listed; the dense rendering is never made."""
+def laid_out_dense(mask: TreeMask, window: int | None) -> torch.Tensor:
+    """The dense rendering [B, 1, T, S + T] moved onto the laid-out sequence [L, L] (query i, key j), the
+    reference for the block tables: the kept prefix's keys once at 0..S-1, row b's own at S + b*T.."""
+    B, T = mask.span_end_BT.shape
+    S, L = mask.prefix_length, mask.sequence.length
+    win = (-1, -1) if window is None else (window, 0)
+    dense = mask.dense(win)[:, 0]
+    out = torch.zeros(L, L, dtype=torch.bool)
+    for b in range(B):
+        rows = slice(S + b * T, S + (b + 1) * T)
+        out[rows, :S] = dense[b, :, :S]
+        out[rows, rows] = dense[b, :, S:]
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 200])
+def test_the_block_mask_lists_exactly_the_blocks_that_hold_a_visible_pair(window):
+    """A batch of 4 rows 2048 wide after a kept prefix of 300, laid out as one sequence of 16384: the tables
+    are the only thing made, the largest tensor far below T x T; a block is listed full exactly when every
+    pair in it is visible and partial when some but not all are, so blocks no query sees (padding's, a
+    finished subtree's, those out of the window) are skipped; the tables are contiguous, as the compiled
+    kernel reads them; the dense rendering is never made."""
     T, prefix = 2048, 300
     span_end, positions = planned_tree(rows=4, width=T, prefix=prefix, seed=3)
     mask = TreeMask(span_end, positions, prefix, "block")
+    win = (-1, -1) if window is None else (window, 0)
     with LargestTensor() as largest:
-        block = mask.block()
+        block = mask.block(win)
     assert isinstance(block, BlockMask)
-    n_q, n_k = T // BLOCK_SIZE, -(-(prefix + T) // BLOCK_SIZE)
-    assert largest.largest <= 4 * n_k * BLOCK_SIZE * n_q < T * T  # [B, K padded to blocks, query blocks]
-    assert block.kv_num_blocks.shape == (4, 1, n_q)
-    listed = block.kv_num_blocks.sum().item()
-    dense = mask.dense()  # the reference, made here only to count the blocks that hold a visible pair
-    pad = torch.nn.functional.pad(dense[:, 0], (0, n_k * BLOCK_SIZE - (prefix + T)))
-    holding = pad.view(4, n_q, BLOCK_SIZE, n_k, BLOCK_SIZE).any(dim=(2, 4)).sum().item()
-    assert listed == holding < 4 * n_q * n_k
+    L = mask.sequence.length
+    n = L // BLOCK_SIZE
+    assert L == 16384 and largest.largest < T * T
+    for table in (block.kv_num_blocks, block.kv_indices, block.full_kv_num_blocks, block.full_kv_indices):
+        assert table.is_contiguous()
+    assert block.kv_indices.shape == (1, 1, n, n)
+    visible = laid_out_dense(mask, window).view(n, BLOCK_SIZE, n, BLOCK_SIZE)
+    any_QK, all_QK = visible.any(dim=(1, 3)), visible.all(dim=(1, 3))
+    listed = {"partial": torch.zeros(n, n, dtype=torch.bool), "full": torch.zeros(n, n, dtype=torch.bool)}
+    for name, num, idx in (
+        ("partial", block.kv_num_blocks, block.kv_indices),
+        ("full", block.full_kv_num_blocks, block.full_kv_indices),
+    ):
+        for q in range(n):
+            listed[name][q, idx[0, 0, q, : num[0, 0, q]].long()] = True
+    assert torch.equal(listed["full"], all_QK)
+    if window is None:
+        assert torch.equal(listed["partial"], any_QK & ~all_QK)
+    else:  # the window's pruning is by each block's lowest and highest position: never drops a visible pair
+        assert not (any_QK & ~all_QK & ~listed["partial"]).any()
+        assert not (listed["partial"] & listed["full"]).any()
+    assert (listed["partial"] | listed["full"]).sum() < n * n // 4
+
+
+def test_a_window_that_cannot_bind_is_dropped():
+    """A window reaching further back than any query lies past a key renders the mask without it: the same
+    dense tensor and the same block mask as no window."""
+    span_end, positions = planned_tree(rows=2, width=180, prefix=70, seed=1)
+    mask = TreeMask(span_end, positions, 70, "block")
+    assert not mask.binds((4095, 0)) and mask.binds((100, 0))
+    assert mask.dense((4095, 0)) is mask.dense()
+    assert mask.block((4095, 0)) is mask.block()
 
 
 def test_an_unpacked_forward_is_plain_causal_rows():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -211,6 +212,34 @@ def test_the_evaluator_scores_letter_keys_and_pmi_through_the_engines_attention(
         if "/acc" in key and "stderr" not in key:
             assert found[key] == value, key
     assert marked.config._attn_implementation == FLASH and flash.calls == 0
+
+
+def test_a_flash_marked_llama_through_the_evaluator_with_the_compiled_block_mask(
+    flash, data_root, neox_tokenizer, caplog
+):
+    """Through `InLoopEvaluator` with the block mask and flex_attention compiled (inductor on CPU, as on a GPU):
+    a letter-key 5-shot task (its shots kept), a task with PMI and a 5-shot rc task on a flash-marked llama
+    give every request the numbers of one request per row on the model run with sdpa (1e-5, the same
+    greedy flags), the flash kernel never called and no call falling back to the dense mask."""
+    sdpa, marked = hf_pair("llama")
+    tasks = ("arc_easy", "olmo:arc_easy_rc_5shot", "olmo:mmlu_stem_test_mc_5shot_fast")
+    entries = [{"task": t, "limit": 4, "batch_tokens": 2048} for t in tasks]
+    common = {"evaluators": entries, "data_root": str(data_root), "strict": True, "max_length": MAX_LENGTH}
+    routed = InLoopEvaluator(
+        EvaluatorConfig(**common, attention_mask="block", compile_attention=True), tokenizer=neox_tokenizer
+    )
+    plain = InLoopEvaluator(EvaluatorConfig(**common), tokenizer=neox_tokenizer)
+    with flash.forbidden(), caplog.at_level(logging.INFO, logger="inloop_eval.evaluators.orchestrator"):
+        found = routed.run(marked)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("flex_attention ")]
+    assert lines and lines[0].startswith("flex_attention compiled") and "dense mask instead" not in lines[0]
+    expected = plain.run(LogitsAdapter(lambda ids: sdpa(input_ids=ids, use_cache=False).logits, max_length=MAX_LENGTH))
+    assert found == pytest.approx(expected, abs=1e-5)
+    for task in tasks:
+        result, reference = routed.detail(task), plain.detail(task)
+        np.testing.assert_allclose(result.scores.ll, reference.scores.ll, atol=1e-5, rtol=0, err_msg=task)
+        np.testing.assert_array_equal(result.scores.greedy, reference.scores.greedy, err_msg=task)
+    assert routed.tokens_forwarded < plain.tokens_forwarded and flash.calls == 0
 
 
 @pytest.mark.parametrize("interrupt", [RuntimeError, KeyboardInterrupt])

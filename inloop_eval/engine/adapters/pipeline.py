@@ -137,7 +137,8 @@ class PipelineAdapter(ModelAdapter):
             try:
                 assert selected_UV is not None  # at least one step ran
                 logp_N, greedy_N = token_logprobs(
-                    selected_UV, _identity, target_N, inputs.min_vocab, inputs.position_N, self.workspace
+                    selected_UV, _identity, target_N, inputs.min_vocab, inputs.position_N, self.workspace,
+                    inputs.host_targets,
                 )
                 scores_2N[0] = 1.0
                 scores_2N[1:] = torch.cat([logp_N.float(), greedy_N.float()])

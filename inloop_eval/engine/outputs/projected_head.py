@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace
-from inloop_eval.engine.logprobs import check_vocab, chunked_logprobs, plain_logprobs
+from inloop_eval.engine.logprobs import HostTargets, check_vocab, chunked_logprobs, on_host, plain_logprobs
 from inloop_eval.engine.outputs.vocab_sharded import VocabShard, sharded_logprobs, vocab_shard
 
 Head = Callable[[Tensor], Tensor]
@@ -35,7 +35,13 @@ class ProjectedHead:
 
     def target_logprobs(self, inputs: ForwardInputs, workspace: HeadWorkspace) -> tuple[Tensor, Tensor]:
         return token_logprobs(
-            self.features_UX, self.head, inputs.target_N, inputs.min_vocab, inputs.position_N, workspace
+            self.features_UX,
+            self.head,
+            inputs.target_N,
+            inputs.min_vocab,
+            inputs.position_N,
+            workspace,
+            inputs.host_targets,
         )
 
 
@@ -46,19 +52,23 @@ def token_logprobs(
     min_vocab: int = 0,
     position_N: Tensor | None = None,
     workspace: HeadWorkspace | None = None,
+    host: HostTargets | None = None,
 ) -> tuple[Tensor, Tensor]:
     """log p(target) in float32 and whether the target is the argmax, projecting in chunks.
 
     features_UX: features of U positions; target n is predicted by position `position_N[n]` (default: n).
     min_vocab: the tokenizer's vocabulary size; narrower logits mean the model does not match it.
     workspace: a logits buffer to reuse across calls (a float32 nn.Linear head writes into it).
+    host: the same targets and positions on the host (`HostTargets`); without them they are read from the
+        device once.
     """
     if position_N is None:
         position_N = torch.arange(target_N.shape[0], device=target_N.device)
     workspace = workspace or HeadWorkspace()
     linear = _float32_linear(head, features_UX)
     vocab = head_width(features_UX, head)
-    check_vocab(vocab, target_N, min_vocab)
+    host = on_host(position_N, target_N, host)
+    check_vocab(vocab, host.max_target, min_vocab)
 
     def score(start: int, stop: int, local_M: Tensor, target_M: Tensor) -> tuple[Tensor, Tensor]:
         logits_CV, owned = _project(head, linear, features_UX[start:stop], workspace)
@@ -68,7 +78,7 @@ def token_logprobs(
                 return sharded_logprobs(logits_CV, local_M, target_M)
         return plain_logprobs(logits_CV, local_M, target_M, in_place=owned)
 
-    return chunked_logprobs(features_UX.shape[0], vocab, position_N, target_N, score)
+    return chunked_logprobs(features_UX.shape[0], vocab, position_N, target_N, host, score)
 
 
 def head_width(features_NX: Tensor, head: Head) -> int:

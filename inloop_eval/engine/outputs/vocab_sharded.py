@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace
-from inloop_eval.engine.logprobs import check_vocab, chunked_logprobs
+from inloop_eval.engine.logprobs import check_vocab, chunked_logprobs, on_host
 from inloop_eval.engine.outputs.full_logits import FullLogits
 from inloop_eval.errors import ModelOutputError
 
@@ -122,13 +122,15 @@ class VocabSharded:
         return self.vocab
 
     def target_logprobs(self, inputs: ForwardInputs, workspace: HeadWorkspace) -> tuple[Tensor, Tensor]:
-        check_vocab(self.vocab, inputs.target_N, inputs.min_vocab)
+        host = on_host(inputs.position_N, inputs.target_N, inputs.host_targets)
+        check_vocab(self.vocab, host.max_target, inputs.min_vocab)
 
         def score(start: int, stop: int, local_M: Tensor, target_M: Tensor) -> tuple[Tensor, Tensor]:
             shard = VocabShard(self.local_UL[start:stop].float(), self.start, self.group)
             return sharded_logprobs(shard, local_M, target_M)
 
-        return chunked_logprobs(self.local_UL.shape[0], self.vocab, inputs.position_N, inputs.target_N, score)
+        n_positions = self.local_UL.shape[0]
+        return chunked_logprobs(n_positions, self.vocab, inputs.position_N, inputs.target_N, host, score)
 
 
 def logits_outputs(logits_UV: Tensor) -> FullLogits | VocabSharded:

@@ -110,7 +110,7 @@ class BatchAttention:
             if m not in self._trees:
                 tree = self.tree
                 self._trees[m] = TreeMask(
-                    tree.span_end_BT[micro], tree.position_ids_BT[micro], tree.prefix_length, tree.rendering
+                    tree.span_end_BT[micro], tree.position_ids_BT[micro], tree.prefix_length, tree.rendering, tree.kernel
                 )
             return routed_attention(gpt, self.position_ids_BT[micro], self._trees[m], self.kept)
         if self.keeping is not None and m == 0:
@@ -142,7 +142,7 @@ def batch_attention(inputs: ForwardInputs, padded_BT: Tensor) -> BatchAttention:
     position_ids_BT[:B, :T] = tree.position_ids_BT
     span_end_BT = torch.arange(1, width + 1, device=device).expand(n_rows, width).clone()
     span_end_BT[:B, :T] = tree.span_end_BT
-    padded = TreeMask(span_end_BT, position_ids_BT, tree.prefix_length, tree.rendering)
+    padded = TreeMask(span_end_BT, position_ids_BT, tree.prefix_length, tree.rendering, tree.kernel)
     kept = prefix.states if prefix is not None and tree.prefix_length else None
     return BatchAttention(position_ids_BT, causal_11TT, padded, kept)
 

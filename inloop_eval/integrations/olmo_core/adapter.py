@@ -20,7 +20,6 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, HeadWorkspace, ModelAdapter, ModelOutputs
 from inloop_eval.engine.outputs.full_logits import FullLogits
 from inloop_eval.engine.outputs.sequence_sharded import SequenceShard
-from inloop_eval.engine.tree_attention import causal_tree
 from inloop_eval.errors import ConfigError, ModelOutputError
 from inloop_eval.integrations.olmo_core.attention import packs, routed_attention
 from inloop_eval.integrations.olmo_core.head import scores_in_head, scoring_head
@@ -107,7 +106,7 @@ def attention_for(
         return nullcontext()
     if inputs.keeps_prefix and prefix is not None:
         prefix.states = {}
-        tree = causal_tree(1, inputs.input_ids_BT.shape[1], inputs.input_ids_BT.device, inputs.mask_rendering)
+        tree = inputs.causal_mask(1, inputs.input_ids_BT.shape[1])
         return routed_attention(
             model, tree, tree.position_ids_BT, record=prefix.states, max_positions=adapter.max_length,
             record_length=prefix.length,

@@ -62,7 +62,8 @@ def scoring_head(model: nn.Module, inputs: ForwardInputs, workspace: HeadWorkspa
         if head.norm is not None:
             features_UX = head.norm(features_UX)
         logp_N, greedy_N = token_logprobs(
-            features_UX, head.w_out, inputs.target_N, inputs.min_vocab, inputs.position_N, workspace
+            features_UX, head.w_out, inputs.target_N, inputs.min_vocab, inputs.position_N, workspace,
+            inputs.host_targets,
         )
         scored.targets = ScoredTargets(logp_N, greedy_N, int(head.w_out.out_features))
         return x_BTX.new_empty(0)

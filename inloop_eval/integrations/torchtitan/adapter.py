@@ -16,7 +16,6 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter, ModelOutputs
 from inloop_eval.engine.adapters.logits import input_embedding_rows
 from inloop_eval.engine.outputs.vocab_sharded import logits_outputs, selected_logits
-from inloop_eval.engine.tree_attention import causal_tree
 from inloop_eval.errors import ModelOutputError
 from inloop_eval.integrations.torchtitan.attention import keeping_prefix, packed_attention, packs
 
@@ -82,10 +81,9 @@ class TorchTitanAdapter(ModelAdapter):
                 )
             return nullcontext()
         B, T = inputs.input_ids_BT.shape
-        device = inputs.input_ids_BT.device
         if inputs.keeps_prefix and prefix is not None:
             prefix.states = {}
-            mask = causal_tree(1, width, device, inputs.mask_rendering)
+            mask = inputs.causal_mask(1, width)
             return keeping_prefix(self.model, mask, prefix.states, prefix.length)
         if tree is None and prefix is None:
             return packed_attention(self.model, inputs.tree_or_causal())
