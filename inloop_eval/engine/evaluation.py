@@ -1,9 +1,9 @@
 """What one evaluation hands every evaluator (`EvalContext`), and the one scoring call every evaluator makes
-(`score_share`): deal the work to this rank, plan its batches, equalize forward calls across ranks, run the
-model, and agree that every rank got through. An evaluator is then only what it scores (its `Share`) and how
-it reduces the scores (its metric).
+(`score_share`): equalize forward calls across ranks, run the model over the batches an evaluator planned for
+this rank, and agree that every rank got through. An evaluator is then only what it scores and how it plans
+it (its `Share`) and how it reduces the scores (its metric).
 
-What `score_share` promises, on every rank of the data-parallel group alike: it calls `deal` once, makes the
+What `score_share` promises, on every rank of the data-parallel group alike: it makes the
 same number of forward calls (dummies where a rank has fewer batches, `batching.equalize_forward_calls`),
 and joins the task's agreement points at the same places (planning, between forwards, after the last one),
 so that a rank that fails anywhere stops every rank before the metric sync (`inloop_eval.distributed`).
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 from torch.distributed import ProcessGroup
 
@@ -22,8 +21,6 @@ from inloop_eval.engine.adapter import ModelAdapter, TokenCount
 from inloop_eval.engine.batching import Batch, BatchShape, equalize_forward_calls
 from inloop_eval.engine.flex_kernel import FlexKernel, sequence_length
 from inloop_eval.engine.scoring import PairScores, run_batches
-
-ItemsT = TypeVar("ItemsT")
 
 
 @dataclass(frozen=True)
@@ -67,41 +64,32 @@ class EvalContext:
 
 
 @dataclass(frozen=True)
-class Share(Generic[ItemsT]):
-    """The items one rank scores (requests or sequences), as an evaluator deals them.
+class Share:
+    """What one rank scores of an evaluator's work (requests or sequences), planned.
 
-    items: what the evaluator reads back after scoring (e.g. its request rows).
-    n_items: how many items are scored; the batches' `pair_N` index them, 0..n_items-1.
-    plan: this rank's batches of the items, in the batch shape given.
+    batches: this rank's batches, planned in the context's batch shape; their `pair_N` index the items,
+        0..n_items-1.
+    n_items: how many items are scored.
     describe: an item as an error names it (e.g. `task 'piqa' doc 17 choice 2`).
     min_vocab: the tokenizer's vocabulary, which the model's logits must cover (0: unchecked).
     """
 
-    items: ItemsT
+    batches: list[Batch]
     n_items: int
-    plan: Callable[[BatchShape], list[Batch]]
     describe: Callable[[int], str]
     min_vocab: int = 0
 
 
-def score_share(
-    context: EvalContext,
-    agreement: TaskAgreement,
-    title: str,
-    deal: Callable[[int, int], Share[ItemsT]],
-) -> tuple[ItemsT, PairScores]:
-    """This rank's share of an evaluator's work, scored: `deal(dp_size, dp_rank)` gives the share, which is
-    planned in `context.shape`, forwarded with every rank making as many calls, and agreed after the last
-    forward. Returns the share's items and their scores (loglikelihood sums and greedy flags per item).
+def score_share(context: EvalContext, agreement: TaskAgreement, title: str, share: Share) -> PairScores:
+    """This rank's `share` of an evaluator's work, scored: forwarded with every rank making as many calls,
+    and agreed after the last forward. Returns the loglikelihood sums and greedy flags per item.
 
     title: the evaluator as a progress display names it (e.g. `task 'piqa'`).
     """
-    share = deal(*context.data_parallel)
     start_progress(context.progress, title, share.n_items)
-    planned = share.plan(context.shape)
     scores = run_batches(
         context.adapter,
-        equalize_forward_calls(planned, agreement, context.shape.width_multiple),
+        equalize_forward_calls(share.batches, agreement, context.shape.width_multiple),
         share.n_items,
         context.tokens,
         describe=share.describe,
@@ -111,7 +99,7 @@ def score_share(
         kernel=context.kernel,
     )
     agreement.agree()  # a rank that failed after its last forward stops every rank before the sync
-    return share.items, scores
+    return scores
 
 
 def start_progress(progress: Callable[[int], None] | None, title: str, total: int) -> None:

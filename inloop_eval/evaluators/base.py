@@ -6,8 +6,9 @@ and answering with bare figure names per label (`EvalOutput`). The orchestrator
 What one evaluation hands every evaluator is in the open, in one `EvalContext` (`engine/evaluation.py`): the
 model's adapter, the data-parallel group documents are sharded and metrics reduced over, the batch shape the
 planner must honour, the count of tokens forwarded, `strict` and the progress callback. Nothing is read from a
-global. Every kind scores through the one call `engine.evaluation.score_share` (deal, plan, equalize, run,
-agree), so a kind is only what it scores and how it reduces the scores.
+global. Every kind deals its work to this rank, plans it, and scores it through the one call
+`engine.evaluation.score_share` (equalize, run, agree), so a kind is only what it scores and plans and how it
+reduces the scores.
 
 What a kind promises, and the orchestrator relies on:
 - `run` is called by every rank, with the same config, in the same order as the other evaluators; it makes

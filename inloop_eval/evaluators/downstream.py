@@ -222,20 +222,12 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         the task's agreement points (planning, between forward passes, before the metric sync). Logits
         narrower than the tokenizer's vocabulary are an error (`run_batches`)."""
         min_vocab = int(getattr(self.tokenizer, "vocab_size", 0) or 0)
-
-        def deal(dp_size: int, dp_rank: int) -> Share[tuple[np.ndarray, np.ndarray]]:
-            rows, uncond_ids = rank_share(prepared, dp_size, dp_rank)
-            pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
-            check_vocabulary(context, prepared, pair_ids, min_vocab=min_vocab)
-            return Share(
-                (rows, uncond_ids),
-                len(pair_ids),
-                plan=lambda shape: plan(prepared, pair_ids, shape, (dp_size, dp_rank)),
-                describe=lambda p: describe_pair(prepared, int(pair_ids[p])),
-                min_vocab=min_vocab,
-            )
-
-        (rows, uncond_ids), scores = score_share(context, agreement, self.title(), deal)
+        rows, uncond_ids = rank_share(prepared, *context.data_parallel)
+        pair_ids = np.concatenate([rows, len(prepared.table) + uncond_ids])
+        check_vocabulary(context, prepared, pair_ids, min_vocab=min_vocab)
+        batches = plan(prepared, pair_ids, context.shape, context.data_parallel)
+        share = Share(batches, len(pair_ids), lambda p: describe_pair(prepared, int(pair_ids[p])), min_vocab)
+        scores = score_share(context, agreement, self.title(), share)
         metric: ICLMetric = metric_class(ICL_METRIC)(
             prepared.metrics,
             prepared.task.olmo_metric_type,

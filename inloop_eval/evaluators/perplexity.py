@@ -245,17 +245,11 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
     def evaluate(self, context: EvalContext, prepared: PreparedDomains, agreement: TaskAgreement) -> EvalOutput:
         """Score this rank's share of every domain the model can take and compute each label's figures over
         the data-parallel group."""
-        def deal(dp_size: int, dp_rank: int) -> Share[tuple[list[DomainSet], dict[str, str], Shard]]:
-            domains, failed = usable_domains(context, prepared)
-            shard = rank_share(domains, dp_size, dp_rank)
-            return Share(
-                (domains, failed, shard),
-                len(shard.seq_S),
-                plan=lambda shape: plan_sequences(domains, shard, prepared.config, shape),
-                describe=lambda p: domains[int(shard.domain_S[p])].describe(int(shard.seq_S[p])),
-            )
-
-        (domains, failed, shard), scores = score_share(context, agreement, self.title(), deal)
+        domains, failed = usable_domains(context, prepared)
+        shard = rank_share(domains, *context.data_parallel)
+        batches = plan_sequences(domains, shard, prepared.config, context.shape)
+        describe = lambda p: domains[int(shard.domain_S[p])].describe(int(shard.seq_S[p]))  # noqa: E731
+        scores = score_share(context, agreement, self.title(), Share(batches, len(shard.seq_S), describe))
         nll_S = -scores.ll
         olmo_core_labels = set(prepared.config.documents_labels())
         figures, totals = domain_figures(context, domains, shard, nll_S, olmo_core_labels)

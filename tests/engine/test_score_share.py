@@ -1,6 +1,5 @@
-"""The one scoring call every evaluator makes (`engine.evaluation.score_share`): it deals once with this rank's
-data-parallel size and rank, plans in the context's batch shape, gives the scores `run_batches` gives for the
-same batches, counts the tokens it forwards, agrees after the last forward, and tells a progress display the
+"""The one scoring call every evaluator makes (`engine.evaluation.score_share`): given the batches an evaluator
+planned for this rank, it gives the scores `run_batches` gives for the same batches, counts the tokens it forwards, agrees after the last forward, and tells a progress display the
 total. No evaluator module scores by itself."""
 
 from __future__ import annotations
@@ -35,33 +34,19 @@ class Progress:
         self.done += n
 
 
-def test_the_share_is_dealt_planned_and_scored_as_run_batches_scores_it():
+def test_the_share_is_scored_as_run_batches_scores_it():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)).eval()
     adapter = make_adapter(model)
     pairs, pair_ids = two_documents(), np.array([4, 0, 2, 3, 1])
     shape = BatchShape.of(adapter.needs)
-    dealt: list[tuple[int, int]] = []
-    planned_in: list[BatchShape] = []
-
-    def deal(dp_size: int, dp_rank: int) -> Share[str]:
-        dealt.append((dp_size, dp_rank))
-
-        def plan(batch_shape: BatchShape) -> list:
-            planned_in.append(batch_shape)
-            return plan_batches(pairs, pair_ids, 16, BatchShape(packing=batch_shape.packing), max_length=32)
-
-        return Share("my items", len(pair_ids), plan=plan, describe=lambda p: f"pair {p}")
-
+    batches = plan_batches(pairs, pair_ids, 16, BatchShape(packing=shape.packing), max_length=32)
     progress, tokens = Progress(), TokenCount()
     context = EvalContext(adapter, 32, None, shape, tokens, progress=progress)
     agreement = TaskAgreement("toy task")
     with torch.no_grad():
-        items, scores = score_share(context, agreement, "toy task", deal)
-        expected = run_batches(
-            adapter, plan_batches(pairs, pair_ids, 16, BatchShape(packing=shape.packing), max_length=32), 5, TokenCount()
-        )
-    assert items == "my items" and dealt == [(1, 0)] and planned_in == [shape]
+        scores = score_share(context, agreement, "toy task", Share(batches, len(pair_ids), lambda p: f"pair {p}"))
+        expected = run_batches(adapter, batches, 5, TokenCount())
     np.testing.assert_array_equal(scores.ll, expected.ll)
     np.testing.assert_array_equal(scores.greedy, expected.greedy)
     assert tokens.total == expected.tokens_forwarded > 0
