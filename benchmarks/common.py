@@ -100,7 +100,7 @@ class TokenCounter:
 class PlanOnly(ModelAdapter):
     """A model that takes packed rows (and, with `prefix_reuse`, keeps prefixes) and computes nothing
     (equal logits everywhere): a run through it counts, in `tokens_forwarded`, what the planner would send
-    such a model, and in `lengths` the sequence lengths the block rendering would lay its batches out in
+    such a model, and in `lengths` the sequence lengths the block rendering would arrange its batches in
     (`flex_kernel.sequence_length`: one compiled graph each) with the keys (kept prefix and rows) each held."""
 
     def __init__(self, vocab_size: int, max_length: int, prefix_reuse: bool = False) -> None:

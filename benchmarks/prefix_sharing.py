@@ -81,7 +81,7 @@ def token_rows(
 ) -> list[dict[str, Any]]:
     """Per label: tokens planned each way and the two minima of the requests the evaluator scored; for the
     shared way, and the shared way planned with CUDA's row cost constant (`cuda`), the sequence lengths the
-    block rendering lays its batches out in (`lengths`: one compiled graph each) and the keys they hold."""
+    block rendering arranges its batches in (`lengths`: one compiled graph each) and the keys they hold."""
     rows = []
     cuda_tokens = ATTENTION_COST_TOKENS_BY_DEVICE["cuda"]
     ways = (("today", False, False, attention_tokens), ("tree", True, False, attention_tokens),
@@ -95,7 +95,7 @@ def token_rows(
             planned[name] = ev.tokens_forwarded
             if keep:
                 planned[f"{name}_lengths"] = sorted({length for length, _ in model.lengths})
-                planned[f"{name}_laid_out"] = sum(length for length, _ in model.lengths)
+                planned[f"{name}_arranged"] = sum(length for length, _ in model.lengths)
                 planned[f"{name}_keys"] = sum(keys for _, keys in model.lengths)
         with_uncond = len(ev.detail(task_id).uncond_ids) > 0
         table = task_requests(task_id, tokenizer, data_root, limit, with_uncond=with_uncond, spread=spread)
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         totals: dict[str, Any] = {
             k: sum(r[k] for r in rows)
             for k in ("per_document_minimum", "trie_minimum", "today", "tree", "shared", "cuda")
-            + ("shared_laid_out", "shared_keys", "cuda_laid_out", "cuda_keys")
+            + ("shared_arranged", "shared_keys", "cuda_arranged", "cuda_keys")
         }
         for way in ("shared", "cuda"):
             totals[f"{way}_lengths"] = sorted(set().union(*(r[f"{way}_lengths"] for r in rows)))
@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"block rendering, planned with {constant} row cost constant: {totals[way]:,} tokens "
                 f"({totals[way] / totals['trie_minimum']:.2f}x the trie minimum), compiled graphs "
-                f"{len(totals[f'{way}_lengths'])} (sequence lengths {totals[f'{way}_lengths']}), keys laid out "
-                f"{totals[f'{way}_laid_out'] / totals[f'{way}_keys']:.2f}x the keys held"
+                f"{len(totals[f'{way}_lengths'])} (sequence lengths {totals[f'{way}_lengths']}), keys arranged "
+                f"{totals[f'{way}_arranged'] / totals[f'{way}_keys']:.2f}x the keys held"
             )
         report.update(labels=rows, totals=totals)
     if args.wall_limit:

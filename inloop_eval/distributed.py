@@ -36,7 +36,7 @@ its first agreement points (`TaskAgreement.agree_same`).
 
 Data parallelism. Documents are shared out, and metrics reduced, over the *data-parallel group* of the
 evaluation, which is the world unless `InLoopEvaluator.run` was given one; it is passed down in the open
-(`evaluators.base.EvalContext.dp_group`), never read from a global. The ranks of one model-parallel group (tensor, context, pipeline parallel peers) share
+(`engine.evaluation.EvalContext.dp_group`), never read from a global. The ranks of one model-parallel group (tensor, context, pipeline parallel peers) share
 a data-parallel rank, so they are handed the same documents, plan the same batches and make the same forward
 calls, as their model's collectives require. Failure agreement, the request cache and the forward-call
 count stay world-wide: a failure on any rank stops every rank, and every rank of the world makes as many

@@ -1,6 +1,6 @@
-"""Where task data lives: a local root in OLMo's `save_to_disk` layout, else the Hugging Face hub.
+"""Where task data lives: a local root arranged as OLMo's `save_to_disk` writes it, else the Hugging Face hub.
 
-Layout: `<root>/<dataset path>/<dataset name or "none">/<split>`, each a directory written by
+Folders: `<root>/<dataset path>/<dataset name or "none">/<split>`, each a directory written by
 `datasets.Dataset.save_to_disk`.
 
 A root made by `inloop-eval data fetch` holds a manifest, `<root>/.manifest.json`, of every file the fetch

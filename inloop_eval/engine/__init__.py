@@ -5,7 +5,7 @@ loop and a model (`adapter`: an adapter's `forward` returns outputs that score t
 model's outputs come back in (`outputs/`: full logits, hidden states and a head, vocabulary-sharded,
 sequence-sharded, a pipeline's last stage), the engine's own attention for packed rows that every
 framework's attention is routed through during an evaluation (`tree_attention`: the plan's mask rendered
-dense or as a FlexAttention block mask, which `flex_kernel` lays out as one sequence of a ladder length and
+dense or as a FlexAttention block mask, which `flex_kernel` arranges as one sequence of a ladder length and
 runs compiled once per length; `forward_overrides`: each routed module's forward swapped for one
 forward and put back), the framework-neutral adapters (`adapters/`: logits callables,
 the reference GPT's hidden states, torch pipeline schedules), the model families that pick an adapter for a

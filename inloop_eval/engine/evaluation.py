@@ -111,7 +111,7 @@ def start_progress(progress: Callable[[int], None] | None, title: str, total: in
 
 
 def attention_lengths(batches: Iterable[Batch]) -> set[int]:
-    """The sequence lengths the block rendering lays `batches` out in (`flex_kernel.sequence_length` of each
+    """The sequence lengths the block rendering arranges `batches` in (`flex_kernel.sequence_length` of each
     batch's keys, a kept prefix's and its rows'): the graphs a compiled kernel needs for them, known from the
     plan before the first forward (for an adapter whose attention sees whole rows, not a split sequence)."""
     return {sequence_length((0 if b.keeps_prefix else b.prefix_length) + b.n_tokens) for b in batches}

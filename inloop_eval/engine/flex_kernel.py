@@ -4,8 +4,8 @@ fixed ladder (on CUDA, and wherever configured), or eager (an unfused reference)
 What it promises (`tree_attention.tree_attention` relies on it):
 - The numbers of the dense rendering: each query attends to exactly the keys `tree_attention.dense_mask`
   lets it see, within the window.
-- Shapes decided before the data. A batch of B rows of width T after a kept prefix of S keys is laid out as
-  one sequence (`lay_out`) of L = `sequence_length(S + B * T)` positions, a power of two of at least
+- Shapes decided before the data. A batch of B rows of width T after a kept prefix of S keys is arranged as
+  one sequence (`arrange`) of L = `sequence_length(S + B * T)` positions, a power of two of at least
   MIN_LENGTH, and flex_attention sees queries, keys and values [1, heads, L, D] and block tables
   [1, 1, L / 128, L / 128]. Everything else (where each key's subtree ends, the positions, the window) is
   data the mask function reads, not a constant of the graph. So a model compiles at most one graph per
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 # FlexAttention's block: each side of a block of queries x keys the kernel skips or computes whole.
 BLOCK_SIZE = 128
-# The shortest sequence a batch is laid out in: shorter batches share its graph (their padding's query
+# The shortest sequence a batch is arranged in: shorter batches share its graph (their padding's query
 # blocks list no keys, and the kernel leaves them at once).
 MIN_LENGTH = 1024
 # A window reaching this many positions back never binds: the mask function's `back` when there is none.
@@ -53,7 +53,7 @@ RECOMPILE_LIMIT = 64
 
 
 def sequence_length(tokens: int) -> int:
-    """The ladder length a batch of `tokens` keys (S + B * T) is laid out in: the least power of two of at
+    """The ladder length a batch of `tokens` keys (S + B * T) is arranged in: the least power of two of at
     least MIN_LENGTH that holds them."""
     length = MIN_LENGTH
     while length < tokens:
@@ -63,7 +63,7 @@ def sequence_length(tokens: int) -> int:
 
 @dataclass(frozen=True)
 class Sequence:
-    """One batch laid end to end (see the module docstring): for each position j of the sequence, the queries
+    """One batch set end to end (see the module docstring): for each position j of the sequence, the queries
     start_L[j] <= i < end_L[j] see it as a key, and pos_L[j] is its position (int32 [L] each)."""
 
     start_L: Tensor
@@ -78,7 +78,7 @@ class Sequence:
         return int(self.start_L.shape[0])
 
 
-def lay_out(span_end_BT: Tensor, position_ids_BT: Tensor, prefix: int) -> Sequence:
+def arrange(span_end_BT: Tensor, position_ids_BT: Tensor, prefix: int) -> Sequence:
     """The `Sequence` of a batch whose column j of row b is seen by its columns j..span_end_BT[b, j] - 1,
     at positions `position_ids_BT`, after a kept prefix of `prefix` keys every real query sees."""
     B, T = span_end_BT.shape
@@ -183,7 +183,7 @@ class FlexKernel:
     def attend(
         self, q_BHTD: Tensor, k_BGKD: Tensor, v_BGKD: Tensor, seq: Sequence, mask: BlockMask, scale: float | None
     ) -> Tensor | None:
-        """Attention [B, H, T, D] of the batch laid out as `seq` (keys 0..S-1 of every row the kept
+        """Attention [B, H, T, D] of the batch arranged as `seq` (keys 0..S-1 of every row the kept
         prefix's), under its block `mask`; None where the compiled kernel cannot run it."""
         (B, H, T, D), G = q_BHTD.shape, k_BGKD.shape[1]
         S, N, L = seq.prefix, B * T, seq.length
@@ -191,8 +191,8 @@ class FlexKernel:
         if shape in self.refused:
             self.fallback_calls += 1
             return None
-        q_1HLD = _laid_out(q_BHTD, None, L, S)
-        k_1GLD, v_1GLD = _laid_out(k_BGKD, S, L, S), _laid_out(v_BGKD, S, L, S)
+        q_1HLD = _arranged(q_BHTD, None, L, S)
+        k_1GLD, v_1GLD = _arranged(k_BGKD, S, L, S), _arranged(v_BGKD, S, L, S)
         try:
             out_1HLD = self._run(q_1HLD, k_1GLD, v_1GLD, mask, scale, G != H)
         except Exception as exc:  # torch refused to compile this shape: never a shape that ran before
@@ -228,9 +228,9 @@ class FlexKernel:
         return line
 
 
-def _laid_out(x_BXTD: Tensor, prefix: int | None, L: int, S: int) -> Tensor:
+def _arranged(x_BXTD: Tensor, prefix: int | None, L: int, S: int) -> Tensor:
     """Queries (prefix None: [B, H, T, D]) or keys and values ([B, G, S + T, D], their first `prefix` the
-    kept prefix's, alike in every row) laid out as one sequence [1, heads, L, D]: the prefix's keys at 0..S-1,
+    kept prefix's, alike in every row) arranged as one sequence [1, heads, L, D]: the prefix's keys at 0..S-1,
     row b's own at S + b*T.., zeros elsewhere."""
     B, X, K, D = x_BXTD.shape
     own = x_BXTD if prefix is None else x_BXTD[:, :, prefix:]

@@ -1,4 +1,4 @@
-"""The arithmetic every layout shares: log p(target) and the greedy flag from float32 logits, a bounded number
+"""The arithmetic every output form shares: log p(target) and the greedy flag from float32 logits, a bounded number
 of positions at a time, so peak memory grows with neither the sequence length nor the batch times the
 vocabulary.
 

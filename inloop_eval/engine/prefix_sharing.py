@@ -6,11 +6,11 @@ choices share its context, and choices often share their first tokens: all of it
 Two mechanisms, both keeping every position's numbers those of its own unshared row (it sees exactly its
 ancestors, at the same position ids):
 - Tree rows: a row holds a subtree of the trie in depth-first order; a token is seen by the tokens of its
-  own subtree, which follow it (`TrieRows.span_end_M`, `batching.attention_mask_B1TT`), and its position id
+  own subtree, which follow it (`TrieRows.span_end_M`, `tree_attention.TreeMask`), and its position id
   is its depth. A subtree too large for one row is cut into several, each repeating the path above it.
 - Kept prefixes (`stem`s, models with `AdapterNeeds.prefix_reuse`): a prefix shared by many rows (the shot
   block) is forwarded once as a row of its own, and its keys and values are attended to by every row below
-  it, batch after batch (`layout.SharedPrefix`). Only this helps where one document's context is longer
+  it, batch after batch (`adapter.SharedPrefix`). Only this helps where one document's context is longer
   than half a row (MMLU passages after their shots): its tree row holds one document.
 
 How rows are chosen: requests sorted by their tokens, so that the trie is walked depth first. Runs of

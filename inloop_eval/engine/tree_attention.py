@@ -6,8 +6,8 @@ A packed batch's mask is held compactly, as the planner made it (`TreeMask`): fo
 end of j's subtree in the row's trie (`span_end_BT`: j is seen by columns j..span_end - 1), the length S of
 a kept prefix every real position sees, and each token's position (for sliding windows). It is rendered
 - dense: a boolean [B, 1, T, S + T] mask for `F.scaled_dot_product_attention` (T x T per row; the CPU's);
-- block: the batch laid out as one sequence of a ladder length and a FlexAttention `BlockMask` over it
-  (`flex_kernel`), its tables computed without any T x T tensor and its mask function reading the layout
+- block: the batch arranged as one sequence of a ladder length and a FlexAttention `BlockMask` over it
+  (`flex_kernel`), its tables computed without any T x T tensor and its mask function reading the sequence
   as data: memory proportional to blocks, the kernel skips the blocks no query sees and runs the mask
   function only in partial ones, and a compiled `flex_attention` makes one graph per ladder length.
 `mask_rendering(device, configured)` is the one place the rendering is chosen: `configured` ("dense" or
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
-from inloop_eval.engine.flex_kernel import NO_BACK, FlexKernel, Sequence, block_mask, lay_out
+from inloop_eval.engine.flex_kernel import NO_BACK, FlexKernel, Sequence, arrange, block_mask
 
 MASK_RENDERINGS = ("dense", "block")
 # A window (keys at most `window[0]` positions back; -1: none), as OLMo-core and flash-attn write it.
@@ -98,9 +98,9 @@ class TreeMask:
 
     @property
     def sequence(self) -> Sequence:
-        """The batch laid out as one sequence of a ladder length, for the block rendering (`flex_kernel`)."""
+        """The batch arranged as one sequence of a ladder length, for the block rendering (`flex_kernel`)."""
         if not self._sequence:
-            self._sequence.append(lay_out(self.span_end_BT, self.position_ids_BT, self.prefix_length))
+            self._sequence.append(arrange(self.span_end_BT, self.position_ids_BT, self.prefix_length))
         return self._sequence[0]
 
     def block(self, window: tuple[int, int] = NO_WINDOW) -> BlockMask:

@@ -13,8 +13,10 @@ reduces the scores.
 What a kind promises, and the orchestrator relies on:
 - `run` is called by every rank, with the same config, in the same order as the other evaluators; it makes
   the same collectives on every rank, and its figures are the same on every rank (synced).
-- `prepare` joins the agreement's first point on every rank, even with everything already in memory, and
-  `evaluate` joins the same number of further points on every rank (`inloop_eval.distributed`).
+- The agreement's points are the skeleton's (`run`): one after `prepare`, then those of `score_share`
+  (planning, between forwards, after the last) and the last; a kind joins more only where it exchanges a
+  value every rank needs in the same place (whether rank 0 wrote the request cache, a fingerprint), never to
+  balance another path's count (`inloop_eval.distributed`).
 - A failure raised by either step, on any rank, is agreed by all ranks in `run` (`run_agreed`): all report
   `failed = 1` for each of the entry's labels, or all raise when `strict`. A kind whose labels may fail one
   by one (perplexity domains) reports `failed = 1` for those labels itself and raises them when `strict`.
@@ -126,7 +128,7 @@ class Evaluator(Generic[ConfigT, PreparedT]):
 
     def prepare(self, context: EvalContext, agreement: TaskAgreement) -> PreparedT:
         """What the evaluation needs that does not change between evaluations (documents, tokenized
-        requests), loaded once and reused. Joins the agreement's first point on every rank. The adapter's
+        requests), loaded once and reused; `run` joins an agreement point after it on every rank. The adapter's
         context length decides how requests are cut; `context.strict` raises a failure of one label rather
         than reporting it (kinds whose labels fail one by one)."""
         raise NotImplementedError
@@ -142,7 +144,9 @@ class Evaluator(Generic[ConfigT, PreparedT]):
         raise when `strict`."""
 
         def body(agreement: TaskAgreement) -> EvalOutput:
-            return self.evaluate(context, self.prepare(context, agreement), agreement)
+            prepared = self.prepare(context, agreement)
+            agreement.agree()  # prepared on every rank: a failure in preparing stops all before any forward
+            return self.evaluate(context, prepared, agreement)
 
         output = run_agreed(self.title(), body, strict=context.strict)
         if output is None:

@@ -4,9 +4,12 @@ the settings they share; logged whole with each run."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
+
+from torch.distributed import ProcessGroup
 
 from inloop_eval.config_fields import (
     AtLeast,
@@ -21,10 +24,11 @@ from inloop_eval.config_fields import (
 from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
-from inloop_eval.engine.adapter import AdapterNeeds
+from inloop_eval.engine.adapter import AdapterNeeds, ModelAdapter, TokenCount
 from inloop_eval.engine.batching import BatchShape
+from inloop_eval.engine.evaluation import EvalContext
 from inloop_eval.engine.prefix_sharing import attention_tokens_for
-from inloop_eval.engine.tree_attention import MASK_RENDERINGS
+from inloop_eval.engine.tree_attention import MASK_RENDERINGS, block_kernel, mask_rendering
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.kinds import KINDS, EntryConfig
@@ -197,6 +201,28 @@ class EvaluatorConfig:
             share_prefixes=self.share_prefixes,
             keep_prefixes=self.keep_prefixes,
             attention_tokens=attention,
+        )
+
+    def eval_context(
+        self,
+        adapter: ModelAdapter,
+        dp_group: ProcessGroup | None,
+        tokens: TokenCount,
+        progress: Callable[[int], None] | None = None,
+    ) -> EvalContext:
+        """What one evaluation of a model through `adapter` hands every evaluator, as this config asks: the
+        context length, the batch shape, `strict`, how masks are rendered and what runs a block rendering."""
+        rendering = mask_rendering(adapter.device, self.attention_mask)
+        return EvalContext(
+            adapter,
+            self.max_length or adapter.max_length,
+            dp_group,
+            self.batch_shape(adapter.needs, adapter.device.type),
+            tokens,
+            self.strict,
+            progress,
+            rendering,
+            block_kernel(rendering, adapter.device, self.compile_attention),
         )
 
     def load_tokenizer(self) -> TokenizerLike:

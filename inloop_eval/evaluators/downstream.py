@@ -160,11 +160,10 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
 
     def prepare(self, context: EvalContext, agreement: TaskAgreement) -> PreparedTask:
         """Load and tokenize the task once (again only for another context length); later evaluations
-        reuse it. Every rank joins the task's first agreement point here, even with the task in memory.
-        A task fails whole (`strict` changes nothing here)."""
+        reuse it (every rank alike: a rank whose preparing failed made every rank fail with it). A task fails
+        whole (`strict` changes nothing here)."""
         max_length = context.max_length or DEFAULT_MAX_LENGTH
         if self._prepared is not None and self._prepared.max_length == max_length:
-            agreement.agree()
             return self._prepared
         ev = self.config
         task = get_task(ev.task)

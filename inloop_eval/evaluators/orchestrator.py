@@ -21,10 +21,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.distributed import agreed_data_parallel, check_data_parallel
 from inloop_eval.engine.adapter import TokenCount
-from inloop_eval.engine.evaluation import EvalContext
 from inloop_eval.engine.families import make_adapter
 from inloop_eval.engine.training_state import training_untouched
-from inloop_eval.engine.tree_attention import block_kernel, mask_rendering
 from inloop_eval.evaluators.base import EvalOutput, Evaluator
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.kinds import KINDS
@@ -83,24 +81,17 @@ class InLoopEvaluator:
         """
         group = agreed_data_parallel(dp_group, self.config.agreed_settings())
         adapter = make_adapter(model, self.config.max_length)
-        needs = adapter.needs
-        check_data_parallel(adapter.model, group, needs.peer_groups)
-        shape = self.config.batch_shape(needs, adapter.device.type)
+        check_data_parallel(adapter.model, group, adapter.needs.peer_groups)
         self._tokens = TokenCount()
-        max_length = self.config.max_length or adapter.max_length
-        rendering = mask_rendering(adapter.device, self.config.attention_mask)
-        kernel = block_kernel(rendering, adapter.device, self.config.compile_attention)
-        context = EvalContext(
-            adapter, max_length, group, shape, self._tokens, self.config.strict, progress, rendering, kernel
-        )
+        context = self.config.eval_context(adapter, group, self._tokens, progress)
         try:
             with training_untouched(adapter.model):
                 self.last_outputs = {name: e.run(context) for name, e in self.evaluators.items()}
         finally:
             if self.config.compiler_reset:
                 torch.compiler.reset()
-        if kernel is not None:
-            log.info("%s", kernel.summary())
+        if context.kernel is not None:
+            log.info("%s", context.kernel.summary())
         metrics: dict[str, float] = {}
         for name, output in self.last_outputs.items():
             kind = self.evaluators[name].kind

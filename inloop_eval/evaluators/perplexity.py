@@ -185,7 +185,7 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
 
     def prepare(self, context: EvalContext, agreement: TaskAgreement) -> PreparedDomains:
         """The domain sets to evaluate: those loaded at an earlier evaluation, and the others loaded (for text,
-        tokenized and cached) now; then the entry's first agreement point. Every rank ends with the same
+        tokenized and cached) now. Every rank ends with the same
         labels: a label that failed on any rank is dropped on all (`load_domains` agrees it), logged,
         reported as failed, and tried again at the next evaluation (a file back after a file system's
         hiccup). With `strict` such a failure raises on every rank: its own error where it failed,
@@ -200,7 +200,6 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
             own = [e for e in errors.values() if not isinstance(e, TaskFailedOnAnotherRank)]
             raise (own or list(errors.values()))[0]
         domains = [self.loaded[d.label] for d in ev.domains if d.label in self.loaded]
-        agreement.agree()
         return PreparedDomains(ev, domains, {label: str(exc) for label, exc in errors.items()})
 
     def load_pending(self, pending: list[str]) -> dict[str, Exception]:

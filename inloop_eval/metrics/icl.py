@@ -146,7 +146,7 @@ def unique_requests(requests: dict[str, Tensor]) -> dict[str, Tensor]:
 @dataclass(frozen=True)
 class DocumentGrid:
     """The documents seen in a task's unique requests, which of them are complete, and where each request of
-    a complete document goes in the dense [D, K] layout (D complete documents, K the most choices).
+    a complete document goes in the dense [D, K] array (D complete documents, K the most choices).
 
     doc_id_D, expected_D, complete_D, nonfinite_D: over every document seen (ids ascending): its id, its
     number of choices, whether it has all of them and all are finite, whether it has all of them but one is

@@ -9,7 +9,7 @@ tokenizer's fingerprint, `max_length`, `limit`, whether unconditional requests a
 cached.
 
 Each file is an archive entry of the checksummed cache (`inloop_eval.data.cache`): written atomically, its
-record (format, key, the SHA-256 of every array, the table's layout) checked whenever it is read, and a file
+record (format, key, the SHA-256 of every array, the table's schema) checked whenever it is read, and a file
 that does not match is reported (`RequestCacheError`) and rebuilt, never trusted. Files hold NumPy arrays only
 (`allow_pickle=False`): strings are stored as UTF-8 bytes with offsets.
 """
@@ -36,7 +36,7 @@ from inloop_eval.requests import tokenize as tokenize_module
 from inloop_eval.requests.table import PairSet, RequestTable
 from inloop_eval.tasks.base import Doc, MultipleChoiceTask
 
-FORMAT_VERSION = 2  # 2: a checksummed cache entry (`inloop_eval.data.cache`)
+FORMAT_VERSION = 3  # 2: a checksummed cache entry (`inloop_eval.data.cache`); 3: its fields under `schema`
 _NOT_IN_FILE_NAMES = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -149,22 +149,22 @@ def _unpack_strings(data: np.ndarray, offsets: np.ndarray, index: np.ndarray) ->
 
 
 def _table_arrays(table: RequestTable) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Every field of the table as named arrays, and a layout saying how to rebuild it."""
+    """Every field of the table as named arrays, and a schema saying how to rebuild it."""
     arrays: dict[str, np.ndarray] = {}
-    layout: dict[str, Any] = {}
+    schema: dict[str, Any] = {}
     for f in dataclasses.fields(table):
         value = getattr(table, f.name)
         if isinstance(value, PairSet):
-            layout[f.name] = "pairs"
+            schema[f.name] = "pairs"
             for g in dataclasses.fields(value):
                 arrays[f"{f.name}.{g.name}"] = np.asarray(getattr(value, g.name))
         elif isinstance(value, np.ndarray):
-            layout[f.name] = "array"
+            schema[f.name] = "array"
             arrays[f.name] = value
         elif isinstance(value, str):
-            layout[f.name] = ["str", value]
+            schema[f.name] = ["str", value]
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            layout[f.name] = "strings"
+            schema[f.name] = "strings"
             data, offsets, index = _pack_strings(value)
             arrays[f"{f.name}.data"], arrays[f"{f.name}.offsets"], arrays[f"{f.name}.index"] = (
                 data,
@@ -173,13 +173,13 @@ def _table_arrays(table: RequestTable) -> tuple[dict[str, np.ndarray], dict[str,
             )
         else:
             raise TypeError(f"request cache: field {f.name!r} of type {type(value).__name__} is not storable")
-    return arrays, layout
+    return arrays, schema
 
 
 def save_table(table: RequestTable, path: Path) -> None:
     """Write `table` to `path` atomically, with its record (`inloop_eval.data.cache`)."""
-    arrays, layout = _table_arrays(table)
-    write_archive(path, arrays, version=FORMAT_VERSION, key=path.stem, info={"layout": layout})
+    arrays, schema = _table_arrays(table)
+    write_archive(path, arrays, version=FORMAT_VERSION, key=path.stem, info={"schema": schema})
 
 
 def load_table(path: Path) -> RequestTable | None:
@@ -194,7 +194,7 @@ def load_table(path: Path) -> RequestTable | None:
         return None
     arrays, info = entry
     try:
-        return _rebuild(arrays, info["layout"])
+        return _rebuild(arrays, info["schema"])
     except (KeyError, ValueError, TypeError) as exc:
         raise RequestCacheError(
             f"request cache {path}: not a request table of this version ({type(exc).__name__}: {exc}); "
@@ -202,12 +202,12 @@ def load_table(path: Path) -> RequestTable | None:
         ) from None
 
 
-def _rebuild(arrays: dict[str, np.ndarray], layout: dict[str, Any]) -> RequestTable:
+def _rebuild(arrays: dict[str, np.ndarray], schema: dict[str, Any]) -> RequestTable:
     expected = [f.name for f in dataclasses.fields(RequestTable)]
-    if sorted(layout) != sorted(expected):
-        raise ValueError(f"expected fields {sorted(expected)}, found {sorted(layout)}")
+    if sorted(schema) != sorted(expected):
+        raise ValueError(f"expected fields {sorted(expected)}, found {sorted(schema)}")
     values: dict[str, Any] = {}
-    for name, kind in layout.items():
+    for name, kind in schema.items():
         if kind == "pairs":
             values[name] = PairSet(
                 **{g.name: arrays[f"{name}.{g.name}"] for g in dataclasses.fields(PairSet)}

@@ -93,8 +93,8 @@ def test_both_renderings_are_the_reference_attention(prefix, window):
     assert torch.equal(dense_mask(span_end, prefix), TreeMask(span_end, positions, prefix).dense())
 
 
-def laid_out_dense(mask: TreeMask, window: int | None) -> torch.Tensor:
-    """The dense rendering [B, 1, T, S + T] moved onto the laid-out sequence [L, L] (query i, key j), the
+def arranged_dense(mask: TreeMask, window: int | None) -> torch.Tensor:
+    """The dense rendering [B, 1, T, S + T] moved onto the arranged sequence [L, L] (query i, key j), the
     reference for the block tables: the kept prefix's keys once at 0..S-1, row b's own at S + b*T.."""
     B, T = mask.span_end_BT.shape
     S, L = mask.prefix_length, mask.sequence.length
@@ -110,7 +110,7 @@ def laid_out_dense(mask: TreeMask, window: int | None) -> torch.Tensor:
 
 @pytest.mark.parametrize("window", [None, 200])
 def test_the_block_mask_lists_exactly_the_blocks_that_hold_a_visible_pair(window):
-    """A batch of 4 rows 2048 wide after a kept prefix of 300, laid out as one sequence of 16384: the tables
+    """A batch of 4 rows 2048 wide after a kept prefix of 300, arranged as one sequence of 16384: the tables
     are the only thing made, the largest tensor far below T x T; a block is listed full exactly when every
     pair in it is visible and partial when some but not all are, so blocks no query sees (padding's, a
     finished subtree's, those out of the window) are skipped; the tables are contiguous, as the compiled
@@ -128,7 +128,7 @@ def test_the_block_mask_lists_exactly_the_blocks_that_hold_a_visible_pair(window
     for table in (block.kv_num_blocks, block.kv_indices, block.full_kv_num_blocks, block.full_kv_indices):
         assert table.is_contiguous()
     assert block.kv_indices.shape == (1, 1, n, n)
-    visible = laid_out_dense(mask, window).view(n, BLOCK_SIZE, n, BLOCK_SIZE)
+    visible = arranged_dense(mask, window).view(n, BLOCK_SIZE, n, BLOCK_SIZE)
     any_QK, all_QK = visible.any(dim=(1, 3)), visible.all(dim=(1, 3))
     listed = {"partial": torch.zeros(n, n, dtype=torch.bool), "full": torch.zeros(n, n, dtype=torch.bool)}
     for name, num, idx in (

@@ -7,7 +7,7 @@ What every rank of a pipeline group promises (the evaluator keeps it, as for any
 Every batch is then cut into schedule steps of the schedule's fixed shape, `batch_rows` x `seq_len` (right
 padding, and rows of padding for a short last step, neither seen by a real position under causal
 attention), and every rank calls `schedule.eval` once per step. The rank holding the last stage selects the
-logits at the positions read, scores the targets there (`scoring.token_logprobs`, the one-process code) and
+logits at the positions read, scores the targets there (`outputs.projected_head.token_logprobs`, the one-process code) and
 broadcasts a status, the log-probabilities and the greedy flags over the pipeline group: 2N + 1 floats per
 batch. A failure to score on the last stage (logits of the wrong shape, narrower than the tokenizer's
 vocabulary) is broadcast too, and every rank raises the same `ModelOutputError`.
@@ -78,10 +78,10 @@ class PipelineAdapter(ModelAdapter):
         self.group: ProcessGroup | None = self.stages[0].group
         self.has_first = any(stage.is_first for stage in self.stages)
         self.has_last = any(stage.is_last for stage in self.stages)
-        self.last_rank, self.vocab_size = self._agree_layout(vocab_size)
+        self.last_rank, self.vocab_size = self._agree_stages(vocab_size)
         self.workspace = HeadWorkspace()
 
-    def _agree_layout(self, vocab_size: int | None) -> tuple[int, int]:
+    def _agree_stages(self, vocab_size: int | None) -> tuple[int, int]:
         """(group rank of the last stage, vocabulary): one all-reduce over the pipeline group."""
         embedded = input_embedding_rows(self.model[0]) if self.has_first else None
         rank = dist.get_rank(self.group)
