@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from inloop_eval.engine.outputs.projected_head import ProjectedHead
     from inloop_eval.engine.outputs.vocab_sharded import VocabSharded
     from inloop_eval.evaluators.base import EvalOutput, Evaluator
+    from inloop_eval.evaluators.measured import run_and_log
     from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-    from inloop_eval.integrations import run_and_log
     from inloop_eval.tasks import MultipleChoiceTask, register
 
 # Each public name -> the module that defines it.
@@ -46,7 +46,7 @@ _EXPORTS = {
     "VocabSharded": "inloop_eval.engine.outputs.vocab_sharded",
     "register": "inloop_eval.tasks",
     "register_model_family": "inloop_eval.engine.families",
-    "run_and_log": "inloop_eval.integrations",
+    "run_and_log": "inloop_eval.evaluators.measured",
 }
 
 __all__ = [

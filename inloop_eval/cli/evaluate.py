@@ -29,8 +29,8 @@ from inloop_eval.distributed import all_reduce_max, init_from_env, usable_device
 from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
+from inloop_eval.evaluators.measured import run_and_log
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.integrations import run_and_log
 from inloop_eval.keys import failed_labels
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
 from inloop_eval.loggers.progress import EvaluationProgress

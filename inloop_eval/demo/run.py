@@ -36,8 +36,8 @@ from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
 from inloop_eval.distributed import init_from_env, world
 from inloop_eval.errors import ConfigError, InLoopEvalError
 from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.measured import run_and_log
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.integrations import run_and_log
 from inloop_eval.keys import DOWNSTREAM, PERPLEXITY, SECONDS_KEY, TOKENS_KEY, TRAIN_LOSS_KEY, split_key
 from inloop_eval.loggers import JSONLLogger, MetricsLogger, MultiLogger, WandbLogger, is_rank_zero
 from inloop_eval.loggers.progress import EvaluationProgress, TrainingProgress

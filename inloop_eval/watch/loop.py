@@ -67,8 +67,8 @@ from inloop_eval.errors import (
     TokenizerError,
 )
 from inloop_eval.evaluators.config import EvaluatorConfig
+from inloop_eval.evaluators.measured import run_and_log
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.integrations import run_and_log
 from inloop_eval.keys import SECONDS_KEY
 from inloop_eval.loggers import CONFIG_FILE, JSONLLogger, MetricsLogger
 from inloop_eval.watch.completion import Fingerprint, fingerprint
