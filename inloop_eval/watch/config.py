@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from inloop_eval.config_fields import one_of
@@ -70,15 +71,16 @@ class WatchConfig:
         one_of(self.policy, POLICIES, "watch: policy")
         if self.format is not None:
             one_of(self.format, tuple(NAME_PATTERNS), "watch: format")
-        if self.settle_s < 0 or self.poll_s <= 0:
-            raise ConfigError(
-                f"watch: settle_s must be >= 0 and poll_s > 0, found settle_s={self.settle_s}, poll_s={self.poll_s}"
-            )
-        if self.events_poll_s <= 0 or (self.lease_s is not None and self.lease_s <= 0):
-            raise ConfigError(
-                f"watch: events_poll_s and lease_s must be > 0, found events_poll_s={self.events_poll_s}, "
-                f"lease_s={self.lease_s}; leave lease_s None for no leases"
-            )
+        seconds = {"settle_s": self.settle_s, "poll_s": self.poll_s, "events_poll_s": self.events_poll_s}
+        if self.lease_s is not None:
+            seconds["lease_s"] = self.lease_s
+        for name, value in seconds.items():
+            if not math.isfinite(value) or value < 0 or (value == 0 and name != "settle_s"):
+                least = ">= 0" if name == "settle_s" else "> 0"
+                remedy = "; leave lease_s None for no leases" if name == "lease_s" else ""
+                raise ConfigError(
+                    f"watch: {name} must be a finite number of seconds {least}, found {value}{remedy}"
+                )
         if self.tp < 1:
             raise ConfigError(f"watch: tp must be >= 1 (the tensor-parallel degree), found {self.tp}")
         if self.device is not None:
