@@ -16,8 +16,9 @@ for one step, or one for a step already evaluated, changes nothing: the ledger d
 file that is not such an event is named in a warning once and left: one that is not a regular file (a
 FIFO is never waited on), one larger than `MAX_EVENT_BYTES`, one that is not JSON or is JSON nested too
 deeply to parse; a folder of the inbox this user cannot list (another run's, in a shared inbox) is named in
-a warning once and left; an event for a checkpoint outside the watched folder (another run's) is left. Events are a hint: the watched folder is still
-scanned, every `poll_s` seconds, so a lost or unwritten event delays a checkpoint, never loses it.
+a warning once and left; an event for a checkpoint outside the watched folder (another run's) is left.
+Events are a hint: the watched folder is still scanned, every `poll_s` seconds, so a lost or unwritten
+event delays a checkpoint, never loses it.
 """
 
 from __future__ import annotations
