@@ -79,6 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="hold each checkpoint not yet evaluated with a lease expiring SECONDS after its last refresh, "
         "which inloop_eval's rotation helpers (OLMo-core, torchtitan) respect (default: no leases)",
     )
+    parser.add_argument(
+        "--hold-failed",
+        type=seconds(zero=True),
+        metavar="SECONDS",
+        help="with --lease: how long a checkpoint that failed and will be tried again (once its files change, "
+        "or by a restarted watcher) stays held past its failure before training may rotate it away "
+        "(default: the --lease SECONDS); one that failed for good is released at once",
+    )
     parser.add_argument("--once", action="store_true", help="evaluate what is there, then exit")
     parser.add_argument(
         "--until-step",
@@ -132,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         events_dir=args.events,
         events_poll_s=args.events_poll,
         lease_s=args.lease,
+        hold_failed_s=args.hold_failed,
         once=args.once,
         until_step=args.until_step,
         redo_in_loop=args.redo_in_loop,

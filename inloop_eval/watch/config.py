@@ -55,6 +55,10 @@ class WatchConfig:
     """Hold each checkpoint found and not yet evaluated with a lease beside it (`leases`) that expires
     `lease_s` seconds after it was last refreshed (every `lease_s / 3` seconds while the watcher lives):
     trainers with inloop_eval's rotation helpers keep a held checkpoint on disk. None: no leases."""
+    hold_failed_s: float | None = None
+    """With `lease_s`: seconds a checkpoint that failed and will be tried again (once its files change, or by
+    a restarted watcher) stays held past its failure, then its lease is released and training's rotation may
+    delete it; None: `lease_s`. One that failed for good (the config cannot take it) is released at once."""
     device: str | None = None
     """torch device to evaluate on (default cuda if available, else cpu; under torchrun `cuda:<LOCAL_RANK>`);
     one this torch cannot use is refused at the start, not found out at every checkpoint."""
@@ -74,9 +78,14 @@ class WatchConfig:
         seconds = {"settle_s": self.settle_s, "poll_s": self.poll_s, "events_poll_s": self.events_poll_s}
         if self.lease_s is not None:
             seconds["lease_s"] = self.lease_s
+        if self.hold_failed_s is not None:
+            seconds["hold_failed_s"] = self.hold_failed_s
+            if self.lease_s is None:
+                raise ConfigError("watch: hold_failed_s needs lease_s (--lease): without leases nothing is held")
         for name, value in seconds.items():
-            if not math.isfinite(value) or value < 0 or (value == 0 and name != "settle_s"):
-                least = ">= 0" if name == "settle_s" else "> 0"
+            zero = name in ("settle_s", "hold_failed_s")
+            if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+                least = ">= 0" if zero else "> 0"
                 remedy = "; leave lease_s None for no leases" if name == "lease_s" else ""
                 raise ConfigError(
                     f"watch: {name} must be a finite number of seconds {least}, found {value}{remedy}"

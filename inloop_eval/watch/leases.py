@@ -12,7 +12,7 @@ standard library, so a trainer reads leases without importing the watcher):
   another user than the watcher;
 - while: the watcher rewrites each lease every third of its expiry while it lives (`LeaseKeeper`, a
   thread, so a long evaluation does not let leases lapse), and removes it once the checkpoint is evaluated,
-  skipped, or failed for good, and when it exits. A watcher killed with SIGKILL leaves its leases to expire:
+  skipped, or failed for good, `hold_failed_s` after a failure it may retry, and when it exits. A watcher killed with SIGKILL leaves its leases to expire:
   `expires_at` passes and `held` says no, so training's disk is held at most one expiry longer;
 - a checkpoint is held while any unexpired lease names it (`held`), or while a lease file or folder on it
   cannot be read (another user's, written private): kept, with a warning naming it, never deleted on a

@@ -339,7 +339,7 @@ class Watcher:
         self.planner.settling.forget(checkpoint)
         self.failures[checkpoint.step] = reason
         if retry:
-            self.planner.failed.setdefault(checkpoint.path, files)
+            self.planner.fail(checkpoint, files)
         else:
             self.history.refused.add(checkpoint.step)
         then = (

@@ -12,7 +12,7 @@ from inloop_eval.errors import ConfigError
 from inloop_eval.watch import WatchConfig
 
 # flag -> whether 0 is a value it takes
-SECONDS_FLAGS = {"--settle": True, "--poll": False, "--events-poll": False, "--lease": False}
+SECONDS_FLAGS = {"--settle": True, "--poll": False, "--events-poll": False, "--lease": False, "--hold-failed": True}
 
 
 def refused(flag: str, value: str, tmp_path, capsys) -> str:
@@ -53,8 +53,15 @@ def test_zero_is_refused_where_it_would_spin_or_expire_at_once(flag, tmp_path, c
         ("lease_s", float("nan")),
         ("lease_s", 0.0),
         ("lease_s", -5.0),
+        ("hold_failed_s", float("nan")),
+        ("hold_failed_s", -1.0),
     ],
 )
 def test_watch_config_refuses_the_same_values_naming_the_field(field, value, tmp_path):
     with pytest.raises(ConfigError, match=f"watch: {field} must be a finite number of seconds"):
-        WatchConfig(checkpoint_dir=str(tmp_path), run_dir=str(tmp_path / "run"), **{field: value})
+        WatchConfig(checkpoint_dir=str(tmp_path), run_dir=str(tmp_path / "run"), **{"lease_s": 60.0, field: value})
+
+
+def test_holding_failed_checkpoints_needs_leases(tmp_path):
+    with pytest.raises(ConfigError, match=r"hold_failed_s needs lease_s \(--lease\)"):
+        WatchConfig(checkpoint_dir=str(tmp_path), run_dir=str(tmp_path / "run"), hold_failed_s=60)
