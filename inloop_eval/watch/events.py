@@ -166,7 +166,7 @@ def read_small_file(path: Path) -> bytes:
 
 
 def file_kind(path: Path) -> str:
-    """What `path` is, in a word (`FIFO`, `folder`, ...), for a message."""
+    """What `path` is, in a few words (`a FIFO`, `a folder`, ...), for a message."""
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
