@@ -33,6 +33,8 @@ OLMO_CORE_MARKER = ".metadata.json"
 OLMO_CORE_WEIGHTS = "model_and_optim"
 DCP_METADATA = ".metadata"
 CONFIG_FILE = "config.json"
+# The longest header safetensors reads (its MAX_HEADER_SIZE): a longer length is a damaged file.
+SAFETENSORS_MAX_HEADER = 100_000_000
 
 # relative path -> (size, modification time in ns)
 Fingerprint = dict[str, tuple[int, int]]
@@ -56,7 +58,8 @@ def fingerprint(path: Path) -> Fingerprint | None:
 
 def safetensors_shortfall(path: Path) -> str | None:
     """Why a safetensors file is not complete (missing, shorter than its header says); None when it is.
-    CheckpointDamaged for a whole header that gives no offsets; OSError for a file that cannot be read."""
+    CheckpointDamaged, naming the file, for a header length past safetensors' limit or a whole header that
+    gives no offsets; OSError for a file that cannot be read."""
     try:
         with path.open("rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -64,7 +67,12 @@ def safetensors_shortfall(path: Path) -> str | None:
             if len(head) < 8:
                 return f"{path.name} has {size} bytes, not yet a header"
             (header_len,) = struct.unpack("<Q", head)
-            header = f.read(header_len)
+            if header_len > SAFETENSORS_MAX_HEADER:
+                raise CheckpointDamaged(
+                    f"{path}: its header says it is {header_len} bytes long, past safetensors' limit of "
+                    f"{SAFETENSORS_MAX_HEADER} (the file has {size}): the file is damaged; save the checkpoint again"
+                )
+            header = f.read(min(header_len, size))
     except FileNotFoundError:
         return f"{path.name} is missing"
     if len(header) < header_len:

@@ -32,8 +32,8 @@ What it promises:
 - one model in memory at a time, dropped before the next is loaded;
 - under torchrun every rank loads the checkpoint and the evaluator shards the documents over the ranks, or,
   with a sharded `layout` (`--tp`, `--fsdp`), each rank loads its share of the model in that layout and the
-  documents are sharded over its data-parallel ranks (`layout`); rank 0 decides what to evaluate (its decisions are broadcast) and alone writes; a load that fails on any
-  rank is skipped by all.
+  documents are sharded over its data-parallel ranks (`layout`); rank 0 decides what to evaluate (its
+  decisions are broadcast) and alone writes; a load that fails on any rank is skipped by all.
 Errors of the config or the task data, whatever the checkpoint (a task that does not exist, its data
 missing, a model builder that cannot be imported), stop the watcher: no checkpoint could be evaluated.
 """
@@ -248,7 +248,7 @@ class Watcher:
             return
         if all_reduce_max(int(error is not None)):
             reason = f"cannot load it: {describe(error)}" if error else "cannot load it on another rank"
-            self.fail(checkpoint, reason, retry=not isinstance(error, InLoopEvalError), files=before)
+            self.fail(checkpoint, reason, retry=not isinstance(error, UNFIT_ERRORS), files=before)
             return
         assert loaded is not None
         self.reads[checkpoint.step] = loaded.reads
