@@ -14,6 +14,11 @@ Evidence alone is not enough for writers that put files in place one by one, or 
 checkpoint in (rsync, a sync from object storage): a checkpoint counts only once its evidence is there and
 its `fingerprint` (every file's size and modification time) has stayed the same for `settle_s` seconds
 (`Settling`).
+
+Under torchrun every rank reads the checkpoint from its own view of the folder: ranks that see different
+copies of it (another mount, a re-copy) would build one model out of parts of each. Their fingerprints are
+compared before a read (`other_copies`): copies count as the same only with the same files of the same sizes
+and modification times (one shared mount, or copies made keeping them: `cp -p`, `rsync -t`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
+from inloop_eval.distributed import world
 from inloop_eval.watch.discovery import HF, OLMO_CORE, TORCHTITAN, Checkpoint, CheckpointDamaged
 
 HF_INDEX = "model.safetensors.index.json"
@@ -54,6 +62,30 @@ def fingerprint(path: Path) -> Fingerprint | None:
                 continue  # removed while listed: the next fingerprint differs anyway
             out[str(full.relative_to(path))] = (stat.st_size, stat.st_mtime_ns)
     return out
+
+
+def other_copies(path: Path, files: Fingerprint | None) -> str | None:
+    """Which ranks see another copy of the checkpoint at `path` than rank 0 does (`files`: this rank's
+    fingerprint of it), and the first file that differs; None when every rank sees the same files, and
+    always in one process. One `all_gather_object` on every rank."""
+    world_size, _ = world()
+    if world_size == 1:
+        return None
+    every: list[Fingerprint | None] = [None] * world_size
+    dist.all_gather_object(every, files)
+    others = [r for r in range(1, world_size) if every[r] != every[0]]
+    if not others:
+        return None
+    first, other = every[0] or {}, every[others[0]] or {}
+    name = min((n for n in set(first) | set(other) if first.get(n) != other.get(n)), default="the folder")
+    shown = {r: f"{f[name][0]} bytes, modified {f[name][1]} ns" if name in f else "absent"
+             for r, f in ((0, first), (others[0], other))}  # fmt: skip
+    return (
+        f"rank(s) {', '.join(map(str, others))} see another copy of {path} than rank 0 ({name}: rank 0 "
+        f"{shown[0]}, rank {others[0]} {shown[others[0]]}): not read, so that no model is made of parts of "
+        "both; give every rank the same copy (one shared folder, or copies keeping sizes and modification "
+        "times: cp -p, rsync -t)"
+    )
 
 
 def safetensors_shortfall(path: Path) -> str | None:

@@ -33,7 +33,9 @@ What it promises:
 - under torchrun every rank loads the checkpoint and the evaluator shards the documents over the ranks, or,
   with a sharded `layout` (`--tp`, `--fsdp`), each rank loads its share of the model in that layout and the
   documents are sharded over its data-parallel ranks (`layout`); rank 0 decides what to evaluate (its
-  decisions are broadcast) and alone writes; a load that fails on any rank is skipped by all.
+  decisions are broadcast) and alone writes; a load that fails on any rank is skipped by all; ranks that see
+  different copies of a checkpoint (`completion.other_copies`) read none of it, every rank recording it
+  failed, naming them.
 Errors of the config or the task data, whatever the checkpoint (a task that does not exist, its data
 missing, a model builder that cannot be imported), stop the watcher: no checkpoint could be evaluated.
 """
@@ -73,7 +75,7 @@ from inloop_eval.integrations import run_and_log
 from inloop_eval.keys import SECONDS_KEY
 from inloop_eval.loggers import CONFIG_FILE, JSONLLogger, MetricsLogger
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
-from inloop_eval.watch.completion import Fingerprint, fingerprint
+from inloop_eval.watch.completion import Fingerprint, fingerprint, other_copies
 from inloop_eval.watch.config import WatchConfig
 from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError
 from inloop_eval.watch.layout import layout_for
@@ -233,6 +235,10 @@ class Watcher:
         self.record(STARTED, checkpoint, **trigger)
         log.info("watch: evaluating step %d from %s", checkpoint.step, checkpoint.path)
         before = fingerprint(checkpoint.path)
+        other = other_copies(checkpoint.path, before)
+        if other is not None:
+            self.fail(checkpoint, other, retry=True, files=before)
+            return
         loaded, error = self.load(checkpoint)
         after = fingerprint(checkpoint.path)
         if all_reduce_max(int(after is None or after != before)):
