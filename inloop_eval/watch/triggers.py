@@ -3,7 +3,9 @@
 (`leases`).
 
 What it promises: with `events_dir`, each pass takes the events that arrived since the last (a checkpoint
-outside the watched folder is left, logged); without, every pass scans. With `lease_s`, a thread keeps a
+outside the watched folder is left, logged), and those that announced a folder not there yet (a trainer that
+writes its event before renaming the folder into place), looked at again at every pass until it appears;
+without, every pass scans. With `lease_s`, a thread keeps a
 lease on every checkpoint found or announced, still there, not done and not past `until_step`, and `hold`
 brings the leases up to date at once (a step just evaluated frees its checkpoint); `stop` releases them all.
 A checkpoint that failed for good is done, so released at once; one that failed and waits for its files to
@@ -44,6 +46,7 @@ class Triggers:
         self.inbox = Inbox(Path(config.events_dir)) if config.events_dir and rank0 else None
         self.next_scan = 0.0
         self.let_go: set[Path] = set()  # failed checkpoints whose lease was released (told once)
+        self.early: list[tuple[Checkpoint, ReadyEvent]] = []  # announced, their folder not there yet
         self.keeper = None
         if config.lease_s and rank0:
             look_s = config.events_poll_s if config.events_dir else config.poll_s
@@ -74,8 +77,9 @@ class Triggers:
         return False
 
     def announced(self) -> list[tuple[Checkpoint, ReadyEvent]]:
-        """The checkpoints of the watched folder that events announced since the last pass."""
-        out = []
+        """The checkpoints of the watched folder that events announced since the last pass, and those
+        announced earlier whose folder has appeared since (`early`)."""
+        pending, self.early = self.early, []
         for event in self.inbox.take() if self.inbox is not None else []:
             checkpoint = announced_checkpoint(event, self.planner.folder)
             if checkpoint is None:
@@ -84,7 +88,13 @@ class Triggers:
                 )
                 continue
             log.info("watch: step %d announced by %s", event.step, event.file)
-            out.append((checkpoint, event))
+            pending.append((checkpoint, event))
+        out = []
+        for checkpoint, event in pending:
+            if checkpoint.path.is_dir():
+                out.append((checkpoint, event))
+            elif not self.history.done(checkpoint.step, redo_in_loop=self.config.redo_in_loop):
+                self.early.append((checkpoint, event))  # looked at again at the next pass
         return out
 
     def to_hold(self) -> list[Path]:

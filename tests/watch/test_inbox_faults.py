@@ -1,8 +1,9 @@
 """What a shared inbox may hold that is not an event never hangs or stops the watcher: a FIFO named like an
 event (never waited on), an event file of 200,000 nested brackets (JSON too deep to parse), a file larger
 than an event can be, and a folder of another run this user cannot list. Each is named in a warning once and
-left, and the events beside it are read. Every reader runs in a process of its own under a timeout, so a
-hang fails the test instead of stopping the suite."""
+left, and the events beside it are read. And an event written before its checkpoint's folder is renamed into
+place is acted on once the folder appears, not at the next scan. Every reader runs in a process of its own
+under a timeout, so a hang fails the test instead of stopping the suite."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
-from watch_support import eval_lines, single_file_checkpoints, watch_cli, without_permission_override
+from watch_support import (
+    eval_lines,
+    single_file_checkpoints,
+    wait_for,
+    watch_cli,
+    without_permission_override,
+)
 from workers.launch import REPO, worker_env
 
 from inloop_eval.watch.events import MAX_EVENT_BYTES, event_file, write_ready_event
@@ -121,3 +129,36 @@ def test_inloop_eval_watch_reads_its_event_beside_a_fifo_a_deep_file_and_an_unli
     for path in bad:
         assert str(path) in done.stderr, (path, done.stderr[-3000:])
     assert [line["step"] for line in eval_lines(run_dir)] == [10]
+
+
+def test_an_event_written_before_its_folder_is_renamed_into_place_is_acted_on_when_it_appears(data_root, tmp_path):
+    """`inloop-eval watch --events` with the scan slowed to 10 minutes: step 20's event is read while its
+    folder is not there yet; the folder renamed into place a second later is evaluated at the next look at
+    the inbox, and the watcher exits at --until-step 20."""
+    folder = single_file_checkpoints(tmp_path / "save", data_root, [10])
+    staged = single_file_checkpoints(tmp_path / "staging", data_root, [20]) / "checkpoint-20"
+    inbox, run_dir, config = tmp_path / "inbox", tmp_path / "run", tmp_path / "eval.yaml"
+    evaluators = [{"task": "piqa", "limit": 3}]
+    config.write_text(yaml.safe_dump({"evaluators": evaluators, "data_root": str(data_root), "max_length": 128}))
+    args = [str(folder), "--config", str(config), "--run-dir", str(run_dir), "--events", str(inbox)]
+    args += ["--events-poll", "0.2", "--poll", "600", "--settle", "0", "--until-step", "20"]
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "inloop_eval.cli", "watch", *args],
+        cwd=REPO,
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: [line["step"] for line in eval_lines(run_dir)] == [10], 180, "step 10 evaluated")
+        write_ready_event(inbox, step=20, checkpoint_path=folder / "checkpoint-20", run_id="run")
+        time.sleep(1)  # several looks at the inbox find the event, and no folder
+        staged.rename(folder / "checkpoint-20")
+        out, _ = watcher.communicate(timeout=120)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.communicate()
+    assert watcher.returncode == 0, out[-3000:]
+    assert [line["step"] for line in eval_lines(run_dir)] == [10, 20]
