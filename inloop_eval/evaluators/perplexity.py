@@ -31,7 +31,7 @@ from inloop_eval.distributed import TaskAgreement, TaskFailedOnAnotherRank
 from inloop_eval.engine.batching import Batch, BatchShape, plan_sequence_batches
 from inloop_eval.engine.evaluation import EvalContext, Share, score_share
 from inloop_eval.engine.sharding import deal_longest_first
-from inloop_eval.errors import ConfigError, LMDataError
+from inloop_eval.errors import ConfigError, LMDataError, ModelOutputError
 from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings, check_entry_type, metric_class
 from inloop_eval.keys import FAILED, PERPLEXITY, OlmoCoreNames
 from inloop_eval.metrics.perplexity import FIGURES, OLMO_CORE_FIGURES, olmo_core_perplexity
@@ -252,6 +252,7 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
         nll_S = -scores.ll
         olmo_core_labels = set(prepared.config.documents_labels())
         figures, totals = domain_figures(context, domains, shard, nll_S, olmo_core_labels)
+        check_finite_labels(self.title(), domains, shard, nll_S, totals, strict=context.strict)
         result = DomainsResult(figures, totals, domains, failed, shard, nll_S, scores.tokens_forwarded)
         names = {label: OlmoCoreNames(label, frozenset(OLMO_CORE_FIGURES)) for label in olmo_core_labels}
         return EvalOutput(self.label_figures(prepared, result), result, names)
@@ -304,6 +305,32 @@ def domain_figures(
             olmo = olmo_core_perplexity(computed["sum_nll"], int(domain.length_S.sum()))
             figures.setdefault(domain.label, {}).update(olmo)
     return figures, totals
+
+
+def check_finite_labels(
+    title: str,
+    domains: list[DomainSet],
+    shard: Shard,
+    nll_S: np.ndarray,
+    totals: dict[str, tuple[float, int, int]],
+    *,
+    strict: bool,
+) -> None:
+    """Say which labels' figures are not finite because sequences' NLL was not (NaN or inf logits): their
+    ce, ppl and bpb are then NaN or inf (null in `metrics.jsonl`). The totals are synced, so every rank finds
+    the same labels (and with `strict` raises alike); the count of sequences is this rank's own."""
+    for d, domain in enumerate(domains):
+        sum_nll, n_tokens, _ = totals[domain.label]
+        if n_tokens == 0 or np.isfinite(sum_nll):
+            continue
+        bad = int((~np.isfinite(nll_S[shard.domain_S == d])).sum())
+        message = (
+            f"{title}: label {domain.label!r}: the NLL of {bad} of this rank's sequences is not finite (NaN or "
+            "inf logits), so its ce, ppl and bpb are not finite"
+        )
+        if strict:
+            raise ModelOutputError(message + " (strict: the evaluation fails)")
+        log.warning("%s", message)
 
 
 def usable_domains(context: EvalContext, prepared: PreparedDomains) -> tuple[list[DomainSet], dict[str, str]]:

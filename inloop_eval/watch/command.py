@@ -13,7 +13,9 @@ with training (`--wandb-group`), its curves on the same `trainer/step` axis.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
@@ -30,6 +32,23 @@ from inloop_eval.watch.loop import Watcher
 from inloop_eval.watch.summary import closing_line
 
 
+def seconds(*, zero: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds, > 0 (or >= 0 with `zero`); argparse names the flag in
+    the error, so that `--settle nan` is refused at once rather than found out hours into a watch."""
+    least = ">= 0" if zero else "> 0"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"expected a finite number of seconds {least}, found {text!r}")
+        return value
+
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint_dir", metavar="CKPT_DIR", help="the folder training saves checkpoints to")
     parser.add_argument("--config", required=True, help="the evaluator YAML config used in the loop")
@@ -37,8 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--run-dir", required=True, help="where metrics.jsonl, outcomes/, wandb/ and watch/ go"
     )
     parser.add_argument("--policy", choices=POLICIES, default="all", help="all (default) or latest")
-    parser.add_argument("--settle", type=float, default=10.0, help="seconds unchanged before reading (10)")
-    parser.add_argument("--poll", type=float, default=5.0, help="seconds between scans of CKPT_DIR (5)")
+    parser.add_argument(
+        "--settle", type=seconds(zero=True), default=10.0, help="seconds unchanged before reading (10)"
+    )
+    parser.add_argument(
+        "--poll", type=seconds(zero=False), default=5.0, help="seconds between scans of CKPT_DIR (5)"
+    )
     parser.add_argument(
         "--events",
         metavar="INBOX",
@@ -46,13 +69,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "OLMo-core's CheckpointReadyNotifierCallback or write_ready_event): each evaluated at once, "
         "CKPT_DIR still scanned every --poll seconds",
     )
-    parser.add_argument("--events-poll", type=float, default=1.0, help="seconds between looks at INBOX (1)")
+    parser.add_argument(
+        "--events-poll", type=seconds(zero=False), default=1.0, help="seconds between looks at INBOX (1)"
+    )
     parser.add_argument(
         "--lease",
-        type=float,
+        type=seconds(zero=False),
         metavar="SECONDS",
         help="hold each checkpoint not yet evaluated with a lease expiring SECONDS after its last refresh, "
         "which inloop_eval's rotation helpers (OLMo-core, torchtitan) respect (default: no leases)",
+    )
+    parser.add_argument(
+        "--hold-failed",
+        type=seconds(zero=True),
+        metavar="SECONDS",
+        help="with --lease: how long a checkpoint that failed and will be tried again (once its files change, "
+        "or by a restarted watcher) stays held past its failure before training may rotate it away "
+        "(default: the --lease SECONDS); one that failed for good is released at once",
     )
     parser.add_argument("--once", action="store_true", help="evaluate what is there, then exit")
     parser.add_argument(
@@ -107,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         events_dir=args.events,
         events_poll_s=args.events_poll,
         lease_s=args.lease,
+        hold_failed_s=args.hold_failed,
         once=args.once,
         until_step=args.until_step,
         redo_in_loop=args.redo_in_loop,

@@ -14,6 +14,11 @@ Evidence alone is not enough for writers that put files in place one by one, or 
 checkpoint in (rsync, a sync from object storage): a checkpoint counts only once its evidence is there and
 its `fingerprint` (every file's size and modification time) has stayed the same for `settle_s` seconds
 (`Settling`).
+
+Under torchrun every rank reads the checkpoint from its own view of the folder: ranks that see different
+copies of it (another mount, a re-copy) would build one model out of parts of each. Their fingerprints are
+compared before a read (`other_copies`): copies count as the same only with the same files of the same sizes
+and modification times (one shared mount, or copies made keeping them: `cp -p`, `rsync -t`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
+from inloop_eval.distributed import world
 from inloop_eval.watch.discovery import HF, OLMO_CORE, TORCHTITAN, Checkpoint, CheckpointDamaged
 
 HF_INDEX = "model.safetensors.index.json"
@@ -33,6 +41,8 @@ OLMO_CORE_MARKER = ".metadata.json"
 OLMO_CORE_WEIGHTS = "model_and_optim"
 DCP_METADATA = ".metadata"
 CONFIG_FILE = "config.json"
+# The longest header safetensors reads (its MAX_HEADER_SIZE): a longer length is a damaged file.
+SAFETENSORS_MAX_HEADER = 100_000_000
 
 # relative path -> (size, modification time in ns)
 Fingerprint = dict[str, tuple[int, int]]
@@ -54,9 +64,34 @@ def fingerprint(path: Path) -> Fingerprint | None:
     return out
 
 
+def other_copies(path: Path, files: Fingerprint | None) -> str | None:
+    """Which ranks see another copy of the checkpoint at `path` than rank 0 does (`files`: this rank's
+    fingerprint of it), and the first file that differs; None when every rank sees the same files, and
+    always in one process. One `all_gather_object` on every rank."""
+    world_size, _ = world()
+    if world_size == 1:
+        return None
+    every: list[Fingerprint | None] = [None] * world_size
+    dist.all_gather_object(every, files)
+    others = [r for r in range(1, world_size) if every[r] != every[0]]
+    if not others:
+        return None
+    first, other = every[0] or {}, every[others[0]] or {}
+    name = min((n for n in set(first) | set(other) if first.get(n) != other.get(n)), default="the folder")
+    shown = {r: f"{f[name][0]} bytes, modified {f[name][1]} ns" if name in f else "absent"
+             for r, f in ((0, first), (others[0], other))}  # fmt: skip
+    return (
+        f"rank(s) {', '.join(map(str, others))} see another copy of {path} than rank 0 ({name}: rank 0 "
+        f"{shown[0]}, rank {others[0]} {shown[others[0]]}): not read, so that no model is made of parts of "
+        "both; give every rank the same copy (one shared folder, or copies keeping sizes and modification "
+        "times: cp -p, rsync -t)"
+    )
+
+
 def safetensors_shortfall(path: Path) -> str | None:
     """Why a safetensors file is not complete (missing, shorter than its header says); None when it is.
-    CheckpointDamaged for a whole header that gives no offsets; OSError for a file that cannot be read."""
+    CheckpointDamaged, naming the file, for a header length past safetensors' limit or a whole header that
+    gives no offsets; OSError for a file that cannot be read."""
     try:
         with path.open("rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -64,7 +99,12 @@ def safetensors_shortfall(path: Path) -> str | None:
             if len(head) < 8:
                 return f"{path.name} has {size} bytes, not yet a header"
             (header_len,) = struct.unpack("<Q", head)
-            header = f.read(header_len)
+            if header_len > SAFETENSORS_MAX_HEADER:
+                raise CheckpointDamaged(
+                    f"{path}: its header says it is {header_len} bytes long, past safetensors' limit of "
+                    f"{SAFETENSORS_MAX_HEADER} (the file has {size}): the file is damaged; save the checkpoint again"
+                )
+            header = f.read(min(header_len, size))
     except FileNotFoundError:
         return f"{path.name} is missing"
     if len(header) < header_len:

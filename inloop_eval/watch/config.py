@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from inloop_eval.config_fields import one_of
@@ -54,6 +55,10 @@ class WatchConfig:
     """Hold each checkpoint found and not yet evaluated with a lease beside it (`leases`) that expires
     `lease_s` seconds after it was last refreshed (every `lease_s / 3` seconds while the watcher lives):
     trainers with inloop_eval's rotation helpers keep a held checkpoint on disk. None: no leases."""
+    hold_failed_s: float | None = None
+    """With `lease_s`: seconds a checkpoint that failed and will be tried again (once its files change, or by
+    a restarted watcher) stays held past its failure, then its lease is released and training's rotation may
+    delete it; None: `lease_s`. One that failed for good (the config cannot take it) is released at once."""
     device: str | None = None
     """torch device to evaluate on (default cuda if available, else cpu; under torchrun `cuda:<LOCAL_RANK>`);
     one this torch cannot use is refused at the start, not found out at every checkpoint."""
@@ -70,15 +75,21 @@ class WatchConfig:
         one_of(self.policy, POLICIES, "watch: policy")
         if self.format is not None:
             one_of(self.format, tuple(NAME_PATTERNS), "watch: format")
-        if self.settle_s < 0 or self.poll_s <= 0:
-            raise ConfigError(
-                f"watch: settle_s must be >= 0 and poll_s > 0, found settle_s={self.settle_s}, poll_s={self.poll_s}"
-            )
-        if self.events_poll_s <= 0 or (self.lease_s is not None and self.lease_s <= 0):
-            raise ConfigError(
-                f"watch: events_poll_s and lease_s must be > 0, found events_poll_s={self.events_poll_s}, "
-                f"lease_s={self.lease_s}; leave lease_s None for no leases"
-            )
+        seconds = {"settle_s": self.settle_s, "poll_s": self.poll_s, "events_poll_s": self.events_poll_s}
+        if self.lease_s is not None:
+            seconds["lease_s"] = self.lease_s
+        if self.hold_failed_s is not None:
+            seconds["hold_failed_s"] = self.hold_failed_s
+            if self.lease_s is None:
+                raise ConfigError("watch: hold_failed_s needs lease_s (--lease): without leases nothing is held")
+        for name, value in seconds.items():
+            zero = name in ("settle_s", "hold_failed_s")
+            if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+                least = ">= 0" if zero else "> 0"
+                remedy = "; leave lease_s None for no leases" if name == "lease_s" else ""
+                raise ConfigError(
+                    f"watch: {name} must be a finite number of seconds {least}, found {value}{remedy}"
+                )
         if self.tp < 1:
             raise ConfigError(f"watch: tp must be >= 1 (the tensor-parallel degree), found {self.tp}")
         if self.device is not None:

@@ -13,9 +13,12 @@ Written whole (a temporary file linked into place), and only once the checkpoint
 
 What the reader promises (`Inbox`): each event file is read once per watcher (a duplicate, a second file
 for one step, or one for a step already evaluated, changes nothing: the ledger decides what is done); a
-file that is not such an event is named in a warning once and left; an event for a checkpoint outside the
-watched folder (another run's, in a shared inbox) is left. Events are a hint: the watched folder is still
-scanned, every `poll_s` seconds, so a lost or unwritten event delays a checkpoint, never loses it.
+file that is not such an event is named in a warning once and left: one that is not a regular file (a
+FIFO is never waited on), one larger than `MAX_EVENT_BYTES`, one that is not JSON or is JSON nested too
+deeply to parse; a folder of the inbox this user cannot list (another run's, in a shared inbox) is named in
+a warning once and left; an event for a checkpoint outside the watched folder (another run's) is left.
+Events are a hint: the watched folder is still scanned, every `poll_s` seconds, so a lost or unwritten
+event delays a checkpoint, never loses it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import json
 import logging
 import os
 import re
+import stat
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -40,6 +44,8 @@ READY_EVENT = "checkpoint_ready"
 READY_SUFFIX = ".ready.json"
 SCHEMA_VERSION = 1
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # OLMo-core's rule for run and lineage ids
+# The largest event file read: an event is a few hundred bytes; far below a memory risk.
+MAX_EVENT_BYTES = 1 << 20
 
 
 class EventError(InLoopEvalError):
@@ -109,7 +115,9 @@ def write_ready_event(
 def read_event(path: Path) -> ReadyEvent:
     """The ready event in `path`; EventError naming what is wrong with a file that is not one."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_small_file(path).decode("utf-8"))
+    except RecursionError:
+        raise EventError(f"watch: {path} is not a ready event: JSON nested too deeply to parse") from None
     except (OSError, ValueError) as exc:
         raise EventError(f"watch: cannot read the event {path} ({type(exc).__name__}: {exc})") from exc
     if not isinstance(data, dict) or data.get("event") != READY_EVENT:
@@ -134,6 +142,40 @@ def read_event(path: Path) -> ReadyEvent:
     )
 
 
+def read_small_file(path: Path) -> bytes:
+    """The bytes of the regular file `path`; EventError for anything else (a FIFO, a device, a folder: never
+    opened, or opened without blocking and closed unread) and for a file over MAX_EVENT_BYTES."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise EventError(f"watch: {path} is not a ready event: not a regular file ({file_kind(path)})")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since the look above
+            raise EventError(f"watch: {path} is not a ready event: not a regular file ({file_kind(path)})")
+        chunks, size = [], 0
+        while chunk := os.read(fd, MAX_EVENT_BYTES + 1 - size):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_EVENT_BYTES:
+                raise EventError(
+                    f"watch: {path} is not a ready event: larger than {MAX_EVENT_BYTES} bytes (an event is a "
+                    "few hundred)"
+                )
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def file_kind(path: Path) -> str:
+    """What `path` is, in a few words (`a FIFO`, `a folder`, ...), for a message."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return type(exc).__name__
+    kinds = [(stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket")]
+    kinds += [(stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
 def announced_checkpoint(event: ReadyEvent, folder: Path) -> Checkpoint | None:
     """The checkpoint of the watched `folder` that `event` announces; None for one elsewhere (another
     run's), or whose folder name does not carry the event's step."""
@@ -154,6 +196,7 @@ class Inbox:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.seen: set[Path] = set()
+        self.unlisted: set[Path] = set()  # folders that could not be listed (warned about once)
         self.events: list[ReadyEvent] = []
         self.taken = 0
         self.lock = threading.Lock()
@@ -179,21 +222,39 @@ class Inbox:
 
     def new_files(self) -> list[Path]:
         """The event files not read yet, oldest name first (a temporary file, named with a leading dot, is
-        not one)."""
-        try:
-            entries = list(os.scandir(self.folder))
-        except FileNotFoundError:
-            return []
+        not one); a folder this user cannot list is warned about once and left."""
         files = []
-        for entry in entries:
+        for entry in self.listed(self.folder):
             if entry.name.startswith("."):
                 continue
-            if entry.is_dir():
-                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                    files += [Path(entry.path) / n for n in os.listdir(entry.path) if is_event_name(n)]
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                files += [Path(e.path) for e in self.listed(Path(entry.path)) if is_event_name(e.name)]
             elif is_event_name(entry.name):
                 files.append(Path(entry.path))
         return sorted(f for f in files if f not in self.seen)
+
+    def listed(self, folder: Path) -> list[os.DirEntry[str]]:
+        """The entries of `folder`; none for one gone, or one this user cannot list (warned about once)."""
+        try:
+            with os.scandir(folder) as entries:
+                return list(entries)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            if folder not in self.unlisted:
+                self.unlisted.add(folder)
+                log.warning(
+                    "watch: cannot list %s in the inbox (%s: %s); its events are left (another run's? let "
+                    "this user read it to have them)",
+                    folder,
+                    type(exc).__name__,
+                    exc.strerror or exc,
+                )
+            return []
 
 
 def is_event_name(name: str) -> bool:

@@ -8,12 +8,16 @@ standard library, so a trainer reads leases without importing the watcher):
   per holder (a watcher's run directory), so two watchers on one folder hold a checkpoint independently;
 - what: a JSON object with `holder`, `checkpoint` (the folder's name), `expires_at` (Unix time, seconds)
   and `written_at`; written whole (a temporary file renamed into place), so a reader never sees half of it;
+  readable by every user (files 0644, folders 0755, whatever the umask), since a trainer may run as
+  another user than the watcher;
 - while: the watcher rewrites each lease every third of its expiry while it lives (`LeaseKeeper`, a
   thread, so a long evaluation does not let leases lapse), and removes it once the checkpoint is evaluated,
-  skipped, or failed for good, and when it exits. A watcher killed with SIGKILL leaves its leases to expire:
+  skipped, or failed for good, `hold_failed_s` after a failure it may retry, and when it exits. A watcher killed with SIGKILL leaves its leases to expire:
   `expires_at` passes and `held` says no, so training's disk is held at most one expiry longer;
-- a checkpoint is held while any unexpired lease names it (`held`). Expiry compares `expires_at` with the
-  reader's clock: give an expiry well above the clock skew between the watcher's host and the trainer's.
+- a checkpoint is held while any unexpired lease names it (`held`), or while a lease file or folder on it
+  cannot be read (another user's, written private): kept, with a warning naming it, never deleted on a
+  guess. Expiry compares `expires_at` with the reader's clock: give an expiry well above the clock skew
+  between the watcher's host and the trainer's.
 
 Where the promise ends: a checkpoint is held from when the watcher first sees it (its event read, or its
 folder listed); one a trainer deletes before that is not held (watch with `--events` so that the watcher
@@ -28,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -39,6 +44,11 @@ log = logging.getLogger(__name__)
 
 LEASE_DIR = ".inloop-eval-leases"
 LEASE_SUFFIX = ".json"
+MAX_LEASE_BYTES = 64 << 10  # a lease is about 150 bytes
+SHARED_FILE, SHARED_FOLDER = 0o644, 0o755  # a trainer may run as another user than the watcher
+# The unreadable lease files and folders already warned about, so that a trainer asking at every step warns
+# once per file.
+_told: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -68,19 +78,34 @@ def holder_id(run_dir: str | os.PathLike[str]) -> str:
 
 
 def leases_on(checkpoint: str | os.PathLike[str]) -> list[Lease]:
-    """Every lease file on `checkpoint`, live or expired; one that cannot be read (being replaced, damaged)
-    is left out."""
+    """Every lease file on `checkpoint` that can be read, live or expired; one damaged (or not a regular
+    file) is left out, and so is one this user cannot read (`held` counts those as holding)."""
+    return read_leases(checkpoint)[0]
+
+
+def read_leases(checkpoint: str | os.PathLike[str]) -> tuple[list[Lease], list[tuple[Path, OSError]]]:
+    """The leases on `checkpoint` (as `leases_on`), and each lease file, or the lease folder, that could not
+    be read, with why (a watcher running as another user wrote it private)."""
     folder = lease_folder(checkpoint)
     try:
         names = sorted(os.listdir(folder))
     except (FileNotFoundError, NotADirectoryError):
-        return []
-    found = []
+        return [], []
+    except OSError as exc:
+        return [], [(folder, exc)]
+    found, unreadable = [], []
     for name in names:
         if name.startswith(".") or not name.endswith(LEASE_SUFFIX):
             continue
         try:
-            data = json.loads((folder / name).read_text(encoding="utf-8"))
+            text = read_lease_text(folder / name)
+        except FileNotFoundError:
+            continue  # released since the listing
+        except OSError as exc:
+            unreadable.append((folder / name, exc))
+            continue
+        try:
+            data = json.loads(text)
             found.append(
                 Lease(
                     holder=str(data["holder"]),
@@ -89,15 +114,42 @@ def leases_on(checkpoint: str | os.PathLike[str]) -> list[Lease]:
                     written_at=float(data["written_at"]),
                 )
             )
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue
-    return found
+    return found, unreadable
+
+
+def read_lease_text(path: Path) -> str:
+    """A lease file's text; '' (not a lease) for what is not a regular file, opened without blocking so that a
+    FIFO never stops a trainer; at most MAX_LEASE_BYTES."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return os.read(fd, MAX_LEASE_BYTES).decode("utf-8", errors="replace")
+    finally:
+        os.close(fd)
 
 
 def held(checkpoint: str | os.PathLike[str], *, now: float | None = None) -> bool:
-    """Whether a live lease holds `checkpoint`: a trainer's rotation must not delete it yet."""
+    """Whether a live lease holds `checkpoint`: a trainer's rotation must not delete it yet. A lease file or
+    folder this user cannot read holds it too, with a warning naming it (once per process): what cannot be
+    read may be a live lease, and a checkpoint kept too long costs disk, one deleted unscored costs its
+    evaluation."""
     now = time.time() if now is None else now
-    return any(lease.live(now) for lease in leases_on(checkpoint))
+    found, unreadable = read_leases(checkpoint)
+    for path, exc in unreadable:
+        if str(path) not in _told:
+            _told.add(str(path))
+            log.warning(
+                "cannot read the lease %s (%s: %s): %s is kept as held until it can be read; let this user "
+                "read it (watchers write lease files 0644 in folders 0755)",
+                path,
+                type(exc).__name__,
+                exc.strerror or exc,
+                checkpoint,
+            )
+    return bool(unreadable) or any(lease.live(now) for lease in found)
 
 
 def forget(checkpoint: str | os.PathLike[str]) -> None:
@@ -106,10 +158,11 @@ def forget(checkpoint: str | os.PathLike[str]) -> None:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """`text` into `path` whole: a temporary file beside it, renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """`text` into `path` whole (a temporary file beside it, renamed over it), readable by every user (0644,
+    whatever the umask): a trainer running as another user reads it."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, SHARED_FILE)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(temp, path)
@@ -117,6 +170,15 @@ def write_atomically(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+
+
+def make_shared_folder(folder: Path) -> None:
+    """`folder` (its parent there), readable and listable by every user (0755, whatever the umask); one
+    another user made keeps its mode."""
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir()
+    with contextlib.suppress(OSError):
+        os.chmod(folder, SHARED_FOLDER)
 
 
 class Leases:
@@ -150,6 +212,8 @@ class Leases:
             "written_at": now,
         }
         try:
+            make_shared_folder(lease_folder(checkpoint).parent)
+            make_shared_folder(lease_folder(checkpoint))
             write_atomically(self.file(checkpoint), json.dumps(lease, sort_keys=True) + "\n")
         except OSError as exc:
             if checkpoint not in self.failed:

@@ -1,6 +1,11 @@
 """Loading one checkpoint's model, per format, and the vocabulary the checkpoint records.
 
-- Hugging Face: `AutoModelForCausalLM.from_pretrained` (float32; sharded safetensors through their index).
+- Hugging Face: `AutoModelForCausalLM.from_pretrained` (float32; sharded safetensors through their index),
+  each safetensors file read whole into memory rather than mapped (`disable_mmap`): a file truncated while
+  mapped (rewritten in place) would kill the process with SIGBUS, a short read only fails the load. The cost
+  is one file's bytes beside the model while it loads. A tensor the files lack, or of another shape than the
+  config's model, is refused naming it and its file (`CheckpointDamaged`, tried again when the files
+  change), never initialised at random.
 - OLMo-core: the model built from the checkpoint's `config.json` (OLMo-core's `ConfigSaverCallback` saves the
   experiment config there: its `model` entry is a `TransformerConfig`), or by `model_builder`; its weights
   read with torch.distributed.checkpoint from `model_and_optim/` through OLMo-core's
@@ -41,8 +46,8 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from inloop_eval.errors import ConfigError
-from inloop_eval.watch.completion import CONFIG_FILE, OLMO_CORE_WEIGHTS
-from inloop_eval.watch.discovery import HF, OLMO_CORE, TORCHTITAN, Checkpoint
+from inloop_eval.watch.completion import CONFIG_FILE, HF_INDEX, HF_SINGLE, OLMO_CORE_WEIGHTS
+from inloop_eval.watch.discovery import HF, OLMO_CORE, TORCHTITAN, Checkpoint, CheckpointDamaged
 from inloop_eval.watch.layout import ParallelLayout
 from inloop_eval.watch.shard_reads import ShardRead, ShardReader
 
@@ -246,7 +251,32 @@ def load_hf(path: Path) -> nn.Module:
         raise ConfigError(
             "watch: Hugging Face checkpoints need `transformers`: pip install 'inloop_eval[hf]'"
         ) from None
-    return AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    model, info = AutoModelForCausalLM.from_pretrained(
+        path, dtype="float32", disable_mmap=True, output_loading_info=True, ignore_mismatched_sizes=True
+    )
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise CheckpointDamaged(
+            f"watch: {path / (HF_INDEX if (path / HF_INDEX).is_file() else HF_SINGLE)} holds no tensor "
+            f"{missing[0]!r} ({len(missing)} missing: {', '.join(missing[:5])}) that the model of its config.json "
+            "holds; not scored with it initialised at random: save the checkpoint again"
+        )
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda entry: entry[0])
+    if mismatched:
+        name, stored, expected = mismatched[0]
+        raise CheckpointDamaged(
+            f"watch: tensor {name!r} of {path / saved_files(path).get(name, HF_SINGLE)} has shape "
+            f"{tuple(stored)}, the model of its config.json {tuple(expected)} ({len(mismatched)} tensors differ): "
+            "save the checkpoint again with its config"
+        )
+    return model
+
+
+def saved_files(path: Path) -> dict[str, str]:
+    """Each saved tensor's safetensors file, by the index of a sharded Hugging Face checkpoint; empty for one
+    saved in one file (`model.safetensors` holds them all)."""
+    index = path / HF_INDEX
+    return dict(json.loads(index.read_text()).get("weight_map", {})) if index.is_file() else {}
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ What it promises:
 - the same figures and files as in the loop: the same `InLoopEvaluator` config, `run_and_log`'s figures
   (with `eval/seconds` and `eval/tokens_forwarded`), `metrics.jsonl` and `outcomes/step_<N>.npz` through
   `JSONLLogger`, W&B through `WandbLogger`, keyed by the checkpoint's step. The order is outcomes, then
-  the other loggers (W&B), then the `metrics.jsonl` line, which commits the step (`ledger`);
+  the other loggers (W&B), then the `metrics.jsonl` line, which commits the step (`ledger`); outcomes that
+  could not be written (a full disk) leave the step failed, nothing else logged, to be evaluated again;
 - triggered by the trainer too: with `events_dir`, a checkpoint announced by a ready event (`events`) is
   evaluated within `events_poll_s` of its event, the folder scanned only every `poll_s` seconds as the
   fallback; the event is recorded with the step's `started` entry; a duplicate event changes nothing;
@@ -31,8 +32,10 @@ What it promises:
 - one model in memory at a time, dropped before the next is loaded;
 - under torchrun every rank loads the checkpoint and the evaluator shards the documents over the ranks, or,
   with a sharded `layout` (`--tp`, `--fsdp`), each rank loads its share of the model in that layout and the
-  documents are sharded over its data-parallel ranks (`layout`); rank 0 decides what to evaluate (its decisions are broadcast) and alone writes; a load that fails on any
-  rank is skipped by all.
+  documents are sharded over its data-parallel ranks (`layout`); rank 0 decides what to evaluate (its
+  decisions are broadcast) and alone writes; a load that fails on any rank is skipped by all; ranks that see
+  different copies of a checkpoint (`completion.other_copies`) read none of it, every rank recording it
+  failed, naming them.
 Errors of the config or the task data, whatever the checkpoint (a task that does not exist, its data
 missing, a model builder that cannot be imported), stop the watcher: no checkpoint could be evaluated.
 """
@@ -71,7 +74,8 @@ from inloop_eval.evaluators.measured import run_and_log
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.keys import SECONDS_KEY
 from inloop_eval.loggers import CONFIG_FILE, JSONLLogger, MetricsLogger
-from inloop_eval.watch.completion import Fingerprint, fingerprint
+from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
+from inloop_eval.watch.completion import Fingerprint, fingerprint, other_copies
 from inloop_eval.watch.config import WatchConfig
 from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError
 from inloop_eval.watch.layout import layout_for
@@ -231,6 +235,10 @@ class Watcher:
         self.record(STARTED, checkpoint, **trigger)
         log.info("watch: evaluating step %d from %s", checkpoint.step, checkpoint.path)
         before = fingerprint(checkpoint.path)
+        other = other_copies(checkpoint.path, before)
+        if other is not None:
+            self.fail(checkpoint, other, retry=True, files=before)
+            return
         loaded, error = self.load(checkpoint)
         after = fingerprint(checkpoint.path)
         if all_reduce_max(int(after is None or after != before)):
@@ -246,7 +254,7 @@ class Watcher:
             return
         if all_reduce_max(int(error is not None)):
             reason = f"cannot load it: {describe(error)}" if error else "cannot load it on another rank"
-            self.fail(checkpoint, reason, retry=not isinstance(error, InLoopEvalError), files=before)
+            self.fail(checkpoint, reason, retry=not isinstance(error, UNFIT_ERRORS), files=before)
             return
         assert loaded is not None
         self.reads[checkpoint.step] = loaded.reads
@@ -293,7 +301,8 @@ class Watcher:
 
     def commit(self, checkpoint: Checkpoint, metrics: dict[str, float], files: Fingerprint | None) -> None:
         """Outcomes, then the other loggers, then the `metrics.jsonl` line, which alone makes the step done:
-        a line that did not land (a full disk, a file size limit) leaves the step failed, tried again."""
+        outcomes or a line that did not land (a full disk, a file size limit) leave the step failed, tried
+        again."""
         step = checkpoint.step
         evaluator = self.evaluator
         assert evaluator is not None
@@ -303,7 +312,11 @@ class Watcher:
             return
         self.check_run_directory()
         lines_before = metrics_steps(self.run_dir).get(step, 0)
-        self.log(evaluator, metrics, step)
+        unwritten = self.log(evaluator, metrics, step)
+        if unwritten is not None:
+            reason = f"{unwritten}; nothing else logged, to evaluate it again; figures: {headline(metrics)}"
+            self.fail(checkpoint, reason, retry=True, files=files)
+            return
         if metrics_steps(self.run_dir).get(step, 0) <= lines_before:
             reason = (
                 f"its metrics line was not written to {self.jsonl.path} (a full disk or a file size limit? "
@@ -332,7 +345,7 @@ class Watcher:
         self.planner.settling.forget(checkpoint)
         self.failures[checkpoint.step] = reason
         if retry:
-            self.planner.failed.setdefault(checkpoint.path, files)
+            self.planner.fail(checkpoint, files)
         else:
             self.history.refused.add(checkpoint.step)
         then = (
@@ -351,15 +364,24 @@ class Watcher:
         extra = {} if retry else {"config": self.config_id}
         self.record(FAILED, checkpoint, reason=reason, retry=retry, **extra)
 
-    def log(self, evaluator: InLoopEvaluator, metrics: dict[str, float], step: int) -> None:
-        """Outcomes, then the other loggers, then the `metrics.jsonl` line that commits the step."""
+    def log(self, evaluator: InLoopEvaluator, metrics: dict[str, float], step: int) -> str | None:
+        """Outcomes, then the other loggers, then the `metrics.jsonl` line that commits the step; why the
+        outcomes could not be written (rank 0), when they could not: then nothing else is logged, and the
+        step stays uncommitted rather than done without them."""
         outcomes = evaluator.outcomes()
-        if outcomes:
-            self.jsonl.log_outcomes(outcomes, step)
+        if outcomes and self.rank0:
+            directory = self.run_dir / OUTCOMES_DIR
+            try:
+                write_step(directory, outcomes, step)
+            except (OSError, ValueError, TypeError) as exc:
+                notes = "".join(f"; {note}" for note in getattr(exc, "__notes__", []))
+                where, error = step_path(directory, step), f"{type(exc).__name__}: {exc}"
+                return f"its per-document outcomes were not written to {where} ({error}){notes}"
         for logger in self.loggers:
             logger.log(metrics, step)
         self.check_run_directory()
         self.jsonl.log(metrics, step)
+        return None
 
     def build_evaluator(self, tokenizer: TokenizerLike | None) -> InLoopEvaluator:
         return InLoopEvaluator(self.evaluator_config, tokenizer=tokenizer)

@@ -8,7 +8,7 @@ What a pass promises:
   one that cannot even be looked at (unreadable, a damaged header) is recorded failed with the reason, and
   the others go on;
 - a checkpoint that failed in this process is tried again once its files change (a missing shard landing
-  late), else by a restarted watcher;
+  late), else by a restarted watcher; when it failed is kept (`failed_at`), so that its lease can end;
 - with `until_step`, no checkpoint past it is evaluated;
 - a checkpoint its trainer announced (`events`) is looked at without scanning the folder and without its
   settle time (its completion evidence is still required); a pass that does not scan plans over the last
@@ -65,6 +65,7 @@ class Planner:
 
     history: what the run directory says is done, updated by the watcher as it goes.
     failed: checkpoint path -> its files when it failed in this process; tried again once they change.
+    failed_at: checkpoint path -> when (`time.monotonic`) it failed, for those in `failed`.
     announced: checkpoint path -> the event that announced it (read settled: its trainer says it is done).
     before: why -> the steps found at the first pass that were done before it (`History.why_done`)."""
 
@@ -74,6 +75,7 @@ class Planner:
         self.history = history
         self.settling = Settling(config.settle_s)
         self.failed: dict[Path, Fingerprint | None] = {}
+        self.failed_at: dict[Path, float] = {}
         self.found: list[Checkpoint] = []
         self.announced: dict[Path, ReadyEvent] = {}
         self.told: set[tuple[str, Path]] = set()  # what was logged at INFO once, by checkpoint
@@ -173,7 +175,7 @@ class Planner:
                     settled=checkpoint.path in self.announced,
                 )
             except Exception as exc:  # noqa: BLE001 - one unreadable or damaged checkpoint stops no other
-                self.failed[checkpoint.path] = fingerprint(checkpoint.path)
+                self.fail(checkpoint, fingerprint(checkpoint.path))
                 plan.skip.append((checkpoint, FAILED, f"cannot be looked at: {describe(exc)}"))
                 continue
             if is_ready:
@@ -191,6 +193,12 @@ class Planner:
             log.debug("watch: step %d not ready: %s", checkpoint.step, why[checkpoint.path])
         return ready, waiting, why
 
+    def fail(self, checkpoint: Checkpoint, files: Fingerprint | None) -> None:
+        """Remember that `checkpoint` failed now, its files `files` when it was read: not tried again in this
+        process until they change."""
+        self.failed.setdefault(checkpoint.path, files)
+        self.failed_at.setdefault(checkpoint.path, time.monotonic())
+
     def failed_as_is(self, checkpoint: Checkpoint) -> bool:
         """Whether `checkpoint` failed in this process and its files have not changed since."""
         if checkpoint.path not in self.failed:
@@ -198,6 +206,7 @@ class Planner:
         if fingerprint(checkpoint.path) == self.failed[checkpoint.path]:
             return True
         del self.failed[checkpoint.path]
+        self.failed_at.pop(checkpoint.path, None)
         log.info(
             "watch: step %d at %s changed since it failed: tried again", checkpoint.step, checkpoint.path
         )

@@ -5,10 +5,15 @@ DCP's own `FileSystemReader` reads every stored chunk a rank needs any part of w
 chunk, then a slice of it): a rank of a 2-way FSDP watcher loading a checkpoint saved by one process reads
 every byte of it, and holds each whole tensor for a moment. `ShardReader` reads a chunk saved by
 `torch.save` (DCP's default format, and OLMo-core's writer's) in place: it finds the chunk's data record in
-the `torch.save` archive (its directory, through a read-only map of the file) and reads only the bytes of the
-slice the rank holds, straight into the rank's tensor (a slice cut in the first dimension is one read; one
+the `torch.save` archive (its directory) and reads only the bytes of the slice the rank holds, straight into
+the rank's tensor (a slice cut in the first dimension is one read; one
 cut in dimension k, one read per index of the dimensions before k). Any other item (bytes,
 a chunk with transforms such as compression, another serialization) is read as DCP reads it, and counted whole.
+
+Files are read with `os.pread`, never mapped: a writer that rewrites a shard in place (DCP's writer opening it
+"wb", `cp` over it) truncates it, and a mapped page past the new end kills the reading process with SIGBUS.
+A read is an `OSError` naming the file instead: one that ends early (truncated while read), one that is
+empty. The memory cost is the slice read (or the chunk read whole, as DCP's reader holds it), never the file.
 
 What it promises: the same tensors as DCP's reader (the same `ReadItem`s, each copied into the tensor the
 planner resolves); `reads` lists what this rank read, one `ShardRead` per item.
@@ -19,13 +24,13 @@ from __future__ import annotations
 import io
 import itertools
 import math
-import mmap
+import os
 import struct
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -70,23 +75,15 @@ class ShardReader(FileSystemReader):
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         for relative_path, items in per_file.items():
-            path = Path(self.path) / relative_path
-            with (
-                path.open("rb", buffering=0) as stream,
-                mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
-            ):
+            with ShardFile(Path(self.path) / relative_path) as shard:
                 for item in items:
-                    if item.type == LoadItemType.BYTE_IO or not self.read_in_place(
-                        item, planner, stream, mapped
-                    ):
-                        self.read_whole(item, planner, mapped)
+                    if item.type == LoadItemType.BYTE_IO or not self.read_in_place(item, planner, shard):
+                        self.read_whole(item, planner, shard)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def read_in_place(
-        self, item: ReadItem, planner: LoadPlanner, stream: BinaryIO, mapped: mmap.mmap
-    ) -> bool:
+    def read_in_place(self, item: ReadItem, planner: LoadPlanner, shard: ShardFile) -> bool:
         """Read only the slice `item` asks for out of its chunk's data record, straight into the tensor the
         planner resolves; False (nothing read) when the chunk is not a plain `torch.save` of a contiguous
         little-endian tensor of the metadata's shape."""
@@ -96,7 +93,7 @@ class ShardReader(FileSystemReader):
         shape = self.chunk_shape(item)
         target = planner.resolve_tensor(item).detach()
         dtype = self.stored_dtype(item) or target.dtype
-        start = data_record_start(mapped, info.offset, info.length, shape.numel() * dtype.itemsize)
+        start = data_record_start(shard, info.offset, info.length, shape.numel() * dtype.itemsize)
         if start is None:
             return False
         lengths = tuple(int(n) for n in item.lengths)
@@ -107,17 +104,17 @@ class ShardReader(FileSystemReader):
         into = memoryview(buffer.reshape(-1).view(torch.uint8).numpy())
         offsets = tuple(int(o) for o in item.storage_offsets)
         for stored_at, position, size in slice_runs(tuple(shape), offsets, lengths, dtype.itemsize):
-            read_exactly(stream, start + stored_at, into[position : position + size])
+            shard.read_into(start + stored_at, into[position : position + size])
         if not direct:
             target.copy_(buffer)
         planner.commit_tensor(item, target)
         self.record(item, buffer.numel() * dtype.itemsize, in_place=True)
         return True
 
-    def read_whole(self, item: ReadItem, planner: LoadPlanner, mapped: mmap.mmap) -> None:
+    def read_whole(self, item: ReadItem, planner: LoadPlanner, shard: ShardFile) -> None:
         """As DCP's `FileSystemReader` reads an item: the whole stored chunk (or bytes), then its slice."""
         info = self.storage_data[item.storage_index]
-        data = io.BytesIO(mapped[info.offset : info.offset + info.length])
+        data = io.BytesIO(shard.read(info.offset, info.length))
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, data)
         else:
@@ -195,26 +192,50 @@ def slice_runs(
         position += run
 
 
-def read_exactly(stream: BinaryIO, at: int, into: memoryview) -> None:
-    """Fill `into` with the bytes of `stream` from `at`; OSError if the file ends first (a truncated shard)."""
-    stream.seek(at)
-    done = 0
-    while done < len(into):
-        got = stream.readinto(into[done:])
-        if not got:
-            raise OSError(
-                f"{getattr(stream, 'name', 'a shard')}: ends at {at + done}, {len(into) - done} bytes short"
-            )
-        done += got
+class ShardFile:
+    """One shard file open for `os.pread`s (never mapped: see the module docstring). OSError naming the file
+    for an empty one, and for a read past its end (a file truncated while read)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        if os.fstat(self.fd).st_size == 0:
+            os.close(self.fd)
+            raise OSError(f"{path} is empty (0 bytes): a shard not yet written, or being written again")
+
+    def __enter__(self) -> ShardFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+    def read(self, at: int, size: int) -> bytes:
+        """The `size` bytes from `at`."""
+        out = bytearray(size)
+        self.read_into(at, memoryview(out))
+        return bytes(out)
+
+    def read_into(self, at: int, into: memoryview) -> None:
+        """Fill `into` with the bytes from `at`."""
+        done = 0
+        while done < len(into):
+            got = os.preadv(self.fd, [into[done:]], at + done)
+            if not got:
+                size = os.fstat(self.fd).st_size
+                raise OSError(
+                    f"{self.path} ends at {size} bytes, short of the {at + len(into)} its metadata says: "
+                    "truncated (rewritten) while read?"
+                )
+            done += got
 
 
-def data_record_start(mapped: mmap.mmap, offset: int, length: int, nbytes: int) -> int | None:
+def data_record_start(shard: ShardFile, offset: int, length: int, nbytes: int) -> int | None:
     """The file offset of the one tensor storage record of the `torch.save` archive stored at
     [offset, offset + length), when it holds `nbytes` bytes stored uncompressed in little-endian order;
     None otherwise (another format, a view's larger storage, a big-endian save)."""
-    window = io.BytesIO(mapped[offset : offset + min(length, 1 << 16)]) if length <= (1 << 16) else None
+    window = io.BytesIO(shard.read(offset, length)) if length <= (1 << 16) else None
     try:
-        archive = zipfile.ZipFile(window or _Window(mapped, offset, length))
+        archive = zipfile.ZipFile(window or _Window(shard, offset, length))
     except zipfile.BadZipFile:
         return None
     with archive:
@@ -227,18 +248,18 @@ def data_record_start(mapped: mmap.mmap, offset: int, length: int, nbytes: int) 
         if record.compress_type != zipfile.ZIP_STORED or record.file_size != nbytes:
             return None
         header = offset + record.header_offset
-        if mapped[header : header + 4] != ZIP_LOCAL_HEADER:
+        if shard.read(header, 4) != ZIP_LOCAL_HEADER:
             return None
-        name_length, extra_length = struct.unpack("<HH", mapped[header + 26 : header + 30])
+        name_length, extra_length = struct.unpack("<HH", shard.read(header + 26, 4))
         return header + ZIP_LOCAL_HEADER_SIZE + name_length + extra_length
 
 
 class _Window(io.RawIOBase):
-    """A read-only, seekable view of [offset, offset + length) of a mapped file, for `zipfile`, which reads
-    only the archive's directory through it."""
+    """A read-only, seekable view of [offset, offset + length) of a shard, for `zipfile`, which reads only the
+    archive's directory through it."""
 
-    def __init__(self, mapped: mmap.mmap, offset: int, length: int) -> None:
-        self.mapped, self.offset, self.length, self.position = mapped, offset, length, 0
+    def __init__(self, shard: ShardFile, offset: int, length: int) -> None:
+        self.shard, self.offset, self.length, self.position = shard, offset, length, 0
 
     def readable(self) -> bool:
         return True
@@ -256,7 +277,6 @@ class _Window(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         size = min(len(buffer), self.length - self.position)
-        start = self.offset + self.position
-        buffer[:size] = self.mapped[start : start + size]
+        self.shard.read_into(self.offset + self.position, memoryview(buffer)[:size])
         self.position += size
         return size

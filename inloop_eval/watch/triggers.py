@@ -3,9 +3,15 @@
 (`leases`).
 
 What it promises: with `events_dir`, each pass takes the events that arrived since the last (a checkpoint
-outside the watched folder is left, logged); without, every pass scans. With `lease_s`, a thread keeps a
+outside the watched folder is left, logged), and those that announced a folder not there yet (a trainer that
+writes its event before renaming the folder into place), looked at again at every pass until it appears;
+without, every pass scans. With `lease_s`, a thread keeps a
 lease on every checkpoint found or announced, still there, not done and not past `until_step`, and `hold`
 brings the leases up to date at once (a step just evaluated frees its checkpoint); `stop` releases them all.
+A checkpoint that failed for good is done, so released at once; one that failed and waits for its files to
+change is held `hold_failed_s` (default `lease_s`) past its failure and then released, so that a watcher
+whose every evaluation fails (out of memory) never holds training's disk for as long as it runs; held again
+once its files change and it is tried again.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class Triggers:
         self.history = history
         self.inbox = Inbox(Path(config.events_dir)) if config.events_dir and rank0 else None
         self.next_scan = 0.0
+        self.let_go: set[Path] = set()  # failed checkpoints whose lease was released (told once)
+        self.early: list[tuple[Checkpoint, ReadyEvent]] = []  # announced, their folder not there yet
         self.keeper = None
         if config.lease_s and rank0:
             look_s = config.events_poll_s if config.events_dir else config.poll_s
@@ -69,8 +77,9 @@ class Triggers:
         return False
 
     def announced(self) -> list[tuple[Checkpoint, ReadyEvent]]:
-        """The checkpoints of the watched folder that events announced since the last pass."""
-        out = []
+        """The checkpoints of the watched folder that events announced since the last pass, and those
+        announced earlier whose folder has appeared since (`early`)."""
+        pending, self.early = self.early, []
         for event in self.inbox.take() if self.inbox is not None else []:
             checkpoint = announced_checkpoint(event, self.planner.folder)
             if checkpoint is None:
@@ -79,7 +88,13 @@ class Triggers:
                 )
                 continue
             log.info("watch: step %d announced by %s", event.step, event.file)
-            out.append((checkpoint, event))
+            pending.append((checkpoint, event))
+        out = []
+        for checkpoint, event in pending:
+            if checkpoint.path.is_dir():
+                out.append((checkpoint, event))
+            elif not self.history.done(checkpoint.step, redo_in_loop=self.config.redo_in_loop):
+                self.early.append((checkpoint, event))  # looked at again at the next pass
         return out
 
     def to_hold(self) -> list[Path]:
@@ -100,7 +115,24 @@ class Triggers:
             for c in found
             if not self.history.done(c.step, redo_in_loop=redo) and (until is None or c.step <= until)
         }
-        return sorted(p for p in keep if p.is_dir())
+        return sorted(p for p in keep - self.failed_long_ago() if p.is_dir())
+
+    def failed_long_ago(self) -> set[Path]:
+        """The checkpoints that failed (and wait for their files to change) more than `hold_failed_s` ago:
+        held no longer. Runs in the lease keeper's thread (the dict is copied whole, under the GIL)."""
+        config = self.config
+        hold_s = config.hold_failed_s if config.hold_failed_s is not None else config.lease_s or 0.0
+        now = time.monotonic()
+        gone = {path for path, when in dict(self.planner.failed_at).items() if now - when >= hold_s}
+        for path in sorted(gone - self.let_go):
+            log.info(
+                "watch: %s failed %.0f s ago and is tried again only once its files change: its lease is "
+                "released (--hold-failed, default --lease), so training may rotate it away",
+                path,
+                now - self.planner.failed_at.get(path, now),
+            )
+        self.let_go = gone
+        return gone
 
     def hold(self) -> None:
         """Bring the leases up to date now: a step just evaluated frees its checkpoint at once."""

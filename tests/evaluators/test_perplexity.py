@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from lm_helpers import (
 from inloop_eval.data.perplexity.token_bytes import token_byte_lengths
 from inloop_eval.engine.adapters.logits import LogitsAdapter
 from inloop_eval.engine.outputs.projected_head import token_logprobs
-from inloop_eval.errors import ConfigError, LMDataError
+from inloop_eval.errors import ConfigError, LMDataError, ModelOutputError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.metrics.perplexity import perplexity_compute
@@ -214,3 +215,22 @@ def test_sequences_longer_than_the_model(domain_files, neox_tokenizer, tmp_path)
     short.config.max_seq_len = SEQ_LEN - 1
     with pytest.raises(ConfigError, match=f"seq_len {SEQ_LEN} is longer than the model's context"):
         lm_evaluator(domain_files, neox_tokenizer, tmp_path).run(short)
+
+
+def test_a_sequence_of_nan_logits_is_said_in_the_log_and_fails_under_strict(
+    model, domain_files, neox_tokenizer, tmp_path, caplog
+):
+    """Logits NaN for every sequence starting with an odd token: the labels holding one have figures that
+    are not finite, said in the log naming the label and the count; with `strict` the evaluation fails."""
+
+    def poisoned(ids: torch.Tensor) -> torch.Tensor:
+        logits = model(ids)
+        return torch.where((ids[:, :1] % 2 == 1)[:, :, None], torch.full_like(logits, math.nan), logits)
+
+    out = lm_evaluator(domain_files, neox_tokenizer, tmp_path, strict=False).run(LogitsAdapter(poisoned))
+    bad = [label for label in LABELS if not math.isfinite(out[f"eval/lm/{label}/ce"])]
+    assert bad, out
+    for label in bad:
+        assert re.search(rf"label '{label}': the NLL of [1-9]\d* of this rank's sequences is not finite", caplog.text)
+    with pytest.raises(ModelOutputError, match=r"the NLL of \d+ of this rank's sequences is not finite"):
+        lm_evaluator(domain_files, neox_tokenizer, tmp_path, strict=True).run(LogitsAdapter(poisoned))

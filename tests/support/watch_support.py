@@ -168,6 +168,33 @@ def drop_data_offsets(path: Path) -> str:
     return name
 
 
+def drop_tensor(path: Path, *, cut_a_row: bool = False) -> str:
+    """Save a safetensors file again without its first matrix (and its index without it, in a sharded
+    checkpoint), or with `cut_a_row` with that matrix one row short: a checkpoint that does not hold what its
+    config's model does; the tensor's name."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    name = next(k for k, v in tensors.items() if v.dim() == 2 and "embed" not in k)
+    if cut_a_row:
+        tensors[name] = tensors[name][:-1].clone()
+    else:
+        del tensors[name]
+        index = path.parent / "model.safetensors.index.json"
+        if index.is_file():  # a sharded checkpoint: its index no longer names it either
+            saved = json.loads(index.read_text())
+            del saved["weight_map"][name]
+            index.write_text(json.dumps(saved))
+    save_file(tensors, path, metadata={"format": "pt"})
+    return name
+
+
+def claim_a_huge_header(path: Path) -> None:
+    """Rewrite a safetensors file's header length as 2**62 bytes (a damaged file)."""
+    data = path.read_bytes()
+    path.write_bytes(struct.pack("<Q", 2**62) + data[8:])
+
+
 def without_permission_override() -> None:
     """For `subprocess.Popen(preexec_fn=...)`: the child, even as root, obeys file permissions. Root reads
     and writes any file through two capabilities (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH); dropped from the

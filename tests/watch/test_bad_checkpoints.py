@@ -1,5 +1,6 @@
 """One bad checkpoint never stops the others: a distributed checkpoint missing a shard, a safetensors
-header without its offsets, a file or folder the watcher may not read, a model the config cannot take (fewer
+header without its offsets or claiming 2**62 bytes, a Hugging Face checkpoint missing a tensor or holding one
+of another shape, a file or folder the watcher may not read, a model the config cannot take (fewer
 positions than `max_length`, another vocabulary), and two folders naming one step. Each is recorded failed
 (or warned about) with the reason, and every other checkpoint is evaluated."""
 
@@ -11,7 +12,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from watch_support import dcp_checkpoints, drop_data_offsets, eval_lines, single_file_checkpoints, watch_cli
+from watch_support import (
+    claim_a_huge_header,
+    dcp_checkpoints,
+    drop_data_offsets,
+    drop_tensor,
+    eval_lines,
+    single_file_checkpoints,
+    watch_cli,
+)
 
 from inloop_eval.data.root import TOKENIZER_DIR, neox_tokenizer_path
 from inloop_eval.evaluators.config import EvaluatorConfig
@@ -98,6 +107,36 @@ def test_a_damaged_safetensors_header_is_recorded_failed_and_the_others_evaluate
     # A restarted watcher looks at it again (it may have been saved again), and fails it again.
     again = watch(folder, tmp_path / "run", data_root)
     assert again.run() == [] and list(again.failures) == [20]
+
+
+def test_a_safetensors_header_claiming_2_62_bytes_is_refused_naming_the_file(saved, data_root, tmp_path):
+    folder = copy(saved, tmp_path / "ckpt", same_names(10, 20))
+    damaged = folder / "checkpoint-20" / "model.safetensors"
+    claim_a_huge_header(damaged)
+    first = watch(folder, tmp_path / "run", data_root)
+    assert first.run() == [10]
+    assert f"{damaged}: its header says it is {2**62} bytes long" in first.failures[20]
+    assert "MemoryError" not in first.failures[20]
+
+
+@pytest.mark.parametrize("cut_a_row", [False, True], ids=["missing", "reshaped"])
+def test_a_checkpoint_missing_a_tensor_or_of_another_shape_is_refused_naming_it_then_tried_again(
+    saved, data_root, tmp_path, cut_a_row
+):
+    """Step 20's model.safetensors without one matrix, or with it one row short: not scored with that tensor
+    initialised at random; recorded failed naming the tensor and the file, to be tried again, and evaluated
+    by a restarted watcher once the file is saved again."""
+    folder = copy(saved, tmp_path / "ckpt", same_names(10, 20))
+    damaged = folder / "checkpoint-20" / "model.safetensors"
+    name = drop_tensor(damaged, cut_a_row=cut_a_row)
+    first = watch(folder, tmp_path / "run", data_root)
+    assert first.run() == [10]
+    assert f"{name!r}" in first.failures[20] and "model.safetensors" in first.failures[20], first.failures
+    assert ("has shape" if cut_a_row else "model.safetensors holds no tensor") in first.failures[20]
+    (entry,) = failed_entries(tmp_path / "run")
+    assert entry["retry"] is True
+    shutil.copy(saved / "checkpoint-20" / "model.safetensors", damaged)
+    assert watch(folder, tmp_path / "run", data_root).run() == [20]
 
 
 def test_checkpoints_without_read_permission_are_recorded_failed_and_the_others_evaluated(saved, data_root, tmp_path):

@@ -1,7 +1,8 @@
 """The watcher's layout options and its shard reader, in one process: the checks of `--tp`/`--fsdp`, what a
-format that is not loaded sharded says, and `ShardReader` reading what DCP's reader reads (tensors of each
-dtype in place, other items whole). Sharded loads themselves run in 2-rank process groups:
-tests/watch/test_watch_olmo_core.py and tests/watch/test_watch_torchtitan.py."""
+format that is not loaded sharded says, `ShardReader` reading what DCP's reader reads (tensors of each dtype
+in place, other items whole), and naming a shard that is empty or shorter than its metadata says. Sharded
+loads themselves run in 2-rank process groups: tests/watch/test_watch_olmo_core.py and
+tests/watch/test_watch_torchtitan.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from inloop_eval.errors import ConfigError
 from inloop_eval.watch import WatchConfig
@@ -60,6 +62,21 @@ def test_the_shard_reader_reads_what_dcps_reader_reads(tmp_path):
     assert all(by_name[k].in_place for k in ("w", "half", "ids")) and not by_name["step"].in_place
     assert by_name["half"].nbytes == 5 * 3 * 2 and by_name["w"].lengths == (6, 4)
     assert reader.whole_bytes() == 6 * 4 * 4 + 5 * 3 * 2 + 10 * 8
+
+
+@pytest.mark.parametrize("size", [0, 100], ids=["empty", "truncated"])
+def test_a_shard_empty_or_shorter_than_its_metadata_is_an_error_naming_it(tmp_path, size):
+    """Read by `os.pread` (never mapped, which a truncation turns into SIGBUS): an OSError naming the file,
+    which the watcher records failed, to be tried again once the file changes."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"w": torch.randn(64, 64)}, checkpoint_id=str(tmp_path))
+        (shard,) = tmp_path.glob("*.distcp")
+        with shard.open("r+b") as f:
+            f.truncate(size)
+        says = "is empty" if size == 0 else "short of the"
+        with pytest.raises(CheckpointException, match=f"{shard}.*{says}"):
+            dcp.load({"w": torch.zeros(64, 64)}, storage_reader=ShardReader(tmp_path))
 
 
 @pytest.mark.parametrize(

@@ -233,7 +233,8 @@ def test_wandb_figures_logged_late_land_at_the_checkpoints_step(hf, data_root, t
 @pytest.fixture(scope="module")
 def two_ranks(hf, data_root, tmp_path_factory):
     """One launch of 2 gloo ranks (tests/support/workers/watch_hf_layouts.py) on steps 10 and 20: a watcher
-    holding the whole model on every rank, one FSDP over the 2 ranks, one asking for TP=2 (refused); one
+    holding the whole model on every rank, one FSDP over the 2 ranks, one asking for TP=2 (refused), one
+    whose rank 1 sees another copy of the folder, one FSDP on a damaged copy then on it repaired; one
     process's watcher beside."""
     from workers.launch import launch
 
@@ -243,7 +244,7 @@ def two_ranks(hf, data_root, tmp_path_factory):
     config.write_text(yaml.safe_dump(eval_config(data_root)))
     args = [str(REPO / "tests" / "support" / "workers" / "watch_hf_layouts.py"), "--save", str(folder)]
     args += ["--config", str(config), "--run-root", str(work / "runs"), "--out", str(work / "out")]
-    launch(2, args, timeout=300)
+    launch(2, args, timeout=480)
     assert watcher(folder, work / "one", data_root).run() == [10, 20]
     ranks = [json.loads((work / "out" / f"rank{r}.json").read_text()) for r in range(2)]
     return {"folder": folder, "runs": work / "runs", "one": work / "one", "ranks": ranks}
@@ -263,6 +264,28 @@ def test_under_torchrun_two_ranks_give_the_one_process_figures(two_ranks, layout
                 assert a[key] == value, key
             elif not key.endswith(("/seconds", "/tokens_forwarded")):
                 assert math.isclose(a[key], value, rel_tol=1e-6, abs_tol=1e-9), key
+
+
+def test_ranks_that_see_different_copies_of_a_checkpoint_are_refused_naming_them(two_ranks):
+    """Rank 1 reads another copy of the folder (another mount): step 10 the same files (copied keeping their
+    times), evaluated; step 20's first file another copy (other weights): no figures from a model made of
+    parts of both, every rank records it failed naming rank 1 and the file."""
+    for rank in two_ranks["ranks"]:
+        assert rank["copies"]["evaluated"] == [10]
+        reason = rank["copies"]["failures"]["20"]
+        assert "rank(s) 1 see another copy of" in reason and "checkpoint-20" in reason, reason
+        assert ".safetensors: rank 0" in reason, reason
+    assert [line["step"] for line in eval_lines(two_ranks["runs"] / "copies")] == [10]
+
+
+def test_under_fsdp_a_checkpoint_missing_a_tensor_is_refused_naming_it_and_tried_again_once_repaired(two_ranks):
+    for rank in two_ranks["ranks"]:
+        assert rank["damaged"]["evaluated"] == []
+        reason = rank["damaged"]["failures"]["10"]
+        assert "model.safetensors.index.json holds no tensor" in reason, reason
+        assert "config cannot take it" not in reason
+        assert rank["repaired"]["evaluated"] == [10]
+    assert [line["step"] for line in eval_lines(two_ranks["runs"] / "damaged")] == [10]
 
 
 def test_tensor_parallel_hugging_face_checkpoints_are_refused_with_the_remedy(two_ranks):

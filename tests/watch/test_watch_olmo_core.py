@@ -3,7 +3,7 @@ every checkpoint once, with the figures the in-loop callback recorded at the sam
 those checkpoints: killed and restarted, a slow writer, a checkpoint deleted or rewritten while read, and
 steps the loop already evaluated; and under a 2-rank process group in sharded layouts (FSDP, TP=2), each rank
 reading only its shards: the same figures, and exactly once across a SIGKILL of the whole job and a
-restart."""
+restart, and a shard rewritten in place while a rank reads it."""
 
 from __future__ import annotations
 
@@ -284,6 +284,17 @@ def test_a_sharded_watchers_figures_equal_the_in_loop_evaluation(live, layouts, 
                 assert math.isclose(found, value, rel_tol=1e-6, abs_tol=1e-12), (layout, step, key, found, value)
             compared += 1
     assert compared > 40
+
+
+def test_a_shard_rewritten_in_place_while_read_is_skipped_then_evaluated_again(layouts):
+    """FSDP over 2 ranks, rank 0's shard truncated under its shard reader and written back (DCP's writer
+    rewriting it "wb"): no SIGBUS; the step recorded `vanished`, naming the shard, then evaluated once its
+    files have settled again, by both ranks."""
+    run_dir = layouts["runs"] / "rewritten"
+    (vanished,) = [e for e in ledger(run_dir) if e["status"] == "vanished"]
+    assert vanished["step"] == 2 and ".distcp" in vanished["reason"], vanished
+    assert [r["rewritten"]["evaluated"] for r in layouts["ranks"]] == [[2], [2]]
+    assert [line["step"] for line in eval_lines(run_dir)] == [2]
 
 
 def overlap(a: dict, b: dict) -> bool:

@@ -3,9 +3,11 @@
 by `fully_shard` over the layout mesh's `dp` ranks, its local shards allocated empty on the device (no
 random init of whole tensors), then each parameter's local shard (FSDP2's `Shard(0)`: torch.chunk-style
 rows, the last ranks holding fewer or none) read from its safetensors file with `safe_open(...).get_slice`,
-only the rows this rank holds. Buffers are replicated: a saved one is read whole by every rank; one no file
-holds (rotary `inv_freq`) is computed again by building its parameter-free module from the config, as
-transformers does. Tensor parallelism (`--tp`) is refused with the remedy: it is not built for Hugging Face models here."""
+only the rows this rank holds, by `pread` (a mapped file rewritten in place would kill the rank with
+SIGBUS). A tensor the files lack, or of another shape than the config's model's, is `CheckpointDamaged`
+naming it and its file: tried again when the files change. Buffers are replicated: a saved one is read whole
+by every rank; one no file holds (rotary `inv_freq`) is computed again by building its parameter-free module
+from the config, as transformers does. Tensor parallelism (`--tp`) is refused with the remedy: it is not built for Hugging Face models here."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from inloop_eval.errors import ConfigError
+from inloop_eval.watch.discovery import CheckpointDamaged
 from inloop_eval.watch.layout import ParallelLayout
 from inloop_eval.watch.shard_reads import ShardRead
 
@@ -66,7 +69,7 @@ def weight_files(path: Path, rename: Callable[[str], str]) -> dict[str, tuple[Pa
         weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
         stored = {name: path / file for name, file in weight_map.items()}
     elif (path / SINGLE_FILE).is_file():
-        with safe_open(str(path / SINGLE_FILE), framework="pt") as handle:
+        with safe_open(str(path / SINGLE_FILE), framework="pt", backend="pread") as handle:
             stored = dict.fromkeys(handle.keys(), path / SINGLE_FILE)
     else:
         raise ConfigError(
@@ -122,10 +125,15 @@ def read_weights(model: nn.Module, path: Path, rename: Callable[[str], str]) -> 
                 continue
             file, saved_name = files[name]
             if file not in handles:
-                handles[file] = safe_open(str(file), framework="pt", device="cpu")
+                handles[file] = safe_open(str(file), framework="pt", device="cpu", backend="pread")
             stored = handles[file].get_slice(saved_name)
             shape = tuple(stored.get_shape())
-            offsets, local = local_box(tensor, shape)
+            if tuple(tensor.shape) != shape:
+                raise CheckpointDamaged(
+                    f"watch: tensor {saved_name!r} of {file} has shape {shape}, the model of its config.json "
+                    f"{tuple(tensor.shape)}: save the checkpoint again with its config"
+                )
+            offsets, local = local_box(tensor)
             with torch.no_grad():
                 if local.numel():
                     part = stored[offsets[0] : offsets[0] + local.shape[0]] if shape else stored[:]
@@ -150,20 +158,19 @@ def read_weights(model: nn.Module, path: Path, rename: Callable[[str], str]) -> 
         handles.clear()
     missing = [n for n, t in unsaved.items() if id(t) not in filled and n in persistent_names(model)]
     if missing:
-        raise ConfigError(
-            f"watch: {path} has no tensor {missing[0]!r} ({len(missing)} missing) that the model of its "
-            "config.json holds; is the checkpoint complete and saved by save_pretrained?"
+        listing = INDEX_FILE if (path / INDEX_FILE).is_file() else SINGLE_FILE
+        raise CheckpointDamaged(
+            f"watch: {path / listing} holds no tensor {missing[0]!r} ({len(missing)} missing) that the model of "
+            "its config.json holds; is the checkpoint complete and saved by save_pretrained?"
         )
     return reads, whole
 
 
-def local_box(tensor: torch.Tensor, shape: tuple[int, ...]) -> tuple[tuple[int, ...], torch.Tensor]:
-    """Where this rank's part of the saved tensor of `shape` starts, and the local tensor to fill: an FSDP2
-    parameter's unpadded local shard (its rows of `Shard(0)`), a replicated tensor whole."""
-    if tuple(tensor.shape) != shape:
-        raise ConfigError(f"watch: a saved tensor has shape {shape}, the model's {tuple(tensor.shape)}")
+def local_box(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.Tensor]:
+    """Where this rank's part of the saved tensor (of `tensor`'s shape) starts, and the local tensor to fill:
+    an FSDP2 parameter's unpadded local shard (its rows of `Shard(0)`), a replicated tensor whole."""
     if not isinstance(tensor, DTensor):
-        return (0,) * len(shape), tensor.detach()
+        return (0,) * tensor.dim(), tensor.detach()
 
     local_shape, offsets = compute_local_shape_and_global_offset(
         tensor.shape, tensor.device_mesh, tensor.placements

@@ -11,7 +11,9 @@ a checkpoint a live lease holds (`inloop_eval.watch.leases.held`) moves out of i
 to it at the first step its lease is gone (released once evaluated, or expired when the watcher died), to
 be removed by the checkpointer as before. Nothing else of the checkpointer changes: what is saved, when,
 and which checkpoint rotation picks. Rank 0 reads the leases and broadcasts what it found, so every rank
-keeps the same list. A checkpoint on a URL (object storage) cannot carry a lease and rotates as before.
+keeps the same list. A lease file or folder rank 0 cannot read (another user's, written private) holds its
+checkpoint too, with a warning naming it: never a PermissionError out of the callback, never a removal on
+a guess. A checkpoint on a URL (object storage) cannot carry a lease and rotates as before.
 A checkpoint still held when training ends stays on disk (as OLMo-core leaves the last one it queued).
 """
 

@@ -9,9 +9,10 @@ and puts each on `purge_queue`, which a thread empties with `rmtree`. torchtitan
 checkpoint exemption hook (`_should_purge` is its documented subclass guard, and vetoes a whole purge); the
 least this manager changes is the queue those picks are put on: during its purge a checkpoint a live lease
 holds (`inloop_eval.watch.leases.held`) is not put on the queue, and is picked again at the next save,
-once its lease is gone (released once evaluated, or expired when the watcher died). Which checkpoints are
-picked, when, and how they are deleted stay torchtitan's. A checkpoint still held when training ends stays
-on disk.
+once its lease is gone (released once evaluated, or expired when the watcher died); a lease file or folder
+this user cannot read holds it too, with a warning naming it, never raising out of the purge. Which
+checkpoints are picked, when, and how they are deleted stay torchtitan's. A checkpoint still held when
+training ends stays on disk.
 """
 
 from __future__ import annotations

@@ -51,10 +51,12 @@ def free_port() -> int:
 
 def worker_env(**extra: str) -> dict[str, str]:
     """The environment for workers: one thread each (several processes share two cores), tests/support on the
-    path (so `workers.*`, `helpers`, `lm_helpers` import), unbuffered output, `extra` on top."""
+    path (so `workers.*`, `helpers`, `lm_helpers` import) and this checkout before it (so a worker imports
+    this checkout's `inloop_eval`, not another one installed in the environment), unbuffered output, `extra`
+    on top."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    path = [str(REPO / "tests" / "support"), env.get("PYTHONPATH", "")]
+    path = [str(REPO), str(REPO / "tests" / "support"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(path).rstrip(os.pathsep)
     env.update(extra)
     return env

@@ -12,9 +12,9 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.watch import WatchConfig, Watcher
 
 
-def watch_once(config: WatchConfig, evaluator_config: Path) -> dict[str, Any]:
-    """Run `Watcher(config, <the evaluator config file>)` and report its steps, reads and failures."""
-    watcher = Watcher(config, EvaluatorConfig.from_dict(read_config_file(evaluator_config)))
+def watch_once(config: WatchConfig, evaluator_config: Path, kind: type[Watcher] = Watcher) -> dict[str, Any]:
+    """Run `kind(config, <the evaluator config file>)` and report its steps, reads and failures."""
+    watcher = kind(config, EvaluatorConfig.from_dict(read_config_file(evaluator_config)))
     evaluated = watcher.run()
     reads = {str(step): [asdict(r) for r in records] for step, records in watcher.reads.items()}
     return {"evaluated": evaluated, "reads": reads, "failures": watcher.failures}
