@@ -1,11 +1,11 @@
 """`inloop-eval evaluate`: a saved Hugging Face model evaluated on tasks, alone or under torchrun.
 
 Its flags are declared in `evaluate_flags.py` (so that `inloop-eval evaluate --help` loads no torch); here the
-command in phases, each a function: the config (built once, with the flags' overrides), the output files
-checked writable before anything is evaluated, the device checked and the model loaded, the evaluation with
-its progress per task (rank 0) through `run_and_log`, the path a training loop takes (so the figures carry
-`eval/seconds` and `eval/tokens_forwarded`), then on rank 0 the summary table, the files written and where
-they are.
+command in phases, each a function: the config (built once, with the flags' overrides), its task ids checked,
+the device checked, the output files checked writable before anything is evaluated, the tokenizer and the
+model loaded, the evaluation with its progress per task (rank 0) through `run_and_log`, the path a
+training loop takes (so the figures carry `eval/seconds` and `eval/tokens_forwarded`), then on rank 0 the
+summary table, the files written and where they are.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import torch.distributed as dist
 
 from inloop_eval.config_fields import read_config_file
 from inloop_eval.data.files import write_text_atomically
+from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.distributed import all_reduce_max, init_from_env, usable_device, world
-from inloop_eval.errors import ConfigError, InLoopEvalError
+from inloop_eval.errors import ConfigError, InLoopEvalError, TokenizerError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
@@ -36,6 +37,7 @@ from inloop_eval.keys import failed_labels
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
 from inloop_eval.loggers.progress import EvaluationProgress
 from inloop_eval.loggers.summary import summary_table
+from inloop_eval.tasks.registry import check_task_id
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,10 +47,13 @@ def run(args: argparse.Namespace) -> int:
     init_from_env()
     world_size, rank = world()
     config = evaluate_config(args)
+    check_task_ids(config)
+    device = pick_device(args.device, world_size)
     outputs = output_paths(args)
     check_outputs_writable(outputs, rank)
-    model = load_hf_model(args.model, pick_device(args.device, world_size))
-    evaluator = InLoopEvaluator(config)
+    tokenizer = load_evaluate_tokenizer(config, args)
+    model = load_hf_model(args.model, device)
+    evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
     progress = EvaluationProgress(len(evaluator.evaluators), enabled=rank == 0)
     try:
         metrics = run_and_log(evaluator, model, args.step or 0, progress=progress)
@@ -78,6 +83,29 @@ def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
         data["evaluators"] = [entry_overrides(entry, args) for entry in entries]
     data.update(settings_overrides(args, data))
     return EvaluatorConfig.from_dict(data, args.config or "evaluate --tasks")
+
+
+def check_task_ids(config: EvaluatorConfig) -> None:
+    """UnknownTaskError (naming the closest ids) for a task id the registry does not know, before the model
+    and the tokenizer are loaded: a typo costs nothing."""
+    for entry in config.evaluators:
+        if isinstance(entry, TaskEvalConfig):
+            check_task_id(entry.task)
+
+
+def load_evaluate_tokenizer(config: EvaluatorConfig, args: argparse.Namespace) -> TokenizerLike:
+    """The config's tokenizer (--tokenizer's, else the config's, else --model's), loaded before the model;
+    a --model directory without one is told to name it with --tokenizer."""
+    try:
+        return config.load_tokenizer()
+    except TokenizerError as exc:
+        if args.tokenizer or config.tokenizer != args.model:
+            raise
+        raise ConfigError(
+            f"evaluate: --model {args.model} holds no tokenizer (no tokenizer.json there); name one with "
+            "--tokenizer: a tokenizer.json, a Hugging Face tokenizer directory, or a repository fetched or in "
+            f"the local Hugging Face hub cache (e.g. --tokenizer EleutherAI/gpt-neox-20b) [{exc}]"
+        ) from None
 
 
 def settings_overrides(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
