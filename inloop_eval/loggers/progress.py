@@ -115,8 +115,9 @@ class TrainingProgress:
 
     The ETA is the training steps left at the steady rate plus the evaluations left at the steady cost of
     one, each leaving out the one-off work at the start that the rest will not repeat:
-    - the rate: steps per second of training since the first line (evaluations not counted); at the first
-      line, the rate since the start (the only one there is);
+    - the rate: steps per second of training since the first line (evaluations not counted): the first
+      steps carry one-off costs (the first forward and backward, the optimizer's state), so the first line
+      shows the rate since the start and `ETA ?`;
     - an evaluation: the mean of those after the first; while only the first has run, its scoring time
       (`EvaluationProgress.scoring_seconds`) when given, since the first also loads and tokenizes every
       task's documents, which the later ones reuse. None counted before the first has run.
@@ -152,22 +153,17 @@ class TrainingProgress:
         return f"step {step:>{len(str(self.steps))}d}/{self.steps}"
 
     def line(self, step: int, loss: float) -> str:
-        """The line after training step `step` (0-based), its loss `loss`."""
-        rate = self.rate(step + 1)
-        return f"{self.step_text(step)}  train loss {loss:.3f}  ({rate:.1f} steps/s, ETA {self.eta(step, rate)})"
-
-    def rate(self, done: int) -> float:
-        """Training steps per second with `done` steps done: since the first line once a later one comes (the
-        first steps carry one-off costs), else since the start; 0.0 before any time has passed."""
-        now = self.clock()
+        """The line after training step `step` (0-based), its loss `loss`; its ETA is `?` at the first line."""
+        done, now = step + 1, self.clock()
         if self.first_line is None:
             self.first_line = (done, now, self.eval_seconds)
         first_done, first_time, first_eval = self.first_line
-        if done > first_done:
-            steps, seconds = done - first_done, now - first_time - (self.eval_seconds - first_eval)
-        else:
-            steps, seconds = done, now - self.started - self.eval_seconds
-        return steps / seconds if seconds > 0 else 0.0
+        if done > first_done:  # the steady rate: since the first line, whose steps carry the one-off costs
+            rate = steps_per_second(done - first_done, now - first_time - (self.eval_seconds - first_eval))
+            eta = self.eta(step, rate)
+        else:  # the first line: the rate since the start, too early for an ETA
+            rate, eta = steps_per_second(done, now - self.started - self.eval_seconds), "?"
+        return f"{self.step_text(step)}  train loss {loss:.3f}  ({rate:.1f} steps/s, ETA {eta})"
 
     def evaluation_seconds(self) -> float:
         """What one more evaluation is expected to take (see the class docstring); 0.0 before any has run."""
@@ -185,3 +181,8 @@ class TrainingProgress:
         evaluations_left = sum(s > step for s in self.eval_steps)
         seconds = (self.steps - step - 1) / rate + evaluations_left * self.evaluation_seconds()
         return tqdm.format_interval(seconds)
+
+
+def steps_per_second(steps: int, seconds: float) -> float:
+    """`steps / seconds`, 0.0 before any time has passed."""
+    return steps / seconds if seconds > 0 else 0.0
