@@ -18,8 +18,9 @@ if __package__ in (None, ""):  # `python benchmarks/outcomes_size.py`: import `b
 import numpy as np
 
 from inloop_eval.loggers.outcomes import write_step
+from inloop_eval.metrics.formats import RC_METRICS
 from inloop_eval.metrics.icl import DocumentOutcomes
-from inloop_eval.metrics.registry import METRICS, RC_METRICS
+from inloop_eval.metrics.registry import METRICS
 
 
 def suite_outcomes(n_tasks: int, n_docs: int, seed: int = 0) -> dict[str, DocumentOutcomes]:

@@ -240,6 +240,21 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data.get("evaluation", data)
 
 
+def closest_keys(unknown: list[Any], names: list[str]) -> str:
+    """`; did you mean ...?` with the known key closest to each unknown one that has a close one (difflib),
+    '' when none has."""
+    guesses = {}
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), names, n=1) if isinstance(key, str) else []
+        if close:
+            guesses[key] = close[0]
+    if not guesses:
+        return ""
+    if len(unknown) == 1:
+        return f"; did you mean {next(iter(guesses.values()))!r}?"
+    return "; did you mean " + ", ".join(f"{close!r} for {key!r}" for key, close in guesses.items()) + "?"
+
+
 def build_dataclass(cls: type, data: Any, where: str) -> Any:
     """`cls(**data)` for a keyword-only config dataclass: every value checked against its field's
     annotation first (`check_value`), errors naming `where` and the key."""
@@ -248,7 +263,10 @@ def build_dataclass(cls: type, data: Any, where: str) -> Any:
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(names), key=str)
     if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown} for {cls.__name__}; known keys: {sorted(names)}")
+        raise ConfigError(
+            f"{where}: unknown keys {unknown} for {cls.__name__}{closest_keys(unknown, names)}; "
+            f"known keys: {sorted(names)}"
+        )
     annotations = field_annotations(cls)
     values = {key: check_value(value, annotations[key], located(where, key)) for key, value in data.items()}
     try:

@@ -73,7 +73,7 @@ def import_graph() -> dict[str, set[str]]:
                 if name and name != module and mods[name].name != "__init__.py":
                     edges.add(name)
         graph[module] = edges
-    graph["inloop_eval.cli.main"] |= {command.module for command in COMMANDS}
+    graph["inloop_eval.cli.main"] |= {name for command in COMMANDS for name in (command.module, command.flags) if name}
     return graph
 
 
@@ -154,6 +154,16 @@ def test_the_command_lines_help_loads_no_dependency():
     code = "from inloop_eval.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
     loaded = modules_loaded(code)
     assert not loaded & {*HEAVY, *METRICS_BASE, "torch", "numpy", "yaml"}
+
+
+def test_evaluates_help_and_the_task_list_load_no_torch():
+    """`inloop-eval evaluate --help` reads only the command's flags, and `inloop-eval tasks` only the task
+    registry: neither waits seconds for torch (benchmarks/cli_startup.py times them)."""
+    help_code = "from inloop_eval.cli import main\ntry:\n    main(['evaluate', '--help'])\nexcept SystemExit:\n    pass"
+    tasks_code = "from inloop_eval.cli import main\nassert main(['tasks']) == 0"
+    for code in (help_code, tasks_code):
+        loaded = modules_loaded(code)
+        assert not loaded & {*HEAVY, *METRICS_BASE, "torch"}, code
 
 
 def test_the_metric_modules_load_torchmetrics():

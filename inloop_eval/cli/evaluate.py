@@ -1,10 +1,11 @@
 """`inloop-eval evaluate`: a saved Hugging Face model evaluated on tasks, alone or under torchrun.
 
-Its flags (`add_arguments`), then the command in phases, each a function: the config (built once, with the
-flags' overrides), the output files checked writable before anything is evaluated, the device checked and the
-model loaded, the evaluation with its progress per task (rank 0) through `run_and_log`, the path a training
-loop takes (so the figures carry `eval/seconds` and `eval/tokens_forwarded`), then on rank 0 the summary
-table, the files written and where they are.
+Its flags are declared in `evaluate_flags.py` (so that `inloop-eval evaluate --help` loads no torch); here the
+command in phases, each a function: the config (built once, with the flags' overrides), its task ids checked,
+the device checked, the output files checked writable before anything is evaluated, the tokenizer and the
+model loaded, the evaluation with its progress per task (rank 0) through `run_and_log`, the path a
+training loop takes (so the figures carry `eval/seconds` and `eval/tokens_forwarded`), then on rank 0 the
+summary table, the files written and where they are.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import torch.distributed as dist
 
 from inloop_eval.config_fields import read_config_file
 from inloop_eval.data.files import write_text_atomically
+from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.distributed import all_reduce_max, init_from_env, usable_device, world
-from inloop_eval.errors import ConfigError, InLoopEvalError
+from inloop_eval.errors import ConfigError, InLoopEvalError, TokenizerError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.measured import run_and_log
@@ -35,46 +37,7 @@ from inloop_eval.keys import failed_labels
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
 from inloop_eval.loggers.progress import EvaluationProgress
 from inloop_eval.loggers.summary import summary_table
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face model directory (AutoModelForCausalLM)")
-    parser.add_argument(
-        "--tokenizer",
-        help="tokenizers JSON file, HF tokenizer directory, or a repository fetched or in the local HF hub "
-        "cache (default: --model)",
-    )
-    parser.add_argument("--tasks", help="comma-separated task ids (see `inloop-eval tasks`)")
-    parser.add_argument(
-        "--config", help="YAML evaluator config; --tasks, --limit and --batch-tokens override it"
-    )
-    parser.add_argument("--limit", type=int, help="first N documents of each task")
-    parser.add_argument(
-        "--spread",
-        action="store_true",
-        help="with --limit (or a config's limits): the N documents evenly spaced over each split, not its first "
-        "N (the config's `spread: true`)",
-    )
-    parser.add_argument("--batch-tokens", type=int, help="token budget of one forward pass (default 8192)")
-    parser.add_argument("--max-length", type=int, help="longest input in tokens (default: the model's)")
-    parser.add_argument("--data-root", help="task data root (default $INLOOP_EVAL_DATA or the cache)")
-    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument("--output", help="write the metrics and the config as JSON here (rank 0)")
-    parser.add_argument("--samples", help="write one JSON line per request here (rank 0)")
-    parser.add_argument(
-        "--outcomes",
-        metavar="DIR",
-        help="write per-document outcomes to DIR/outcomes/step_<STEP>.npz (rank 0), for `inloop-eval compare`",
-    )
-    parser.add_argument("--step", type=step_number, help="with --outcomes: the step to file them under (0)")
-    parser.add_argument("--strict", action="store_true", help="stop at the first failing task")
-
-
-def step_number(text: str) -> int:
-    """`--step`'s value: a training step, a whole number >= 0 (a negative one names no step file)."""
-    if not text.isascii() or not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a step, a whole number >= 0, found {text!r}")
-    return int(text)
+from inloop_eval.tasks.registry import check_task_id
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,10 +47,13 @@ def run(args: argparse.Namespace) -> int:
     init_from_env()
     world_size, rank = world()
     config = evaluate_config(args)
+    check_task_ids(config)
+    device = pick_device(args.device, world_size)
     outputs = output_paths(args)
     check_outputs_writable(outputs, rank)
-    model = load_hf_model(args.model, pick_device(args.device, world_size))
-    evaluator = InLoopEvaluator(config)
+    tokenizer = load_evaluate_tokenizer(config, args)
+    model = load_hf_model(args.model, device)
+    evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
     progress = EvaluationProgress(len(evaluator.evaluators), enabled=rank == 0)
     try:
         metrics = run_and_log(evaluator, model, args.step or 0, progress=progress)
@@ -117,6 +83,29 @@ def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
         data["evaluators"] = [entry_overrides(entry, args) for entry in entries]
     data.update(settings_overrides(args, data))
     return EvaluatorConfig.from_dict(data, args.config or "evaluate --tasks")
+
+
+def check_task_ids(config: EvaluatorConfig) -> None:
+    """UnknownTaskError (naming the closest ids) for a task id the registry does not know, before the model
+    and the tokenizer are loaded: a typo costs nothing."""
+    for entry in config.evaluators:
+        if isinstance(entry, TaskEvalConfig):
+            check_task_id(entry.task)
+
+
+def load_evaluate_tokenizer(config: EvaluatorConfig, args: argparse.Namespace) -> TokenizerLike:
+    """The config's tokenizer (--tokenizer's, else the config's, else --model's), loaded before the model;
+    a --model directory without one is told to name it with --tokenizer."""
+    try:
+        return config.load_tokenizer()
+    except TokenizerError as exc:
+        if args.tokenizer or config.tokenizer != args.model:
+            raise
+        raise ConfigError(
+            f"evaluate: --model {args.model} holds no tokenizer (no tokenizer.json there); name one with "
+            "--tokenizer: a tokenizer.json, a Hugging Face tokenizer directory, or a repository fetched or in "
+            f"the local Hugging Face hub cache (e.g. --tokenizer EleutherAI/gpt-neox-20b) [{exc}]"
+        ) from None
 
 
 def settings_overrides(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:

@@ -20,12 +20,15 @@ HELP_FLAGS = ("-h", "--help")
 @dataclass(frozen=True, kw_only=True)
 class Command:
     """One subcommand: its name and one-line help, and the module that declares its arguments
-    (`add_arguments(parser)`) and runs it (`run(args) -> int`), named by import path so that only the
-    command that runs is imported (`inloop-eval --help` loads none)."""
+    (`add_arguments(parser)`, or `flags`') and runs it (`run(args) -> int`), named by import path so that only
+    the command that runs is imported (`inloop-eval --help` loads none)."""
 
     name: str
     help: str
     module: str
+    flags: str = ""
+    """The module that declares the arguments when it is not `module` (`add_arguments(parser)`), so that the
+    command's `--help` loads none of what running it loads (torch); '' for `module` itself."""
     needs: str = ""
     """A dependency the command cannot run without, checked before its module is imported (which may load
     torch), so that a missing one costs nothing; '' for none."""
@@ -48,6 +51,7 @@ COMMANDS: tuple[Command, ...] = (
         name="evaluate",
         help="evaluate a saved Hugging Face model on tasks (torchrun-aware)",
         module="inloop_eval.cli.evaluate",
+        flags="inloop_eval.cli.evaluate_flags",
         needs="transformers",
         needs_hint=HF_EXTRA_HINT,
     ),
@@ -101,7 +105,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for entry in COMMANDS:
         command_parser = sub.add_parser(entry.name, help=entry.help)
         if command in (None, entry.name):
-            command_module(entry).add_arguments(command_parser)
+            importlib.import_module(entry.flags or entry.module).add_arguments(command_parser)
     return parser
 
 

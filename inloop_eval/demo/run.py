@@ -257,9 +257,9 @@ def train(config: DemoConfig, data_root: Path) -> list[dict[str, float]]:
     try:
         for step in range(tc.steps + 1):
             if evaluator.should_run(step):
-                metrics = evaluate_step(evaluator, trained, step, logger)
+                metrics, scoring_seconds = evaluate_step(evaluator, trained, step, logger)
                 evaluations.append(metrics)
-                training_progress.evaluated(metrics[SECONDS_KEY])
+                training_progress.evaluated(metrics[SECONDS_KEY], scoring_seconds)
                 if is_rank_zero():
                     print(summary(training_progress.step_text(step), metrics), flush=True)
             if step == tc.steps:
@@ -284,13 +284,17 @@ def train(config: DemoConfig, data_root: Path) -> list[dict[str, float]]:
     return evaluations
 
 
-def evaluate_step(evaluator: InLoopEvaluator, model: torch.nn.Module, step: int, logger: MetricsLogger) -> dict[str, float]:
-    """One in-loop evaluation, with a bar per evaluator on rank 0's terminal (the summary line follows)."""
+def evaluate_step(
+    evaluator: InLoopEvaluator, model: torch.nn.Module, step: int, logger: MetricsLogger
+) -> tuple[dict[str, float], float]:
+    """One in-loop evaluation, with a bar per evaluator on rank 0's terminal (the summary line follows): its
+    figures, and the seconds it spent scoring (`EvaluationProgress.scoring_seconds`, for the ETA)."""
     progress = EvaluationProgress(len(evaluator.evaluators), enabled=is_rank_zero(), lines=False)
     try:
-        return run_and_log(evaluator, model, step, logger, progress=progress)
+        metrics = run_and_log(evaluator, model, step, logger, progress=progress)
     finally:
         progress.close()
+    return metrics, progress.scoring_seconds
 
 
 def start_up_line(config: DemoConfig, root: Path) -> str:

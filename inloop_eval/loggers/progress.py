@@ -28,6 +28,10 @@ class EvaluationProgress:
     enabled: False on ranks other than 0: the display shows nothing.
     bar: a tqdm bar (True) or log lines (False); None: a bar when `stream` is a terminal.
     lines: a line as each evaluator ends (False: the caller prints its own line per evaluation).
+    clock: seconds, monotonic (a test passes its own).
+
+    `scoring_seconds` (read after `close`): from each evaluator's start to its last batch scored, summed: the
+    evaluation without what it does before scoring (loading and tokenizing documents, once per process).
     """
 
     def __init__(
@@ -38,8 +42,10 @@ class EvaluationProgress:
         bar: bool | None = None,
         lines: bool = True,
         stream: TextIO | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.n_evaluators = n_evaluators
+        self.clock = clock
         self.lines = lines
         self.enabled = enabled
         self.stream = stream if stream is not None else sys.stderr
@@ -49,6 +55,8 @@ class EvaluationProgress:
         self.total = 0
         self.done = 0
         self.started = 0.0
+        self.last_scored = 0.0
+        self.scoring_seconds = 0.0
         self._bar: tqdm | None = None
 
     def start(self, title: str, total: int) -> None:
@@ -56,7 +64,7 @@ class EvaluationProgress:
         self._finish()
         self.index += 1
         self.title, self.total, self.done = title, total, 0
-        self.started = time.perf_counter()
+        self.started = self.last_scored = self.clock()
         if self.enabled and self.use_bar:
             self._bar = tqdm(
                 total=total,
@@ -70,6 +78,7 @@ class EvaluationProgress:
     def __call__(self, n: int) -> None:
         """`n` more requests scored."""
         self.done += n
+        self.last_scored = self.clock()
         if self._bar is not None:
             self._bar.update(n)
 
@@ -78,12 +87,14 @@ class EvaluationProgress:
         self._finish()
 
     def _finish(self) -> None:
+        if self.title:
+            self.scoring_seconds += self.last_scored - self.started
         if self._bar is not None:
             self._bar.close()
             self._bar = None
         if self.enabled and self.lines and self.title:
             line = finished_line(
-                self.index, self.n_evaluators, self.title, self.done, time.perf_counter() - self.started
+                self.index, self.n_evaluators, self.title, self.done, self.clock() - self.started
             )
             if self.use_bar:
                 print(line, file=self.stream, flush=True)
@@ -102,8 +113,14 @@ class TrainingProgress:
     """The training loop's line every few steps, `step  20/150  train loss 3.456  (4.1 steps/s, ETA 00:42)`,
     and the step part of each evaluation's line.
 
-    The ETA is the training steps left at the rate seen so far (evaluations not counted) plus the evaluations
-    left, each at the mean time of those done so far (none counted before the first has run).
+    The ETA is the training steps left at the steady rate plus the evaluations left at the steady cost of
+    one, each leaving out the one-off work at the start that the rest will not repeat:
+    - the rate: steps per second of training since the first line (evaluations not counted): the first
+      steps carry one-off costs (the first forward and backward, the optimizer's state), so the first line
+      shows the rate since the start and `ETA ?`;
+    - an evaluation: the mean of those after the first; while only the first has run, its scoring time
+      (`EvaluationProgress.scoring_seconds`) when given, since the first also loads and tokenizes every
+      task's documents, which the later ones reuse. None counted before the first has run.
 
     steps: the last training step (steps 0 .. steps - 1 train; evaluations may run at 0 .. steps).
     eval_steps: the steps at which an evaluation runs.
@@ -118,29 +135,54 @@ class TrainingProgress:
         self.clock = clock
         self.started = clock()
         self.eval_seconds = 0.0
-        self.evaluations = 0
+        self.evaluations: list[float] = []
+        self.first_scoring: float | None = None
+        self.first_line: tuple[int, float, float] | None = None  # (steps done, clock, eval seconds) then
 
-    def evaluated(self, seconds: float) -> None:
-        """An evaluation took `seconds` (its `eval/seconds`): left out of the training rate, counted in the ETA."""
+    def evaluated(self, seconds: float, scoring_seconds: float | None = None) -> None:
+        """An evaluation took `seconds` (its `eval/seconds`): left out of the training rate, counted in the ETA.
+        scoring_seconds: of those, the time spent scoring (`EvaluationProgress.scoring_seconds`), which
+        estimates the later evaluations while only the first has run."""
         self.eval_seconds += seconds
-        self.evaluations += 1
+        if not self.evaluations and scoring_seconds is not None:
+            self.first_scoring = min(scoring_seconds, seconds)
+        self.evaluations.append(seconds)
 
     def step_text(self, step: int) -> str:
         """`step  20/150`, the step right-aligned to the total's width."""
         return f"step {step:>{len(str(self.steps))}d}/{self.steps}"
 
     def line(self, step: int, loss: float) -> str:
-        """The line after training step `step` (0-based), its loss `loss`."""
-        done = step + 1
-        train_seconds = max(self.clock() - self.started - self.eval_seconds, 0.0)
-        rate = done / train_seconds if train_seconds > 0 else 0.0
-        return f"{self.step_text(step)}  train loss {loss:.3f}  ({rate:.1f} steps/s, ETA {self.eta(step, rate)})"
+        """The line after training step `step` (0-based), its loss `loss`; its ETA is `?` at the first line."""
+        done, now = step + 1, self.clock()
+        if self.first_line is None:
+            self.first_line = (done, now, self.eval_seconds)
+        first_done, first_time, first_eval = self.first_line
+        if done > first_done:  # the steady rate: since the first line, whose steps carry the one-off costs
+            rate = steps_per_second(done - first_done, now - first_time - (self.eval_seconds - first_eval))
+            eta = self.eta(step, rate)
+        else:  # the first line: the rate since the start, too early for an ETA
+            rate, eta = steps_per_second(done, now - self.started - self.eval_seconds), "?"
+        return f"{self.step_text(step)}  train loss {loss:.3f}  ({rate:.1f} steps/s, ETA {eta})"
+
+    def evaluation_seconds(self) -> float:
+        """What one more evaluation is expected to take (see the class docstring); 0.0 before any has run."""
+        if len(self.evaluations) > 1:
+            later = self.evaluations[1:]
+            return sum(later) / len(later)
+        if self.first_scoring is not None:
+            return self.first_scoring
+        return self.evaluations[0] if self.evaluations else 0.0
 
     def eta(self, step: int, rate: float) -> str:
         """The time left after training step `step` at `rate` steps per second, as tqdm shows it (`01:23`)."""
         if rate <= 0:
             return "?"
         evaluations_left = sum(s > step for s in self.eval_steps)
-        mean_eval = self.eval_seconds / self.evaluations if self.evaluations else 0.0
-        seconds = (self.steps - step - 1) / rate + evaluations_left * mean_eval
+        seconds = (self.steps - step - 1) / rate + evaluations_left * self.evaluation_seconds()
         return tqdm.format_interval(seconds)
+
+
+def steps_per_second(steps: int, seconds: float) -> float:
+    """`steps / seconds`, 0.0 before any time has passed."""
+    return steps / seconds if seconds > 0 else 0.0

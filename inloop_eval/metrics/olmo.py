@@ -72,12 +72,10 @@ import torch
 from torch import Tensor
 
 from inloop_eval.errors import ConfigError, RequestError, TaskDataError
+from inloop_eval.metrics.formats import OLMO_GOLD_ONLY_TYPES, OLMO_METRIC_TYPES
 
 # OLMo's constant; its float32 multiplication makes it indistinguishable from 1 / ln 2.
 LOG_2_OF_E = 1.44269504089
-OLMO_METRIC_TYPES: tuple[str, ...] = ("acc", "len_norm", "pmi_dc", "ce_loss", "bpb", "f1")
-# Metric types that score the gold continuation alone: a document is its one gold request, as cont_id 0.
-OLMO_GOLD_ONLY_TYPES: tuple[str, ...] = ("ce_loss", "bpb")
 # Metric types whose figures need the gold choice (OLMo's label_id).
 _LABELLED_TYPES: tuple[str, ...] = ("acc", "len_norm", "pmi_dc", "f1")
 _COMPANIONS: tuple[str, ...] = (

@@ -6,8 +6,9 @@ kinds:
   share of documents predicted correctly, with `<name>_stderr`;
 - `per_doc`: one value per document, reported as the mean (with `<name>_stderr` when `stderr`);
 - `whole`: one value from all documents at once (F1, calibration error, perplexity).
-Adding a metric is one entry in `METRICS` (and its case in the NumPy reference of the tests); task formats,
-config validation and `inloop-eval tasks` read the names from here. Definitions: docs/design.md.
+Adding a metric is one entry in `METRICS` (and its case in the NumPy reference of the tests); config
+validation reads the names from here, the tasks their default figures from `formats.py` (which loads no
+torch). Definitions: docs/design.md.
 Legend: D documents, K the most choices of any document, B calibration bins.
 """
 
@@ -159,42 +160,6 @@ METRIC_ALIASES: dict[str, str] = {"acc_mutual_info": "acc_pmi", "brier_score": "
 ALL_METRICS: tuple[str, ...] = (*METRICS, *METRIC_ALIASES)
 # Counts every task reports beside its figures (see `icl_compute`).
 COUNTS: tuple[str, ...] = ("n_docs", "n_skipped_docs", "n_nonfinite_docs")
-
-# Default figures by prompt format (`MultipleChoiceTask.prompt_format`).
-# Normalisations that only matter when choices differ in length.
-LENGTH_NORM_METRICS: tuple[str, ...] = ("acc_norm", "acc_bytes", "acc_per_token")
-# Answer text as continuation: every figure except those for other task kinds (and `ece`, on request).
-RC_METRICS: tuple[str, ...] = (
-    "acc",
-    "acc_norm",
-    "acc_bytes",
-    "acc_per_token",
-    "acc_pmi",
-    "ce_gold",
-    "bpb_gold",
-    "brier",
-    "prob_gold",
-)
-# Letter keys (" A".." D"): every choice has the same length, so length normalisation is a no-op.
-MC_METRICS: tuple[str, ...] = ("acc", "acc_pmi", "ce_gold", "bpb_gold", "brier", "prob_gold")
-# One shared continuation after per-choice contexts: both length norms and PMI are no-ops.
-PARTIAL_METRICS: tuple[str, ...] = ("acc", "ce_gold", "bpb_gold", "brier", "prob_gold")
-# Classification over a fixed label set (RTE, CB, MRPC, SST-2): F1 beside accuracy.
-CLASSIFICATION_METRICS: tuple[str, ...] = ("acc", "f1")
-# One continuation, the answer, scored for its likelihood only.
-GOLD_ONLY_METRICS: tuple[str, ...] = ("ce_gold", "bpb_gold")
-# Last-word prediction (LAMBADA): greedy exact match and the word's perplexity.
-GREEDY_METRICS: tuple[str, ...] = ("acc_greedy", "ppl_gold", "ce_gold", "bpb_gold")
-# The default figures of each prompt format: the one map from format to figures (task classes name theirs
-# beside their format; tasks whose format is known only at run time, oe-eval files and OLMo labels, look it up).
-METRICS_BY_FORMAT: dict[str, tuple[str, ...]] = {
-    "rc": RC_METRICS,
-    "mc": MC_METRICS,
-    "partial": PARTIAL_METRICS,
-    "classification": CLASSIFICATION_METRICS,
-    "gold": GOLD_ONLY_METRICS,
-}
-
 
 def canonical(name: str) -> str:
     """The figure computed for a requested name (aliases resolved)."""

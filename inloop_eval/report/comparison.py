@@ -26,7 +26,7 @@ from inloop_eval.loggers.base import CURVE_METRICS
 from inloop_eval.loggers.outcomes import OutcomesError, list_steps, outcomes_directory, read_step
 from inloop_eval.metrics.paired import A_BETTER, B_BETTER, CANNOT_TELL, PairedResult
 from inloop_eval.report.analysis import chance_levels
-from inloop_eval.report.page import LOSS_PLOT, STYLE, draw, plot_file
+from inloop_eval.report.page import BAND_LEGEND, LOSS_PLOT, STYLE, draw, plot_file
 from inloop_eval.report.plots import plot_loss, plot_runs, run_colour
 from inloop_eval.report.runs import LM_FIGURES, ReportError, RunHistory, Series, load_run
 from inloop_eval.report.signal import BPB_TWIN, FigureSignal, bpb_suggestion, signal_to_noise
@@ -193,7 +193,7 @@ def render_comparison(
         *config_section(names, histories),
         *signal_section(names, signals),
         "<h2>Curves and verdicts</h2>",
-        "<p>Each run is drawn in its colour above, with ±1 standard error bands where logged. Verdicts: B - A "
+        f"<p>Each run is drawn in its colour above. {BAND_LEGEND} Verdicts: B - A "
         "of each figure on the documents both runs evaluated at that step (paired: exact McNemar for 0/1 "
         "figures, paired t otherwise): "
         + "; ".join(

@@ -211,6 +211,14 @@ def render_html(
     return "\n".join(parts)
 
 
+# What the shaded band around each task curve is, said once on each page that draws one.
+BAND_LEGEND = (
+    "The shaded band around a curve is ±1 standard error of that figure (its <code>_stderr</code>: the spread "
+    "of the mean over the task's documents, how far the figure could move on other documents like them); a "
+    "curve whose standard error was not logged has none."
+)
+
+
 def summary_section(
     history: RunHistory,
     views: list[TaskView],
@@ -221,6 +229,8 @@ def summary_section(
     """The title, what was read (and skipped), the tasks flagged as diverging, the tasks and domains with
     figures that are not finite or cover a subset of their documents, the evaluation cost."""
     steps = sorted({s for points in history.series.values() for s, _ in points})
+    evaluated = {s for v in views for points in v.curves.values() for s, _ in points}
+    checked = min(window, len(evaluated)) if evaluated else window  # the flag's window, or all there are
     flagged = [v.label for v in views if any(f.startswith(DIVERGING) for f in v.flags)]
     unsound = [v.label for v in views if any(f.startswith((NONFINITE, SUBSET)) for f in v.flags)]
     unsound += [f"{domain} (perplexity)" for domain, figures in domains.items() if nonfinite_steps(figures)]
@@ -230,8 +240,8 @@ def summary_section(
         + (f", {steps[0]} to {steps[-1]}" if steps else "")
         + f". {len(views)} tasks, {len(domains)} perplexity domains.</p>",
         *(f"<p class='flag'>Reading: {escape(note)}</p>" for note in history.notes),
-        f"<p>Divergence flag: over the last {window} evaluations the fitted trends of acc and acc_norm have "
-        f"opposite signs and each moves by at least {min_change:g} and by at least its standard error. "
+        f"<p>Divergence flag: over the last {checked} evaluation{'s' if checked != 1 else ''} the fitted trends "
+        f"of acc and acc_norm have opposite signs and each moves by at least {min_change:g} and by at least its standard error. "
         f"{len(flagged)} task(s) flagged{': ' + escape(', '.join(flagged)) if flagged else ''}.</p>",
         *(
             [
@@ -249,7 +259,7 @@ def task_section(views: list[TaskView]) -> list[str]:
     """A table of each task's last acc, acc_norm and acc_pmi with its flags, then one card per task (its
     plot, flags and notes: each note is shown there only)."""
     parts = [
-        "<h2>Tasks</h2><table><tr><th>task</th><th>acc</th><th>acc_norm</th><th>acc_pmi</th>"
+        f"<h2>Tasks</h2><p>{BAND_LEGEND}</p><table><tr><th>task</th><th>acc</th><th>acc_norm</th><th>acc_pmi</th>"
         "<th class='l'>flags</th></tr>"
     ]
     for v in views:

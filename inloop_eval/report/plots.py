@@ -29,6 +29,8 @@ def new_figure(**kwargs: Any) -> Any:
     return Figure(layout="constrained", **kwargs)
 
 
+# The most step labels an x axis shows (more would overlap at the page's width).
+MAX_STEP_TICKS = 10
 # Text properties that draw a string verbatim: no math text, no LaTeX (whatever the user's matplotlibrc says).
 VERBATIM: dict[str, Any] = {"parse_math": False, "usetex": False}
 
@@ -41,12 +43,22 @@ def verbatim_legend(ax: Any, **kwargs: Any) -> None:
         text.update(VERBATIM)
 
 
-def integer_steps(ax: Any) -> None:
-    """Label the x axis of `ax` with whole trainer steps, and grid it. Every panel keeps its step numbers,
-    also above another that shares its x axis (which would otherwise hide them)."""
-    from matplotlib.ticker import MaxNLocator
+def step_ticks(steps: Sequence[float]) -> list[float]:
+    """Where the x axis's ticks go: at the steps a figure was logged (every one, or every k-th from the first
+    when there are more than MAX_STEP_TICKS), never between them."""
+    shown = sorted({float(s) for s in steps})  # float: a step past int64 (see `plotted`) too
+    every = -(-len(shown) // MAX_STEP_TICKS)
+    return shown[::every] if shown else []
 
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+def integer_steps(ax: Any, steps: Sequence[float]) -> None:
+    """Label the x axis of `ax` with the steps drawn (`step_ticks`: the evaluated steps, not round numbers
+    between them), and grid it. Every panel keeps its step numbers, also above another that shares its x
+    axis (which would otherwise hide them)."""
+    from matplotlib.ticker import FixedLocator, MaxNLocator
+
+    ticks = step_ticks(steps)
+    ax.xaxis.set_major_locator(FixedLocator(ticks) if ticks else MaxNLocator(integer=True))
     ax.tick_params(axis="x", labelbottom=True)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
@@ -135,7 +147,7 @@ def plot_task(view: TaskView, path: Path, chance: float | None = None) -> Any:
     chance_line(ax, chance)
     ax.set_title(view.label if view.label == view.task_id else f"{view.label} ({view.task_id})", **VERBATIM)
     ax.set_ylabel("accuracy")
-    integer_steps(ax)
+    integer_steps(ax, [s for points in view.curves.values() for s, _ in points])
     verbatim_legend(ax, fontsize="small")
     fig.savefig(path, dpi=DPI)
     return fig
@@ -151,7 +163,7 @@ def plot_domain(domain: str, figures: Mapping[str, Series], path: Path) -> Any:
         curve(ax, figures[name], "#1f77b4", name)
         ax.set_title(f"{domain}: {name}", **VERBATIM)
         readable_values(ax, figures[name], name)
-        integer_steps(ax)
+        integer_steps(ax, [s for s, _ in figures[name]])
     fig.savefig(path, dpi=DPI)
     return fig
 
@@ -166,7 +178,7 @@ def plot_loss(runs: Mapping[str, Series], path: Path) -> Any:
         curve(ax, points, colour, run)
     ax.set_title("training loss (train/loss)")
     readable_values(ax, next(iter(runs.values()), []), "loss")
-    integer_steps(ax)
+    integer_steps(ax, [s for points in runs.values() for s, _ in points])
     if len(runs) > 1:
         verbatim_legend(ax, fontsize="small")
     fig.savefig(path, dpi=DPI)
@@ -200,7 +212,7 @@ def plot_runs(
             chance_line(ax, chance)
         ax.set_title(f"{label}: {figure}", **VERBATIM)
         readable_values(ax, [p for points in by_run.values() for p in points], figure)
-        integer_steps(ax)
+        integer_steps(ax, [s for points in by_run.values() for s, _ in points])
         verbatim_legend(ax, fontsize="small")
     fig.savefig(path, dpi=DPI)
     return fig

@@ -15,7 +15,7 @@ from typing import Any
 
 from inloop_eval.data.root import load_split
 from inloop_eval.errors import TaskDataError
-from inloop_eval.metrics.registry import RC_METRICS
+from inloop_eval.metrics.formats import RC_METRICS
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inloop_eval.errors import InLoopEvalError
-from inloop_eval.metrics.registry import LENGTH_NORM_METRICS, comparing_choices
+from inloop_eval.metrics.formats import LENGTH_NORM_METRICS
+from inloop_eval.metrics.registry import comparing_choices
 from inloop_eval.tasks.base import Doc, MultipleChoiceTask
 from inloop_eval.tasks.loading import load_docs
 

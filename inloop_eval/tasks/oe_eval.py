@@ -26,7 +26,7 @@ from typing import Any
 
 from inloop_eval.data.root import default_data_root, oe_eval_dir
 from inloop_eval.errors import TaskDataError, UnknownTaskError
-from inloop_eval.metrics.registry import METRICS_BY_FORMAT
+from inloop_eval.metrics.formats import METRICS_BY_FORMAT
 from inloop_eval.tasks.base import Doc, MultipleChoiceTask, shown
 from inloop_eval.tasks.registry import register_resolver
 

@@ -13,7 +13,8 @@ from inloop_eval.cli.main import COMMANDS, main
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.name)
 def test_each_commands_module_declares_its_arguments_and_runs_them(command, capsys):
     module = importlib.import_module(command.module)
-    assert callable(module.add_arguments) and callable(module.run)
+    flags = importlib.import_module(command.flags or command.module)
+    assert callable(flags.add_arguments) and callable(module.run)
     with pytest.raises(SystemExit) as caught:
         main([command.name, "--help"])
     assert caught.value.code == 0

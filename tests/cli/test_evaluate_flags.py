@@ -1,5 +1,7 @@
 """`inloop-eval evaluate`: it runs through `run_and_log`, the path a training loop takes, so its figures carry
-the cost keys; `--spread` samples each task's limit over its split; a device this machine lacks is one error."""
+the cost keys; `--spread` samples each task's limit over its split; a device this machine lacks is one error;
+a misspelt task id and a model folder without a tokenizer are each one error naming the remedy, before the
+model is loaded."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import contextlib
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -70,3 +73,22 @@ def test_a_device_this_machine_lacks_is_one_error_naming_the_flag(device, tmp_pa
     assert "Traceback" not in err
     assert f"inloop-eval: error: evaluate: --device {device!r} is not a device this machine has (" in err
     assert "expected one of: cpu" in err
+
+
+def test_a_misspelt_task_is_named_before_the_model_is_loaded(tmp_path, capsys):
+    """The task ids are checked first: --model names no model here, and the error is the task's."""
+    code = main(["evaluate", "--model", str(tmp_path / "no-model"), "--tasks", "piqa,hellaswg"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "inloop-eval: error: unknown task 'hellaswg'; did you mean hellaswag" in err
+    assert "--model" not in err
+
+
+def test_a_model_folder_without_a_tokenizer_is_told_to_pass_tokenizer(hf_model_dir, data_root, tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(hf_model_dir, model, ignore=shutil.ignore_patterns("tokenizer*"))
+    code = main(["evaluate", "--model", str(model), "--tasks", "piqa", "--limit", "2", "--data-root", str(data_root)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"evaluate: --model {model} holds no tokenizer (no tokenizer.json there); name one with --tokenizer" in err
+    assert "Traceback" not in err and "Loading weights" not in err

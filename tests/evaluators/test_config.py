@@ -213,3 +213,18 @@ def test_key_style_is_checked():
         ConfigError, match=r"key_style must be one of \['inloop', 'olmo_core'\].*did you mean 'olmo_core'"
     ):
         EvaluatorConfig(evaluators=[{"task": "piqa"}], key_style="OLMo_core")
+
+
+def test_a_misspelt_key_names_the_closest_known_key(tmp_path):
+    """A typo in a YAML config's key is answered with the key meant, as a misspelt task id is."""
+    path = tmp_path / "typo.yaml"
+    path.write_text("eval_intervall: 5\nevaluators:\n  - {task: piqa, limt: 10}\n")
+    with pytest.raises(ConfigError, match=r"unknown keys \['eval_intervall'\] .*; did you mean 'eval_interval'\?"):
+        EvaluatorConfig.from_yaml(path)
+    path.write_text("evaluators:\n  - {task: piqa, limt: 10, batch_token: 9, zzz: 1}\n")
+    with pytest.raises(
+        ConfigError,
+        match=r"evaluators\[0\].*unknown keys \['batch_token', 'limt', 'zzz'\] for TaskEvalConfig; "
+        r"did you mean 'batch_tokens' for 'batch_token', 'limit' for 'limt'\?; known keys:",
+    ):
+        EvaluatorConfig.from_yaml(path)

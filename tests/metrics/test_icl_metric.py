@@ -25,9 +25,16 @@ from reference import (
     reference_icl,
 )
 
+from inloop_eval.metrics.formats import (
+    GREEDY_METRICS,
+    LENGTH_NORM_METRICS,
+    METRICS_BY_FORMAT,
+    OLMO_METRIC_TYPES,
+)
 from inloop_eval.metrics.icl import REQUEST_FIELDS, icl_compute
 from inloop_eval.metrics.icl_metric import ICLMetric
-from inloop_eval.metrics.registry import needs_uncond
+from inloop_eval.metrics.olmo import olmo_figures
+from inloop_eval.metrics.registry import METRICS, needs_uncond
 
 ALL_METRICS = ZERO_ONE + GOLD_FIGURES + PREDICTION_FIGURES + tuple(ALIASES)
 COUNTS = ("n_docs", "n_skipped_docs", "n_nonfinite_docs")
@@ -636,3 +643,12 @@ def test_harness_names_are_the_same_figures() -> None:
     )
     with pytest.raises(ValueError, match="unknown metrics \\['mcc'\\]"):
         run_icl(rows, uids, ulls, ("acc", "mcc"))
+
+
+def test_every_default_figure_of_a_format_is_defined():
+    """formats.py names figures without loading torch; each name is one registry.py computes, each OLMo
+    metric type one olmo.py computes."""
+    for figures in (*METRICS_BY_FORMAT.values(), GREEDY_METRICS, LENGTH_NORM_METRICS):
+        assert set(figures) <= set(METRICS)
+    for metric_type in OLMO_METRIC_TYPES:
+        assert olmo_figures(metric_type)

@@ -11,8 +11,9 @@ import functools
 import pytest
 from metric_tester import MetricTesterError, check_metric, random_case
 
+from inloop_eval.metrics.formats import MC_METRICS, PARTIAL_METRICS
 from inloop_eval.metrics.icl_metric import ICLMetric
-from inloop_eval.metrics.registry import ALL_METRICS, MC_METRICS, PARTIAL_METRICS
+from inloop_eval.metrics.registry import ALL_METRICS
 
 CASES = [
     random_case("all_metrics", 1, ALL_METRICS),

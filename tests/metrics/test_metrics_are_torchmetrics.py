@@ -15,10 +15,11 @@ from metric_sync import perplexity_sequences
 from metric_tester import MetricCase, assert_matches_reference, feed, random_case
 from reference import FIELDS
 
+from inloop_eval.metrics.formats import MC_METRICS
 from inloop_eval.metrics.icl_metric import INT_FIELDS, ICLMetric
 from inloop_eval.metrics.perplexity import perplexity_compute
 from inloop_eval.metrics.perplexity_metric import PerplexityMetric
-from inloop_eval.metrics.registry import ALL_METRICS, MC_METRICS
+from inloop_eval.metrics.registry import ALL_METRICS
 
 CASE = random_case("all", 11, ALL_METRICS, n_docs=24)
 

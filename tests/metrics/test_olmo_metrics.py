@@ -34,7 +34,8 @@ from olmo_eval.metrics import ICLMetric
 
 from inloop_eval.errors import ConfigError, RequestError, TaskDataError
 from inloop_eval.keys import OLMO_CORE_FIGURE_NAMES, olmo_core_key, olmo_core_metrics
-from inloop_eval.metrics.olmo import OLMO_METRIC_TYPES, olmo_figures, olmo_icl_compute
+from inloop_eval.metrics.formats import OLMO_METRIC_TYPES
+from inloop_eval.metrics.olmo import olmo_figures, olmo_icl_compute
 
 # The reference's own warnings (its torch.tensor(tensor) copies; compute on an empty metric).
 pytestmark = [

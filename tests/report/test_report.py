@@ -378,3 +378,40 @@ def test_a_step_past_int64_is_plotted_with_its_band(tmp_path, step, caplog):
     page = write_report(run).read_text()
     assert re.findall(r"<img src='([^']+)'", page) == ["train_loss.png", "task_piqa.png", "lm_books.png"]
     assert "not drawn" not in page and not warnings_of(caplog, "not drawn")
+
+
+def test_the_page_explains_its_bands_ticks_the_evaluated_steps_and_counts_the_evaluations_it_has(
+    tmp_path, monkeypatch
+):
+    """A run with three evaluations (steps 9, 21 and 50) and stderr logged: the page says what the shaded band
+    is, the divergence flag's sentence says 3 evaluations (its window is 4), and each chart's step labels
+    are the evaluated steps, not round numbers between them."""
+    figure = importlib.import_module("matplotlib.figure")
+    drawn = []
+    savefig = figure.Figure.savefig
+    monkeypatch.setattr(figure.Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), savefig(fig, *a, **k)))
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [
+        {"step": step, "eval/downstream/piqa/acc": 0.5 + i / 50, "eval/downstream/piqa/acc_stderr": 0.03}
+        | {"eval/downstream/piqa/acc_norm": 0.5 - i / 50, "eval/lm/books/ppl": 100.0 - i}
+        for i, step in enumerate([9, 21, 50])
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = " ".join(write_report(run).read_text().split())
+    assert "The shaded band around a curve is ±1 standard error of that figure" in html.unescape(page)
+    assert "over the last 3 evaluations the fitted trends" in page and "last 4" not in page
+    assert len(drawn) == 2  # piqa's chart and books' chart
+    for fig in drawn:
+        fig.canvas.draw()
+        for ax in fig.axes:
+            assert [t.get_text() for t in ax.get_xticklabels()] == ["9", "21", "50"], ax.get_title()
+
+
+def test_a_long_run_ticks_every_kth_evaluated_step():
+    from inloop_eval.report.plots import MAX_STEP_TICKS, step_ticks
+
+    steps = list(range(0, 5001, 50))  # 101 evaluations
+    ticks = step_ticks(steps)
+    assert len(ticks) <= MAX_STEP_TICKS and ticks[0] == 0 and set(ticks) <= set(steps)
+    assert step_ticks([30, 10, 20, 10]) == [10, 20, 30]

@@ -8,7 +8,7 @@ import pytest
 from inloop_eval.cli import main
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.metrics.registry import MC_METRICS, RC_METRICS
+from inloop_eval.metrics.formats import MC_METRICS, RC_METRICS
 from inloop_eval.models.gpt import GPT, GPTConfig
 from inloop_eval.tasks import Doc, get_task, registry
 from inloop_eval.tasks.base import MultipleChoiceTask

@@ -14,7 +14,7 @@ import pytest
 from inloop_eval.errors import TaskDataError, UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.metrics.registry import GOLD_ONLY_METRICS, MC_METRICS, PARTIAL_METRICS, RC_METRICS
+from inloop_eval.metrics.formats import GOLD_ONLY_METRICS, MC_METRICS, PARTIAL_METRICS, RC_METRICS
 from inloop_eval.tasks import get_task, load_docs
 from inloop_eval.tasks.oe_eval import OEEvalRequestsTask
 

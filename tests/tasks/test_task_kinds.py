@@ -16,7 +16,7 @@ from reference import FIELDS, reference_icl
 from inloop_eval.data.root import oe_eval_dir
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.metrics.registry import CLASSIFICATION_METRICS, GOLD_ONLY_METRICS, GREEDY_METRICS
+from inloop_eval.metrics.formats import CLASSIFICATION_METRICS, GOLD_ONLY_METRICS, GREEDY_METRICS
 from inloop_eval.tasks import Doc, get_task, load_docs
 
 LIMIT = 16

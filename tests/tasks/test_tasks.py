@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from inloop_eval.errors import TaskDataError
-from inloop_eval.metrics.registry import MC_METRICS, PARTIAL_METRICS, RC_METRICS
+from inloop_eval.metrics.formats import MC_METRICS, PARTIAL_METRICS, RC_METRICS
 from inloop_eval.tasks import get_task, load_docs, task_names
 from inloop_eval.tasks.base import Doc
 from inloop_eval.tasks.native.mmlu import CATEGORIES, SUBJECT_CATEGORY, SUBJECTS, category_subjects

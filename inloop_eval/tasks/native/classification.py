@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from inloop_eval.metrics.registry import CLASSIFICATION_METRICS
+from inloop_eval.metrics.formats import CLASSIFICATION_METRICS
 from inloop_eval.tasks.base import MultipleChoiceTask
 from inloop_eval.tasks.registry import register
 

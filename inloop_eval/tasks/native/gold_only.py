@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from inloop_eval.metrics.registry import GOLD_ONLY_METRICS
+from inloop_eval.metrics.formats import GOLD_ONLY_METRICS
 from inloop_eval.tasks.base import MultipleChoiceTask
 from inloop_eval.tasks.native.arc import ARCEasy
 from inloop_eval.tasks.registry import register

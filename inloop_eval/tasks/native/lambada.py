@@ -8,7 +8,7 @@ continuation: ' ' + the word), from the fetched data root. `acc_greedy` is lm-ev
 
 from __future__ import annotations
 
-from inloop_eval.metrics.registry import GREEDY_METRICS
+from inloop_eval.metrics.formats import GREEDY_METRICS
 from inloop_eval.tasks.oe_eval import OEEvalRequestsTask
 from inloop_eval.tasks.registry import register
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from inloop_eval.metrics.registry import MC_METRICS
+from inloop_eval.metrics.formats import MC_METRICS
 from inloop_eval.tasks.base import MultipleChoiceTask
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"

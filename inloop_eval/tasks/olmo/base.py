@@ -25,8 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from inloop_eval.errors import UnknownTaskError
-from inloop_eval.metrics.olmo import OLMO_GOLD_ONLY_TYPES, OLMO_METRIC_TYPES
-from inloop_eval.metrics.registry import METRICS_BY_FORMAT
+from inloop_eval.metrics.formats import METRICS_BY_FORMAT, OLMO_GOLD_ONLY_TYPES, OLMO_METRIC_TYPES
 from inloop_eval.tasks.base import Doc, MultipleChoiceTask
 
 # OLMo's domain conditional where a task names none (`ICLMultiChoiceTaskDataset.doc_to_domain_conditional`).

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from inloop_eval.metrics.olmo import OLMO_GOLD_ONLY_TYPES
+from inloop_eval.metrics.formats import OLMO_GOLD_ONLY_TYPES
 from inloop_eval.tasks.base import Doc
 from inloop_eval.tasks.oe_eval import OEEvalRequestsTask
 from inloop_eval.tasks.olmo.base import DEFAULT_DOMAIN_CONDITIONAL, set_metric_type, with_metric_type
