@@ -114,6 +114,16 @@ def unpadded(checkpoint: Checkpoint) -> bool:
     return digits is not None and digits.group() == str(checkpoint.step)
 
 
+def refusal_at_start(folder: Path, formats: tuple[str, ...] | None, once: bool) -> str | None:
+    """Why a watch of `folder` cannot start (a folder that is not there or holds no checkpoint, with `once`;
+    one whose sub-folder holds the checkpoints), or None: said before the run directory is written, so that
+    a watch that stops at once leaves nothing behind."""
+    if discover(folder, formats) if folder.is_dir() else False:
+        return None
+    error = str(no_checkpoint_error(folder))
+    return error if once or "watch that folder" in error else None
+
+
 def no_checkpoint_error(folder: Path) -> WatchError:
     """The error for a folder holding no checkpoint of a known format, naming what it holds instead."""
     try:

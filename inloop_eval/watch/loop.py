@@ -77,7 +77,7 @@ from inloop_eval.loggers import CONFIG_FILE, JSONLLogger, MetricsLogger
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
 from inloop_eval.watch.completion import Fingerprint, fingerprint, other_copies
 from inloop_eval.watch.config import WatchConfig
-from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError
+from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError, refusal_at_start
 from inloop_eval.watch.layout import layout_for
 from inloop_eval.watch.ledger import EVALUATED, FAILED, STARTED, VANISHED, History, Ledger, metrics_steps
 from inloop_eval.watch.loading import (
@@ -148,6 +148,11 @@ class Watcher:
         self.config_id = config_fingerprint(evaluator_config, config.model_builder)
         # Built now when the tokenizer is known: a wrong task or tokenizer stops the watch before any read.
         self.evaluator = self.build_evaluator(tokenizer) if tokenizer or evaluator_config.tokenizer else None
+        folder = Path(config.checkpoint_dir)
+        formats = (config.format,) if config.format else None
+        refusal = self.broadcast(refusal_at_start(folder, formats, config.once) if self.rank0 else None)
+        if refusal is not None:
+            raise WatchError(refusal)  # before the run directory is written: a failed start leaves nothing
         self.ledger = Ledger(self.run_dir) if self.rank0 else None
         try:
             self.jsonl = JSONLLogger(self.run_dir)
@@ -207,11 +212,11 @@ class Watcher:
                 raise
             return Plan(error=str(exc))
 
-    def broadcast(self, plan: Plan | None) -> Plan:
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's `value` (a plan, a refusal) on every rank; as it is outside torchrun."""
         if world()[0] == 1:
-            assert plan is not None
-            return plan
-        box = [plan]
+            return value
+        box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from watch_support import eval_lines, single_file_checkpoints, watch_cli
 
+from inloop_eval.cli.main import main as cli_main
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.loggers import MetricsLogger
 from inloop_eval.watch import WatchConfig, Watcher, WatchError
@@ -183,3 +184,22 @@ def test_a_run_directory_it_cannot_write_is_a_clear_error(folder, data_root, tmp
         f"inloop-eval: error: watch: cannot write the run directory {run_dir} (PermissionError" in done.stderr
     )
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+def test_a_watch_that_cannot_start_leaves_no_run_directory(folder, tmp_path, capsys):
+    """`watch --once` of a folder that is not there or holds no checkpoint stops at once, naming the folder,
+    before anything is written: no run directory (metrics.jsonl, config.json, the lock and ledger) is left."""
+    (tmp_path / "empty").mkdir()
+    config = tmp_path / "eval.yaml"
+    config.write_text("evaluators:\n  - task: piqa\n    limit: 2\n")
+    run_dir = tmp_path / "run"
+    argv = ["watch", str(tmp_path / folder), "--config", str(config), "--run-dir", str(run_dir), "--once"]
+    try:
+        code = cli_main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    assert code not in (0, None)
+    err = capsys.readouterr().err
+    assert str(tmp_path / folder) in err and ("does not exist" in err or "holds no checkpoint" in err), err
+    assert not run_dir.exists()
