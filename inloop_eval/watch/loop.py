@@ -71,6 +71,7 @@ from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import run_and_log
 from inloop_eval.keys import SECONDS_KEY
 from inloop_eval.loggers import CONFIG_FILE, JSONLLogger, MetricsLogger
+from inloop_eval.watch.allocator import trim
 from inloop_eval.watch.completion import Fingerprint, fingerprint
 from inloop_eval.watch.config import WatchConfig
 from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError
@@ -262,6 +263,7 @@ class Watcher:
         metrics = self.evaluate_model(checkpoint, loaded, before)
         del loaded
         gc.collect()
+        trim()  # the dropped model's memory back to the system before the next loads
         if metrics is not None:
             self.commit(checkpoint, metrics, before)
 
