@@ -34,6 +34,6 @@ def build_in_layout(
     # The local shards allocated, uninitialised: every parameter is then read from the checkpoint (DCP refuses
     # a key it lacks), and OLMo-core keeps no buffers (its RoPE tables are computed on first use). Not
     # `init_weights`: its random init of the sharded parameters holds whole tensors for a while (twice the
-    # one-process watcher's peak, measured by benchmarks/watch_memory.py).
+    # one-process watcher's peak of a load, measured by an earlier benchmarks/watch_memory.py of loading alone).
     model.to_empty(device=device)
     return model, model, layout.dp_group()
