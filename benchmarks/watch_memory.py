@@ -1,17 +1,21 @@
-"""Peak resident memory each rank of the watcher takes to load one OLMo-core checkpoint: one process holding the
-whole model (the watcher without a layout) against two ranks under FSDP (`--fsdp`) and tensor parallel
-(`--tp 2`), on CPU (gloo):
+"""Peak resident memory of each rank of a whole `inloop-eval watch --once` (loading and evaluating two
+OLMo-core checkpoints) in one process holding the whole model against two ranks under FSDP (`--fsdp`) and
+tensor parallel (`--tp 2`), on CPU (gloo):
 
-    python -m benchmarks.watch_memory [--d-model 512] [--layers 8] [--dir /tmp/watch_memory]
+    python -m benchmarks.watch_memory [--d-model 512] [--layers 4] [--limit 20] [--dir /tmp/watch_memory]
 
-It saves an `olmo2`-shaped OLMo-core Transformer (`--d-model`, `--layers`, the GPT-NeoX vocabulary of 50,304;
-float32) as OLMo-core's checkpointer does (`model_and_optim/` through `save_model_and_optim_state`, the model
-config in `config.json`) from one process, then loads it as `inloop-eval watch` does
-(`inloop_eval.watch.loading.load_model`) in a fresh process per layout: one process, then two ranks under
-torchrun for each sharded layout. Each rank measures the peak resident memory of the load alone: the kernel's
-high-water mark (VmHWM) reset after start-up (imports of OLMo-core, process group, device mesh), read after
-the load, less the memory resident before it. It prints one JSON line per layout (each rank's MiB, the bytes it read) and the ratio of
-each sharded rank's peak to the one process's; the watcher aims at <= 0.6.
+It saves two checkpoints (steps 1 and 2, seeds 1 and 2) of an OLMo 2-shaped OLMo-core Transformer (the block
+of `TransformerConfig.olmo2_30M`: reordered norms, QK norm, RoPE theta 500,000; `--d-model`, `--layers`, the
+GPT-NeoX vocabulary padded to 50,304; float32) as OLMo-core's checkpointer does (`model_and_optim/` through
+`save_model_and_optim_state`, the model config in `config.json`, its `.metadata.json` marker last), from one process, and an evaluator config of
+piqa, arc_easy and arc_easy_rc_5shot (`--limit` documents each). Then, in fresh processes per layout (one
+process, or two ranks under torchrun):
+- `watch`: the watcher's command, `inloop-eval watch DIR --once` (with the layout's `--fsdp` or `--tp 2`),
+  run in the process; each rank's peak resident memory is the kernel's high-water mark (VmHWM) at its end;
+- `imports`: the same start-up without the watch (torch, OLMo-core's model and checkpoint modules,
+  `inloop_eval`'s command, the process group and, in a sharded layout, its device mesh); its VmHWM.
+A rank's figure is its watch's peak above its layout's import-only peak. It prints one JSON line per layout
+(each rank's MiB) and each sharded rank's figure over the one process's; the watcher aims at <= 0.6.
 """
 
 from __future__ import annotations
@@ -27,28 +31,63 @@ if __package__ in (None, ""):  # `python benchmarks/watch_memory.py`: import `be
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-import torch.distributed as dist
 
+ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = {"whole": [], "fsdp": ["--fsdp"], "tp2": ["--tp", "2"]}
+STEPS = (1, 2)
+TASKS = ("piqa", "arc_easy", "arc_easy_rc_5shot")
+VOCAB_SIZE = 50304  # the NeoX vocabulary padded, as OLMo-core's models take it
+TIMEOUT_S = 900
 
 
 def model_config(d_model: int, layers: int):  # noqa: ANN201
-    from olmo_core.nn.transformer import TransformerConfig
+    """OLMo 2's block (as `TransformerConfig.olmo2_30M` builds it) at this width and depth."""
+    from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
-    return TransformerConfig.llama_like(d_model=d_model, vocab_size=50304, n_layers=layers, n_heads=8)
+    return TransformerConfig.llama_like(
+        d_model=d_model,
+        vocab_size=VOCAB_SIZE,
+        n_layers=layers,
+        n_heads=8,
+        block_name=TransformerBlockType.reordered_norm,
+        qk_norm=True,
+        rope_theta=500_000,
+        layer_norm_eps=1e-6,
+    )
 
 
-def save(folder: Path, d_model: int, layers: int) -> None:
-    """An OLMo-core checkpoint of a seeded model of this shape at `<folder>/step0`."""
+def save(folder: Path, d_model: int, layers: int) -> int:
+    """OLMo-core checkpoints of seeded models of this shape at `<folder>/ckpt/step<N>`; their parameters."""
     from olmo_core.distributed.checkpoint import save_model_and_optim_state
+    from olmo_core.train.checkpoint import Checkpointer, CheckpointMetadata
 
     config = model_config(d_model, layers)
-    torch.manual_seed(0)
-    model = config.build(init_device="cpu")
-    model.init_weights(device=torch.device("cpu"))
-    step = folder / "step0"
-    save_model_and_optim_state(str(step / "model_and_optim"), model)
-    (step / "config.json").write_text(json.dumps({"model": config.as_config_dict()}))
+    for step in STEPS:
+        torch.manual_seed(step)
+        model = config.build(init_device="cpu")
+        model.init_weights(device=torch.device("cpu"))
+        path = folder / "ckpt" / f"step{step}"
+        save_model_and_optim_state(str(path / "model_and_optim"), model)
+        (path / "config.json").write_text(json.dumps({"model": config.as_config_dict()}))
+        # The checkpointer's completion marker, written last as `Checkpointer._save_metadata` writes it.
+        (path / Checkpointer.METADATA_FNAME).write_text(
+            json.dumps(CheckpointMetadata().as_dict(json_safe=True))
+        )
+    return sum(p.numel() for p in model.parameters())
+
+
+def eval_config(folder: Path, data_root: Path, limit: int) -> Path:
+    from inloop_eval.data.root import neox_tokenizer_path
+
+    config = {
+        "tokenizer": str(neox_tokenizer_path(data_root)),
+        "data_root": str(data_root),
+        "max_length": 2048,
+        "evaluators": [{"task": task, "limit": limit, "spread": True} for task in TASKS],
+    }
+    path = folder / "eval.json"
+    path.write_text(json.dumps(config))
+    return path
 
 
 def status_kib(field: str) -> int:
@@ -58,85 +97,97 @@ def status_kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def load(folder: Path, tp: int, fsdp: bool, out: Path) -> None:
-    """One rank's load of `<folder>/step0` in the layout; its peak resident memory of the load to `out`."""
-    from inloop_eval.distributed import init_from_env, world
-    from inloop_eval.watch.discovery import Checkpoint
-    from inloop_eval.watch.layout import layout_for
-    from inloop_eval.watch.loading import load_model
-
-    device = init_from_env()
-    layout = layout_for(tp, fsdp, device)
-    checkpoint = Checkpoint(step=0, path=folder / "step0", format="olmo_core")
-    # Start-up is not the model's: the framework's modules imported and the mesh built before the baseline.
+def rank(folder: Path, layout: str, what: str) -> None:
+    """One rank of `layout`: the whole watch (`what` "watch") or its start-up alone ("imports"); its VmHWM
+    to `<folder>/results/<layout>/<what>/rank<R>.json`."""
     import olmo_core.distributed.checkpoint  # noqa: F401
     import olmo_core.nn.transformer  # noqa: F401
 
-    import inloop_eval.integrations.olmo_core.layout  # noqa: F401
+    from inloop_eval.cli.main import main as cli
+    from inloop_eval.distributed import init_from_env, world
+    from inloop_eval.watch.layout import layout_for
 
-    if layout.sharded:
-        layout.mesh()
-    if world()[0] > 1:
-        dist.barrier()
-    before = status_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark back to the resident memory now
-    loaded = load_model(checkpoint, device, layout=layout)
-    peak = status_kib("VmHWM")
-    result = {
-        "rank": world()[1],
-        "peak_mib": (peak - before) / 1024,
-        "read_mib": sum(r.nbytes for r in loaded.reads) / 2**20 if loaded.reads else None,
-        "params_mib": sum(
-            p.to_local().nbytes if hasattr(p, "to_local") else p.nbytes for p in loaded.model.parameters()
-        )
-        / 2**20,
-    }
-    (out / f"rank{world()[1]}.json").write_text(json.dumps(result))
-    if world()[0] > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    options = LAYOUTS[layout]
+    if what == "imports":
+        device = init_from_env()
+        sharded = layout_for(int(options[1]) if "--tp" in options else 1, "--fsdp" in options, device)
+        if sharded.sharded:
+            sharded.mesh()
+        status = 0
+    else:
+        run_dir = folder / "runs" / layout
+        args = [
+            "watch",
+            str(folder / "ckpt"),
+            "--config",
+            str(folder / "eval.json"),
+            "--run-dir",
+            str(run_dir),
+        ]
+        status = cli([*args, "--once", "--settle", "0", "--device", "cpu", *options])
+    me = world()[1] if what == "imports" else int(os.environ.get("RANK", 0))
+    out = folder / "results" / layout / what
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{me}.json").write_text(json.dumps({"rank": me, "hwm_mib": status_kib("VmHWM") / 1024}))
+    if status:
+        raise SystemExit(f"watch_memory: the watch of layout {layout} exited with {status}")
+
+
+def measure(folder: Path, layout: str, what: str) -> list[float]:
+    """Each rank's VmHWM (MiB) of `what` in `layout`, each in a fresh process."""
+    me = ["-m", "benchmarks.watch_memory", "--dir", str(folder), "--rank", layout, what]
+    if layout != "whole":
+        me = ["-m", "torch.distributed.run", "--nproc_per_node", "2", *me]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, *me], check=True, env=env, cwd=ROOT, timeout=TIMEOUT_S)
+    files = sorted((folder / "results" / layout / what).glob("rank*.json"))
+    return [json.loads(p.read_text())["hwm_mib"] for p in files]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d-model", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--limit", type=int, default=20, help="documents of each task")
+    parser.add_argument(
+        "--data-root", type=Path, help="task data root (default $INLOOP_EVAL_DATA or the cache)"
+    )
     parser.add_argument("--dir", type=Path, default=Path("/tmp/watch_memory"))
-    parser.add_argument("--load", choices=sorted(LAYOUTS), help=argparse.SUPPRESS)  # one layout's ranks
-    parser.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--fsdp", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="of whole, fsdp, tp2")
+    parser.add_argument("--rank", nargs=2, metavar=("LAYOUT", "WHAT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.load:
-        out = args.dir / "results" / args.load
-        out.mkdir(parents=True, exist_ok=True)
-        load(args.dir, args.tp, args.fsdp, out)
+    if args.rank:
+        rank(args.dir, *args.rank)
         return
-    if not (args.dir / "step0" / "config.json").is_file():
-        save(args.dir, args.d_model, args.layers)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    peaks = {}
-    for layout, options in LAYOUTS.items():
-        me = [
-            sys.executable,
-            "-m",
-            "benchmarks.watch_memory",
-            "--dir",
-            str(args.dir),
-            "--load",
-            layout,
-            *options,
-        ]
-        if layout != "whole":
-            me = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *me[1:]]
-        subprocess.run(me, check=True, env=env, cwd=Path(__file__).resolve().parents[1])
+    from inloop_eval.data.root import default_data_root
+    from inloop_eval.loggers import METRICS_FILE
+
+    data_root = args.data_root or Path(os.environ.get("INLOOP_EVAL_DATA") or default_data_root()).expanduser()
+    args.dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("ckpt", "runs", "results"):
+        subprocess.run(["rm", "-rf", str(args.dir / stale)], check=True)
+    n_params = save(args.dir, args.d_model, args.layers)
+    eval_config(args.dir, data_root, args.limit)
+    print(json.dumps({"parameters": n_params, "weights_mib": round(n_params * 4 / 2**20, 1)}), flush=True)
+    above = {}
+    for layout in args.layouts.split(","):
+        imports = measure(args.dir, layout, "imports")
+        watch = measure(args.dir, layout, "watch")
+        above[layout] = [w - i for w, i in zip(watch, imports, strict=True)]
         ranks = [
-            json.loads(p.read_text()) for p in sorted((args.dir / "results" / layout).glob("rank*.json"))
+            {"imports_mib": round(i, 1), "watch_mib": round(w, 1), "above_mib": round(w - i, 1)}
+            for i, w in zip(imports, watch, strict=True)
         ]
-        peaks[layout] = [r["peak_mib"] for r in ranks]
-        print(json.dumps({"layout": layout, "ranks": ranks}))
-    whole = peaks["whole"][0]
-    ratios = {layout: [round(p / whole, 3) for p in peaks[layout]] for layout in ("fsdp", "tp2")}
-    print(json.dumps({"one_process_peak_mib": round(whole, 1), "ratio_per_rank": ratios}))
+        print(json.dumps({"layout": layout, "ranks": ranks}), flush=True)
+        evaluated = sorted(
+            json.loads(line)["step"] for line in (args.dir / "runs" / layout / METRICS_FILE).open()
+        )
+        if evaluated != list(STEPS):
+            raise SystemExit(f"watch_memory: layout {layout} evaluated steps {evaluated}, not {list(STEPS)}")
+    if "whole" in above:
+        whole = above["whole"][0]
+        ratios = {k: [round(v / whole, 3) for v in vs] for k, vs in above.items() if k != "whole"}
+        print(json.dumps({"one_process_above_imports_mib": round(whole, 1), "ratio_per_rank": ratios}))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Modules (each a role, in the order a checkpoint meets them):
 - `planning`: one pass's decisions: what to evaluate, record, wait for (`Planner`, `Plan`);
 - `triggers`: what starts a pass (events, the scan every `poll_s`) and the lease keeper (`Triggers`);
 - `loop`: the watch loop, evaluating one checkpoint at a time (`Watcher`);
+- `allocator`: the C allocator handing a dropped model's memory back (`map_large_blocks`, `trim`);
 - `summary`: the lines it prints: a step's headline figures, what a run did;
 - `command`: `inloop-eval watch` (`add_arguments`, `run`).
 

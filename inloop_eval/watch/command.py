@@ -26,6 +26,7 @@ from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
 from inloop_eval.distributed import init_from_env, world
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.loggers import MetricsLogger, WandbLogger
+from inloop_eval.watch.allocator import map_large_blocks
 from inloop_eval.watch.config import POLICIES, WatchConfig
 from inloop_eval.watch.discovery import NAME_PATTERNS
 from inloop_eval.watch.loop import Watcher
@@ -131,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     """Build the watcher from the arguments and run it: 0 when it exits with every checkpoint it met
     evaluated (or done before), 1 when one failed (the others evaluated; its reason printed)."""
     init_from_env()
+    map_large_blocks()  # models loaded and dropped one after another: their memory goes back (`allocator`)
     config = WatchConfig(
         checkpoint_dir=args.checkpoint_dir,
         run_dir=args.run_dir,

@@ -75,6 +75,7 @@ from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.keys import SECONDS_KEY
 from inloop_eval.loggers import CONFIG_FILE, JSONLLogger, MetricsLogger
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
+from inloop_eval.watch.allocator import trim
 from inloop_eval.watch.completion import Fingerprint, fingerprint, other_copies
 from inloop_eval.watch.config import WatchConfig
 from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError, refusal_at_start
@@ -275,6 +276,7 @@ class Watcher:
         metrics = self.evaluate_model(checkpoint, loaded, before)
         del loaded
         gc.collect()
+        trim()  # the dropped model's memory back to the system before the next loads
         if metrics is not None:
             self.commit(checkpoint, metrics, before)
 

@@ -27,9 +27,13 @@ def build_in_layout(
         model.apply_tp(mesh["tp"])
     if layout.fsdp:
         model.apply_fsdp(dp_mesh=mesh["dp"])
+        # OLMo-core keeps its output head (and FSDP2 the root) gathered after the forward, for training's
+        # backward; an evaluation has none, and a whole head kept from one batch to the next sits beside the
+        # next batch's gathered embeddings: every module resharded, each rank holds its share between forwards.
+        model.set_reshard_after_forward(True)
     # The local shards allocated, uninitialised: every parameter is then read from the checkpoint (DCP refuses
     # a key it lacks), and OLMo-core keeps no buffers (its RoPE tables are computed on first use). Not
     # `init_weights`: its random init of the sharded parameters holds whole tensors for a while (twice the
-    # one-process watcher's peak, measured by benchmarks/watch_memory.py).
+    # one-process watcher's peak of a load, measured by an earlier benchmarks/watch_memory.py of loading alone).
     model.to_empty(device=device)
     return model, model, layout.dp_group()
