@@ -122,7 +122,8 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         ours, earlier = (next(r for r in runs if r["backend"] == backend and r["build"] == b) for b in ("this", "earlier"))
         shared = set(ours["metrics"]) & set(earlier["metrics"])
         out[backend] = {
-            "peak_ratio": ours["peak_mib"] / earlier["peak_mib"],
+            # None where the earlier build's second evaluation took no page beyond what was resident
+            "peak_ratio": ours["peak_mib"] / earlier["peak_mib"] if earlier["peak_mib"] > 0 else None,
             "token_ratio": ours["tokens"] / earlier["tokens"],
             "max_figure_diff": max(abs(ours["metrics"][k] - earlier["metrics"][k]) for k in shared),
             "figures_compared": len(shared),
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
                 )
     comparison = compare(runs)
     for backend, c in comparison.items():
-        print(f"{backend}: this build's peak {c['peak_ratio']:.2f}x the earlier build's, tokens {c['token_ratio']:.2f}x, "
+        peak = "n/a (the earlier build took none)" if c["peak_ratio"] is None else f"{c['peak_ratio']:.2f}x"
+        print(f"{backend}: this build's peak {peak} the earlier build's, tokens {c['token_ratio']:.2f}x, "
               f"largest figure difference {c['max_figure_diff']:.1e} over {c['figures_compared']} figures")
     report = {"args": vars(args), "runs": runs, "comparison": comparison}
     Path(args.output).write_text(json.dumps(report, indent=1))
