@@ -151,7 +151,11 @@ class Watcher:
         self.evaluator = self.build_evaluator(tokenizer) if tokenizer or evaluator_config.tokenizer else None
         folder = Path(config.checkpoint_dir)
         formats = (config.format,) if config.format else None
-        refusal = self.broadcast(refusal_at_start(folder, formats, config.once) if self.rank0 else None)
+        refusal = refusal_at_start(folder, formats, config.once) if self.rank0 else None
+        if world()[0] > 1:  # every rank stops alike
+            box = [refusal]
+            dist.broadcast_object_list(box, src=0)
+            refusal = box[0]
         if refusal is not None:
             raise WatchError(refusal)  # before the run directory is written: a failed start leaves nothing
         self.ledger = Ledger(self.run_dir) if self.rank0 else None
@@ -213,11 +217,11 @@ class Watcher:
                 raise
             return Plan(error=str(exc))
 
-    def broadcast(self, value: Any) -> Any:
-        """Rank 0's `value` (a plan, a refusal) on every rank; as it is outside torchrun."""
+    def broadcast(self, plan: Plan | None) -> Plan:
         if world()[0] == 1:
-            return value
-        box = [value]
+            assert plan is not None
+            return plan
+        box = [plan]
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
