@@ -103,9 +103,9 @@ def rank(folder: Path, layout: str, what: str) -> None:
     import olmo_core.distributed.checkpoint  # noqa: F401
     import olmo_core.nn.transformer  # noqa: F401
 
+    from inloop_eval.checkpoints.layout import layout_for
     from inloop_eval.cli.main import main as cli
     from inloop_eval.distributed import init_from_env, world
-    from inloop_eval.watch.layout import layout_for
 
     options = LAYOUTS[layout]
     if what == "imports":

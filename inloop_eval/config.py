@@ -9,10 +9,8 @@ from inloop_eval.data.perplexity.domain_config import LMDomainConfig
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.perplexity import LMEvalConfig
-from inloop_eval.keys import KEY_STYLES
 
 __all__ = [
-    "KEY_STYLES",
     "AtLeast",
     "EvaluatorConfig",
     "LMDomainConfig",

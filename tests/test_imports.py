@@ -1,7 +1,7 @@
 """The package's import graph, read from the source with `ast`: no module imports itself round a circle, and
 imports sit at the top of modules (inside functions only for the optional dependencies and `datasets`; the
-CLI's table names each command's module by import path and imports it when that command runs, an edge of
-the graph like any import). And what importing costs,
+CLI's table names each command's module by import path and imports it when that command runs, and each
+framework's plugin names its parts so: edges of the graph like any import). And what importing costs,
 counted in modules loaded (run in a fresh interpreter), never timed: `import inloop_eval` and
 `inloop-eval --help` load no heavy dependency (no torchmetrics, transformers, scipy or matplotlib), the
 training loop's names and an evaluator built from a config load torch but neither torchmetrics (the metrics'
@@ -16,6 +16,7 @@ them imports its siblings through the package.
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import numpy as np
 
 import inloop_eval
 from inloop_eval.cli.main import COMMANDS
+from inloop_eval.frameworks import Framework
 
 PACKAGE = Path(inloop_eval.__file__).parent
 # datasets is a dependency, but importing it (with pandas and pyarrow) costs most of a second: the functions
@@ -74,7 +76,20 @@ def import_graph() -> dict[str, set[str]]:
                     edges.add(name)
         graph[module] = edges
     graph["inloop_eval.cli.main"] |= {name for command in COMMANDS for name in (command.module, command.flags) if name}
+    for plugin_module, plugin in built_in_plugins().items():
+        paths = [plugin.adapter, plugin.attention, plugin.checkpoint, plugin.key_style, *plugin.trainer_hooks]
+        graph[plugin_module] |= {p.partition(":")[0] for p in paths if p and p.startswith("inloop_eval.")}
     return graph
+
+
+def built_in_plugins() -> dict[str, Framework]:
+    """Each framework package's plugin module and the plugin it declares, whose import paths are edges of
+    the graph like any import (each part is imported when first used)."""
+    found = {}
+    for path in sorted(PACKAGE.glob("integrations/*/plugin.py")):
+        module = f"inloop_eval.integrations.{path.parent.name}.plugin"
+        found[module] = importlib.import_module(module).FRAMEWORK
+    return found
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

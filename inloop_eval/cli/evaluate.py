@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from inloop_eval.checkpoints.formats import Checkpoint
 from inloop_eval.config_fields import read_config_file
 from inloop_eval.data.files import write_text_atomically
 from inloop_eval.data.tokenizer import TokenizerLike
@@ -33,6 +34,7 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.measured import run_and_log
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
+from inloop_eval.frameworks import frameworks
 from inloop_eval.keys import failed_labels
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
 from inloop_eval.loggers.progress import EvaluationProgress
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     outputs = output_paths(args)
     check_outputs_writable(outputs, rank)
     tokenizer = load_evaluate_tokenizer(config, args)
-    model = load_hf_model(args.model, device)
+    model = load_saved_model(args.model, device)
     evaluator = InLoopEvaluator(config, tokenizer=tokenizer)
     progress = EvaluationProgress(len(evaluator.evaluators), enabled=rank == 0)
     try:
@@ -198,16 +200,21 @@ def pick_device(name: str | None, world_size: int) -> torch.device:
     return device
 
 
-def load_hf_model(path: str, device: torch.device) -> Any:
-    """The saved model at `path` (AutoModelForCausalLM, float32) on `device`, in eval mode."""
-    try:
-        from transformers import AutoModelForCausalLM
-    except ImportError as exc:  # installed (`main` checked) but broken
-        raise ConfigError(f"evaluate --model: transformers does not import ({exc}); reinstall it") from None
-    if not Path(path).is_dir():
-        raise ConfigError(f"evaluate: --model {path!r} is not a directory holding a saved Hugging Face model")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
-    return model.to(device).eval()
+def load_saved_model(path: str, device: torch.device) -> Any:
+    """The saved model at `path` on `device`, in eval mode, loaded by the first framework whose checkpoint
+    format finds every file of it there (`Framework.saved_models`)."""
+    formats = [p.checkpoint_format() for p in frameworks() if p.saved_models]
+    titles = ", ".join(fmt.title for fmt in formats)
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ConfigError(f"evaluate: --model {path!r} is not a directory holding a saved model ({titles})")
+    lacking = []
+    for fmt in formats:
+        missing = fmt.missing(folder, needs_config=True)
+        if missing is None:
+            return fmt.load(Checkpoint(step=0, path=folder, format=fmt.name), None).to(device).eval()
+        lacking.append(f"{fmt.title}: {missing}")
+    raise ConfigError(f"evaluate: --model {path!r} holds no saved model ({'; '.join(lacking)})")
 
 
 def gather_samples(evaluator: InLoopEvaluator) -> list[dict[str, Any]] | None:

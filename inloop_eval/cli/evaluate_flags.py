@@ -7,10 +7,10 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face model directory (AutoModelForCausalLM)")
+    parser.add_argument("--model", required=True, help="a saved model's folder (e.g. save_pretrained's)")
     parser.add_argument(
         "--tokenizer",
-        help="tokenizers JSON file, HF tokenizer directory, or a repository fetched or in the local HF hub "
+        help="tokenizers JSON file, a tokenizer directory, or a repository fetched or in the local hub "
         "cache (default: --model)",
     )
     parser.add_argument("--tasks", help="comma-separated task ids (see `inloop-eval tasks`)")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from inloop_eval.errors import ConfigError, InLoopEvalError
+from inloop_eval.frameworks import frameworks
 
-HF_EXTRA_HINT = "evaluate --model needs `transformers`: pip install 'inloop_eval[hf]'"
 HELP_FLAGS = ("-h", "--help")
 
 
@@ -29,11 +29,15 @@ class Command:
     flags: str = ""
     """The module that declares the arguments when it is not `module` (`add_arguments(parser)`), so that the
     command's `--help` loads none of what running it loads (torch); '' for `module` itself."""
-    needs: str = ""
-    """A dependency the command cannot run without, checked before its module is imported (which may load
-    torch), so that a missing one costs nothing; '' for none."""
-    needs_hint: str = ""
-    """The error when `needs` is missing: what to install."""
+    loads_saved_models: bool = False
+    """The command loads a saved model folder, which needs a framework whose plugin loads them
+    (`Framework.saved_models`) installed: checked before its module is imported (which may load torch), so
+    that a missing one costs nothing."""
+
+
+def saved_model_titles() -> str:
+    """The frameworks whose saved model folders `evaluate --model` loads, for its help."""
+    return ", ".join(p.title for p in frameworks() if p.saved_models)
 
 
 COMMANDS: tuple[Command, ...] = (
@@ -49,11 +53,10 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         name="evaluate",
-        help="evaluate a saved Hugging Face model on tasks (torchrun-aware)",
+        help=f"evaluate a saved model ({saved_model_titles()}) on tasks (torchrun-aware)",
         module="inloop_eval.cli.evaluate",
         flags="inloop_eval.cli.evaluate_flags",
-        needs="transformers",
-        needs_hint=HF_EXTRA_HINT,
+        loads_saved_models=True,
     ),
     Command(
         name="demo",
@@ -115,6 +118,12 @@ def command_module(command: Command) -> ModuleType:
 
 
 def check_needs(command: Command | None) -> None:
-    """ConfigError with the command's hint when a dependency it needs is not installed."""
-    if command is not None and command.needs and importlib.util.find_spec(command.needs) is None:
-        raise ConfigError(command.needs_hint)
+    """ConfigError saying what to install when the command loads saved models and no framework that loads
+    them is installed."""
+    if command is None or not command.loads_saved_models:
+        return
+    plugins = [p for p in frameworks() if p.saved_models]
+    if not any(importlib.util.find_spec(p.package) is not None for p in plugins):
+        installs = " or ".join(f"`{p.package}`: pip install 'inloop_eval[{p.extra}]'" for p in plugins)
+        raise ConfigError(f"{command.name} --model needs {installs or 'a framework that loads saved models'}")
+

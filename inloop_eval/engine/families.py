@@ -1,19 +1,17 @@
 """Which adapter scores a model: the model families, tried in order; the first whose `matches` accepts the model
 builds its adapter (`make_adapter`).
 
-Built in, in the order tried: OLMo-core Transformers, Hugging Face causal LMs, models that show their hidden
-states (the reference GPT), and any callable returning logits. A framework's adapter lives in its integration
-package (`inloop_eval/integrations/<framework>/adapter.py`); its family here names the framework's model class
-by module and the adapter's builder by import path, and neither is imported until a model of that class is
-seen, which means the framework is already loaded. So the engine imports no framework, and a model of no
-framework imports nothing of one. `register_model_family` puts a family of the caller's own ahead of the
-built-ins (docs/design.md, "Adding a model family"). An adapter passed to the evaluator is used as it is.
+Tried in order: the families a user registered (`register_model_family`, the latest first), each registered
+framework's (its plugin's model class and adapter builder, `inloop_eval.frameworks`; the adapter lives in
+its integration package), models that show their hidden states (the reference GPT), and any callable
+returning logits. A framework's model class is looked up in `sys.modules`, never imported, and its adapter
+builder imported when it first builds one (for a model of that class, so its framework is loaded already):
+the engine imports no framework, and a model of no framework imports nothing of one (docs/design.md,
+"Adding a framework"). An adapter passed to the evaluator is used as it is.
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +22,7 @@ from torch.distributed.fsdp import FSDPModule
 from inloop_eval.engine.adapter import ModelAdapter, check_max_length
 from inloop_eval.engine.adapters.hidden_states import HiddenStatesAdapter
 from inloop_eval.engine.adapters.logits import LogitsAdapter
+from inloop_eval.frameworks import Framework, frameworks
 
 Builder = Callable[[Any, "int | None"], ModelAdapter]
 
@@ -45,34 +44,6 @@ class ModelFamily:
     through_call: bool = True
 
 
-def loaded_instance(module: str, class_name: str) -> Callable[[Any], bool]:
-    """Whether a model is an instance of `module.class_name`, looked up in `sys.modules`, never imported: a
-    model can be one only if its framework is loaded, and importing it (seconds) for every other model would
-    be waste."""
-
-    def matches(model: Any) -> bool:
-        cls = getattr(sys.modules.get(module), class_name, None)
-        return isinstance(cls, type) and isinstance(model, cls)
-
-    return matches
-
-
-@dataclass(frozen=True)
-class BuiltBy:
-    """The builder `module:function` of a framework's adapter, imported when it first builds one (for a model
-    that `loaded_instance` matched, so its framework is loaded already)."""
-
-    path: str
-
-    def __call__(self, model: Any, max_length: int | None) -> ModelAdapter:
-        module, function = self.path.split(":")
-        return getattr(importlib.import_module(module), function)(model, max_length)
-
-
-def _is_hf_causal_lm(model: Any) -> bool:
-    return loaded_instance("transformers", "PreTrainedModel")(model) and hasattr(model, "get_output_embeddings")
-
-
 def _shows_hidden_states(model: Any) -> bool:
     config = getattr(model, "config", None)
     return (
@@ -83,18 +54,8 @@ def _shows_hidden_states(model: Any) -> bool:
     )
 
 
-_BUILT_IN = (
-    ModelFamily(
-        "OLMo-core Transformer",
-        loaded_instance("olmo_core.nn.transformer.model", "Transformer"),
-        BuiltBy("inloop_eval.integrations.olmo_core.adapter:build_adapter"),
-    ),
-    ModelFamily(
-        "Hugging Face causal LM",
-        _is_hf_causal_lm,
-        BuiltBy("inloop_eval.integrations.hf.adapter:build_adapter"),
-        through_call=False,
-    ),
+# Framework-neutral, tried after every framework's.
+NEUTRAL = (
     ModelFamily("hidden states and head", _shows_hidden_states, lambda m, _: HiddenStatesAdapter(m), through_call=False),
     ModelFamily("logits", callable, LogitsAdapter),
 )
@@ -111,6 +72,17 @@ def register_model_family(family: ModelFamily) -> None:
 def unregister_model_family(name: str) -> None:
     """Remove the registered family `name` (a no-op when there is none)."""
     _registered[:] = [f for f in _registered if f.name != name]
+
+
+def framework_family(plugin: Framework) -> ModelFamily:
+    """The family of a framework's models: its model class and adapter builder."""
+    return ModelFamily(plugin.title, plugin.matches, plugin.build_adapter, plugin.through_call)
+
+
+def families() -> tuple[ModelFamily, ...]:
+    """Every family in the order tried (see the module docstring)."""
+    plugins = tuple(framework_family(p) for p in frameworks() if p.adapter is not None)
+    return (*_registered, *plugins, *NEUTRAL)
 
 
 def unwrap(model: Any) -> Any:
@@ -134,7 +106,7 @@ def make_adapter(model: Any, max_length: int | None = None) -> ModelAdapter:
             check_max_length(max_length, model.max_length, type(model).__name__)
         return model
     model = unwrap(model)
-    family = next((f for f in (*_registered, *_BUILT_IN) if f.matches(model)), None)
+    family = next((f for f in families() if f.matches(model)), None)
     if family is None:
         raise TypeError(
             f"make_adapter: expected a module or callable returning logits, found {type(model).__name__}"

@@ -80,7 +80,7 @@ def check_no_grad_forward(model: Any) -> None:
         return
     if any(isinstance(p, DTensor) or hasattr(p, "_st_info") for p in model.parameters()):
         refuse_model(
-            "a model wrapped by torch's DDP (replicate; OLMo-core's DataParallelType.ddp) over tensor-parallel "
+            "a model wrapped by torch's DDP (replicate) over tensor-parallel "
             "DTensor parameters",
             "it has not run a training forward yet, and its first forward under torch.no_grad would replace "
             "its parameters by detached copies, so training would stop learning",

@@ -34,7 +34,7 @@ from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.distributed import TaskAgreement, run_agreed
 from inloop_eval.engine.evaluation import EvalContext
 from inloop_eval.errors import ConfigError
-from inloop_eval.keys import FAILED, OlmoCoreNames
+from inloop_eval.keys import FAILED
 from inloop_eval.metrics.icl import DocumentOutcomes
 
 
@@ -90,14 +90,15 @@ class EvalOutput:
     figures: label -> {figure: value}, labels in the entry's order, the same on every rank (synced); a
         label whose evaluation failed holds `{keys.FAILED: 1.0}`.
     detail: the evaluator's own result object (scores per request or per sequence), None after a failure.
-    olmo_core_names: label -> OLMo-core's names of its figures, for the labels OLMo-core also reports.
+    sources: label -> what it measures, for a key style to name its figures by (a downstream label's task
+        id); a label absent measures itself.
     outcomes: label -> the per-document values its figures are the means of (the same on every rank), for
         the kinds that keep them (downstream tasks).
     """
 
     figures: dict[str, dict[str, float]]
     detail: Any = None
-    olmo_core_names: dict[str, OlmoCoreNames] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
     outcomes: dict[str, DocumentOutcomes] = field(default_factory=dict)
 
 

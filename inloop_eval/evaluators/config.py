@@ -32,7 +32,7 @@ from inloop_eval.engine.tree_attention import MASK_RENDERINGS, block_kernel, mas
 from inloop_eval.errors import ConfigError
 from inloop_eval.evaluators.downstream import TaskEvalConfig
 from inloop_eval.evaluators.kinds import KINDS, EntryConfig
-from inloop_eval.keys import KEY_STYLES
+from inloop_eval.keys import key_style_names
 from inloop_eval.metrics.registry import METRICS, canonical
 
 
@@ -150,7 +150,7 @@ class EvaluatorConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "")
-        one_of(self.key_style, KEY_STYLES, "key_style")
+        one_of(self.key_style, key_style_names(), "key_style")
         one_of(self.attention_mask, ("auto", *MASK_RENDERINGS), "attention_mask")
         # A label names keys `<prefix>/<kind>/<label>/...`: unique among the entries of one kind.
         for type_name, kind in KINDS.items():

@@ -30,8 +30,7 @@ from inloop_eval.evaluators.base import (
     check_entry_type,
     metric_class,
 )
-from inloop_eval.keys import DOWNSTREAM, OlmoCoreNames
-from inloop_eval.metrics.olmo import olmo_figures
+from inloop_eval.keys import DOWNSTREAM
 from inloop_eval.metrics.registry import ALL_METRICS, comparing_choices, needs_uncond, unknown_metrics
 from inloop_eval.requests.cache import cache_path, read_request_cache, table_fingerprint, write_request_cache
 from inloop_eval.requests.table import PairSet, RequestTable, build_requests
@@ -236,11 +235,10 @@ class DownstreamEvaluator(Evaluator[TaskEvalConfig, PreparedTask]):
         update_metric(metric.to(context.adapter.device), prepared.table, rows, uncond_ids, scores)
         result = TaskResult(metric.compute(), rows, uncond_ids, scores, prepared, synced_uncond_ll(metric))
         check_finite_documents(self.title(), result.metrics, strict=context.strict)
-        label, olmo_type = self.config.label, prepared.task.olmo_metric_type
-        names = {label: olmo_core_names(self.config.task, olmo_type)} if olmo_type else {}
+        label = self.config.label
         figures = {label: task_figures(prepared, result.metrics)}
         outcomes = {label: metric.outcomes} if metric.outcomes is not None else {}
-        return EvalOutput(figures, result, names, outcomes)
+        return EvalOutput(figures, result, {label: self.config.task}, outcomes)
 
     def samples(self, output: EvalOutput) -> list[dict[str, Any]]:
         """One record per request this rank scored: the texts, the loglikelihood (and its unconditional one),
@@ -292,10 +290,6 @@ def task_figures(prepared: PreparedTask, computed: dict[str, float]) -> dict[str
     return figures
 
 
-def olmo_core_names(task_id: str, olmo_metric_type: str) -> OlmoCoreNames:
-    """OLMo-core's names of an `olmo:` task: its label there (the id without `olmo:`) and the figures it
-    reports for the task's OLMo metric type."""
-    return OlmoCoreNames(task_id.removeprefix("olmo:"), frozenset(olmo_figures(olmo_metric_type)))
 
 
 def count_short_fewshot(

@@ -27,7 +27,7 @@ from inloop_eval.evaluators.base import EvalOutput, Evaluator
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.kinds import KINDS
 from inloop_eval.evaluators.suites import SuiteAverages
-from inloop_eval.keys import PREFIX, failed_labels, metric_keys
+from inloop_eval.keys import PREFIX, failed_labels, key_style, metric_keys
 from inloop_eval.metrics.icl import DocumentOutcomes
 
 log = logging.getLogger(__name__)
@@ -93,9 +93,10 @@ class InLoopEvaluator:
         if context.kernel is not None:
             log.info("%s", context.kernel.summary())
         metrics: dict[str, float] = {}
+        style = key_style(self.config.key_style)
         for name, output in self.last_outputs.items():
             kind = self.evaluators[name].kind
-            metrics.update(metric_keys(kind, output.figures, output.olmo_core_names, self.config.key_style, prefix))
+            metrics.update(metric_keys(kind, output.figures, output.sources, style, prefix))
         metrics.update(self.suites.compute(self.task_outcomes(), prefix))
         if step is not None:
             log.info("%s", summary_line(step, metrics, self.tokens_forwarded, prefix))

@@ -33,8 +33,8 @@ from inloop_eval.engine.evaluation import EvalContext, Share, score_share
 from inloop_eval.engine.sharding import deal_longest_first
 from inloop_eval.errors import ConfigError, LMDataError, ModelOutputError
 from inloop_eval.evaluators.base import EvalOutput, Evaluator, Settings, check_entry_type, metric_class
-from inloop_eval.keys import FAILED, PERPLEXITY, OlmoCoreNames
-from inloop_eval.metrics.perplexity import FIGURES, OLMO_CORE_FIGURES, olmo_core_perplexity
+from inloop_eval.keys import FAILED, PERPLEXITY
+from inloop_eval.metrics.perplexity import FIGURES, padded_documents_perplexity
 
 if TYPE_CHECKING:
     from inloop_eval.metrics.perplexity_metric import PerplexityMetric
@@ -115,14 +115,14 @@ class LMEvalConfig:
         if capped:
             raise ConfigError(
                 f"lm evaluator: max_tokens cannot cap `documents` domains {capped} with "
-                "loader_batch_instances (OLMo-core's data loader decides which documents are scored)"
+                "loader_batch_instances (the data loader it reproduces decides which documents are scored)"
             )
 
     def labels(self) -> list[str]:
         return [d.label for d in self.domains]
 
     def documents_labels(self) -> list[str]:
-        """The labels of the `documents` domains, in order: those with OLMo-core's figures."""
+        """The labels of the `documents` domains, in order: those with the padded documents' figures."""
         return [d.label for d in self.domains if d.format == "documents"]
 
     def cap(self, domain: LMDomainConfig) -> int | None:
@@ -228,7 +228,7 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
         try:
             if failed:
                 raise LMDataError(
-                    f"OLMo-core's data loader shuffles the documents of labels {labels} together, and {failed} "
+                    f"the evaluation data loader shuffles the documents of labels {labels} together, and {failed} "
                     "could not be loaded; none is evaluated this time"
                 )
             kept = loader_selection([len(self.loaded[label]) for label in labels], labels, selection)
@@ -239,7 +239,7 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
             return
         for label, keep in zip(labels, kept, strict=True):
             self.loaded[label] = self.loaded[label].select(keep)
-            log.info("lm domain %r: %d sequences reached by OLMo-core's data loader", label, len(keep))
+            log.info("lm domain %r: %d sequences reached by the evaluation data loader", label, len(keep))
 
     def evaluate(self, context: EvalContext, prepared: PreparedDomains, agreement: TaskAgreement) -> EvalOutput:
         """Score this rank's share of every domain the model can take and compute each label's figures over
@@ -250,12 +250,11 @@ class PerplexityEvaluator(Evaluator[LMEvalConfig, PreparedDomains]):
         describe = lambda p: domains[int(shard.domain_S[p])].describe(int(shard.seq_S[p]))  # noqa: E731
         scores = score_share(context, agreement, self.title(), Share(batches, len(shard.seq_S), describe))
         nll_S = -scores.ll
-        olmo_core_labels = set(prepared.config.documents_labels())
-        figures, totals = domain_figures(context, domains, shard, nll_S, olmo_core_labels)
+        padded_labels = set(prepared.config.documents_labels())
+        figures, totals = domain_figures(context, domains, shard, nll_S, padded_labels)
         check_finite_labels(self.title(), domains, shard, nll_S, totals, strict=context.strict)
         result = DomainsResult(figures, totals, domains, failed, shard, nll_S, scores.tokens_forwarded)
-        names = {label: OlmoCoreNames(label, frozenset(OLMO_CORE_FIGURES)) for label in olmo_core_labels}
-        return EvalOutput(self.label_figures(prepared, result), result, names)
+        return EvalOutput(self.label_figures(prepared, result), result)
 
     def label_figures(self, prepared: PreparedDomains, result: DomainsResult) -> dict[str, dict[str, float]]:
         """Every label's figures, in the config's order: `failed = 1` for a label that could not be loaded or
@@ -274,12 +273,12 @@ def domain_figures(
     domains: list[DomainSet],
     shard: Shard,
     nll_S: np.ndarray,
-    olmo_core_labels: set[str] | frozenset[str] = frozenset(),
+    padded_labels: set[str] | frozenset[str] = frozenset(),
 ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, int, int]]]:
     """Each label's figures over all ranks (labels without tokens left out) and its totals (Σ nll, Σ tokens,
     Σ bytes), from this rank's summed NLL of each of its sequences, over the data-parallel group. Every rank
     of it updates every label, zeros included, and syncs them all in one all-reduce. The labels
-    `olmo_core_labels` add OLMo-core's figures, whose positions (Σ length over the label's sequences) every
+    `padded_labels` (padded documents) add the padded documents' figures, whose positions (Σ length over the label's sequences) every
     rank knows without a collective."""
     metric_type: type[PerplexityMetric] = metric_class(PERPLEXITY_METRIC)
     metrics: list[PerplexityMetric] = []
@@ -301,9 +300,9 @@ def domain_figures(
         totals[domain.label] = (computed["sum_nll"], int(computed["n_tokens"]), int(computed["n_bytes"]))
         if computed["n_tokens"] > 0:
             figures[domain.label] = {k: v for k, v in computed.items() if k in FIGURES}
-        if domain.label in olmo_core_labels:
-            olmo = olmo_core_perplexity(computed["sum_nll"], int(domain.length_S.sum()))
-            figures.setdefault(domain.label, {}).update(olmo)
+        if domain.label in padded_labels:
+            padded = padded_documents_perplexity(computed["sum_nll"], int(domain.length_S.sum()))
+            figures.setdefault(domain.label, {}).update(padded)
     return figures, totals
 
 

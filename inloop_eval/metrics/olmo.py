@@ -3,7 +3,7 @@ package's per-request fields, so that a run moving from OLMo-core keeps its curv
 
 `olmo_icl_compute(metric_type, ...)` returns exactly the dict that `olmo_eval.metrics.ICLMetric(metric_type)
 .compute()` returns for the same requests: the same keys in the same order, each value the float32 that
-OLMo returns, as a Python float. `inloop_eval.keys.olmo_core_key(label, figure)` is the name OLMo-core's
+OLMo returns, as a Python float. `inloop_eval.integrations.olmo_core.keys.olmo_core_key(label, figure)` is the name OLMo-core's
 `EvaluatorCallback` records it under, e.g. `eval/downstream/arc_easy (length-normalized accuracy)`.
 
 What each request must carry (one row per (doc_id, cont_id), duplicates from sampler padding removed):

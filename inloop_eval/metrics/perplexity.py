@@ -15,11 +15,10 @@ import math
 import torch
 from torch import Tensor
 
-from inloop_eval.keys import OLMO_CORE_LM_FIGURE_NAMES
-
 FIGURES = ("ce", "ppl", "bpb")
-# OLMo-core's figures of a label: its `LMEvaluator`'s `CE loss` and `PPL`.
-OLMO_CORE_FIGURES = tuple(OLMO_CORE_LM_FIGURE_NAMES)
+# The figures of a label of padded documents (`documents` domains), as OLMo-core's `LMEvaluator` computes
+# them: its `CE loss` and `PPL`.
+PADDED_DOCUMENT_FIGURES = ("olmo_ce_loss", "olmo_ppl")
 
 
 def perplexity_update(nll_S: Tensor, n_tokens_S: Tensor, n_bytes_S: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -48,7 +47,7 @@ def perplexity_compute(sum_nll: float, n_tokens: int, n_bytes: int) -> dict[str,
     return out
 
 
-def olmo_core_perplexity(sum_nll: float, n_positions: int) -> dict[str, float]:
+def padded_documents_perplexity(sum_nll: float, n_positions: int) -> dict[str, float]:
     """OLMo-core's CE loss and PPL of a label from its synced Σ nll over `n_positions` positions (Σ L over its
     sequences); NaN for a label without positions, as OLMo-core's mean of nothing is."""
     ce = sum_nll / n_positions if n_positions > 0 else math.nan
@@ -56,4 +55,4 @@ def olmo_core_perplexity(sum_nll: float, n_positions: int) -> dict[str, float]:
         ppl = math.exp(ce)
     except OverflowError:
         ppl = math.inf
-    return dict(zip(OLMO_CORE_FIGURES, (ce, ppl), strict=True))
+    return dict(zip(PADDED_DOCUMENT_FIGURES, (ce, ppl), strict=True))

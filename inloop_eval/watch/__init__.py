@@ -3,13 +3,12 @@ complete, with the in-loop evaluator's config, and logs its figures at the check
 
 Modules (each a role, in the order a checkpoint meets them):
 - `discovery`: which folders are checkpoints, of which format, at which step, one per step (`discover`,
-  `Checkpoint`, `WatchError`);
+  `WatchError`), by the registered checkpoint formats (`inloop_eval.checkpoints`);
 - `completion`: each format's completion evidence and the settle time (`missing_evidence`, `Settling`);
-- `loading`: one checkpoint's model per format, the vocabulary it records, whether the loop evaluated it;
-- `layout`: the parallel layout (`--tp`, `--fsdp`) a model is built in under torchrun, and its mesh;
-- `shard_reads`: reading a DCP checkpoint so that each rank reads only the slices it holds (`ShardReader`);
+- `loading`: one checkpoint's model through its format, whole or in the parallel layout (`--tp`, `--fsdp`;
+  `inloop_eval.checkpoints.layout`), and the check of the tokenizer against the one it records;
 - `events`: ready events a trainer writes once a checkpoint is finished (`Inbox`, `write_ready_event`);
-- `leases`: the watcher's hold on checkpoints not yet evaluated, and what trainers ask of it (`held`);
+  the watcher holds the checkpoints it has not evaluated yet with leases (`inloop_eval.checkpoints.leases`);
 - `ledger`: the run directory's record of what was done, for exactly once across restarts (`Ledger`);
 - `run_directory`: the check that the run directory is still the one opened (`RunDirectory`);
 - `config`: the watcher's settings (`WatchConfig`);
@@ -23,8 +22,8 @@ Modules (each a role, in the order a checkpoint meets them):
 The rule: a step is done when its metrics line is in `metrics.jsonl`; anything else is tried again or
 recorded failed with the reason, and one bad checkpoint never stops the others.
 
-Each name below is imported from its module on first use, so that a trainer importing `events` or `leases`
-(standard library only) does not import the watcher and the evaluator.
+Each name below is imported from its module on first use, so that a trainer importing `events` (standard
+library only) does not import the watcher and the evaluator.
 """
 
 from __future__ import annotations
@@ -33,12 +32,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from inloop_eval.checkpoints.formats import Checkpoint
     from inloop_eval.watch.config import WatchConfig
-    from inloop_eval.watch.discovery import Checkpoint, WatchError, discover
+    from inloop_eval.watch.discovery import WatchError, discover
     from inloop_eval.watch.loop import Watcher
 
 _EXPORTS = {
-    "Checkpoint": "inloop_eval.watch.discovery",
+    "Checkpoint": "inloop_eval.checkpoints.formats",
     "WatchConfig": "inloop_eval.watch.config",
     "WatchError": "inloop_eval.watch.discovery",
     "Watcher": "inloop_eval.watch.loop",

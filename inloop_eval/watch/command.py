@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from inloop_eval.checkpoints.formats import CheckpointFormat, checkpoint_formats
 from inloop_eval.config_fields import read_config_file
 from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
@@ -28,7 +29,6 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.loggers import MetricsLogger, WandbLogger
 from inloop_eval.watch.allocator import map_large_blocks
 from inloop_eval.watch.config import POLICIES, WatchConfig
-from inloop_eval.watch.discovery import NAME_PATTERNS
 from inloop_eval.watch.loop import Watcher
 from inloop_eval.watch.summary import closing_line
 
@@ -50,6 +50,11 @@ def seconds(*, zero: bool) -> Callable[[str], float]:
     return parse
 
 
+def titles(kept: Callable[[CheckpointFormat], bool]) -> str:
+    """The titles of the checkpoint formats `kept` keeps, for the flags' help."""
+    return ", ".join(fmt.title for fmt in checkpoint_formats().values() if kept(fmt)) or "no"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint_dir", metavar="CKPT_DIR", help="the folder training saves checkpoints to")
     parser.add_argument("--config", required=True, help="the evaluator YAML config used in the loop")
@@ -67,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--events",
         metavar="INBOX",
         help="folder trainers announce finished checkpoints in (<INBOX>/<run_id>/step-<N>.ready.json, "
-        "OLMo-core's CheckpointReadyNotifierCallback or write_ready_event): each evaluated at once, "
+        "written by a trainer's ready-event hook or write_ready_event): each evaluated at once, "
         "CKPT_DIR still scanned every --poll seconds",
     )
     parser.add_argument(
@@ -78,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=seconds(zero=False),
         metavar="SECONDS",
         help="hold each checkpoint not yet evaluated with a lease expiring SECONDS after its last refresh, "
-        "which inloop_eval's rotation helpers (OLMo-core, torchtitan) respect (default: no leases)",
+        "which inloop_eval's rotation helpers respect (default: no leases)",
     )
     parser.add_argument(
         "--hold-failed",
@@ -97,14 +102,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--redo-in-loop", action="store_true", help="evaluate steps the training loop evaluated, again"
     )
-    parser.add_argument("--format", choices=tuple(NAME_PATTERNS), help="only this checkpoint format")
+    parser.add_argument("--format", choices=tuple(checkpoint_formats()), help="only this checkpoint format")
     parser.add_argument(
         "--model-builder",
         metavar="MODULE:FUNCTION",
-        help="builds the model (torchtitan: required, e.g. your config_registry function)",
+        help=f"builds the model (required for {titles(lambda f: f.needs_builder)} checkpoints, which hold no model "
+        "config; e.g. a function of your config registry)",
     )
     parser.add_argument(
-        "--tokenizer", help="overrides the config's tokenizer (default: it, else an HF checkpoint's)"
+        "--tokenizer", help="overrides the config's tokenizer (default: it, else one the checkpoint holds)"
     )
     parser.add_argument("--data-root", help="task data root (default $INLOOP_EVAL_DATA or the cache)")
     parser.add_argument("--device", help="torch device (default cuda if available, else cpu)")
@@ -113,13 +119,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="under torchrun: build the model tensor parallel over this many ranks, each reading only its "
-        "share of the checkpoint (OLMo-core, torchtitan, not Hugging Face; default 1)",
+        f"share of the checkpoint ({titles(lambda f: 'tp' in f.sharded)} checkpoints; default 1)",
     )
     parser.add_argument(
         "--fsdp",
         action="store_true",
         help="under torchrun: shard the model with FSDP2 over the data-parallel ranks (world / tp), each "
-        "reading only its shard (OLMo-core, torchtitan, Hugging Face safetensors)",
+        f"reading only its shard ({titles(lambda f: 'fsdp' in f.sharded)} checkpoints)",
     )
     parser.add_argument("--wandb", action="store_true", help="log to W&B too (offline unless $WANDB_MODE)")
     parser.add_argument("--wandb-project", default="inloop-eval", help="W&B project")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from inloop_eval.checkpoints.formats import checkpoint_formats
 from inloop_eval.config_fields import one_of
 from inloop_eval.distributed import usable_device
 from inloop_eval.errors import ConfigError
-from inloop_eval.watch.discovery import NAME_PATTERNS
 
 POLICIES = ("all", "latest")
 
@@ -74,7 +74,7 @@ class WatchConfig:
     def __post_init__(self) -> None:
         one_of(self.policy, POLICIES, "watch: policy")
         if self.format is not None:
-            one_of(self.format, tuple(NAME_PATTERNS), "watch: format")
+            one_of(self.format, tuple(checkpoint_formats()), "watch: format")
         seconds = {"settle_s": self.settle_s, "poll_s": self.poll_s, "events_poll_s": self.events_poll_s}
         if self.lease_s is not None:
             seconds["lease_s"] = self.lease_s

@@ -1,35 +1,20 @@
-"""Which checkpoints a folder holds: each framework's folder name, the training step it carries, its format.
+"""Which checkpoints a folder holds: each format's folder name, the training step it carries, its format.
 
-A checkpoint is a sub-folder of the watched folder named as its framework names them:
-- Hugging Face `Trainer`: `checkpoint-<N>` (a `save_pretrained` directory; sharded safetensors with their
-  index, or one `model.safetensors`);
-- OLMo-core's `Trainer`: `step<N>` (`model_and_optim/`, a torch.distributed.checkpoint, and `config.json`);
-- torchtitan's `CheckpointManager`: `step-<N>` (a torch.distributed.checkpoint).
-
-Temporary folders the frameworks write first (OLMo-core's `step<N>-tmp`) match no pattern, so they are never
-taken for a checkpoint. The step is the number in the name: the training step the weights are from. Two
-folders naming one step (`checkpoint-10` and `checkpoint-00010`) are one step: `one_per_step` keeps the one
-named as its framework names it (no leading zeros), else the first by name.
+A checkpoint is a sub-folder of the watched folder named as its framework names them, each format's name
+declared by its `CheckpointFormat` (`inloop_eval.checkpoints.formats`; e.g. `step<N>`, `checkpoint-<N>`).
+Temporary folders frameworks write first (`step<N>-tmp`) match no pattern, so they are never taken for a
+checkpoint. The step is the number in the name: the training step the weights are from. Two folders naming
+one step (`checkpoint-10` and `checkpoint-00010`) are one step: `one_per_step` keeps the one named as its
+framework names it (no leading zeros), else the first by name.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
+from inloop_eval.checkpoints.formats import Checkpoint, checkpoint_formats, expected_names
 from inloop_eval.errors import InLoopEvalError
-
-HF = "hf"
-OLMO_CORE = "olmo_core"
-TORCHTITAN = "torchtitan"
-# Format -> the folder name its framework gives a checkpoint of step N.
-NAME_PATTERNS: dict[str, re.Pattern[str]] = {
-    HF: re.compile(r"checkpoint-(\d+)"),
-    OLMO_CORE: re.compile(r"step(\d+)"),
-    TORCHTITAN: re.compile(r"step-(\d+)"),
-}
-EXPECTED_NAMES = "checkpoint-<N> (Hugging Face), step<N> (OLMo-core) or step-<N> (torchtitan)"
 
 
 class WatchError(InLoopEvalError):
@@ -42,26 +27,12 @@ class CheckpointUnfit(InLoopEvalError):
     with): recorded failed, not tried again under the same config; the watcher goes on to the others."""
 
 
-class CheckpointDamaged(InLoopEvalError):
-    """One checkpoint whose files say something impossible (a safetensors header without the offsets of a
-    tensor): recorded failed, tried again once its files change; the watcher goes on to the others."""
-
-
-@dataclass(frozen=True, order=True)
-class Checkpoint:
-    """One checkpoint folder: the training step it holds, where it is, its format (a key of NAME_PATTERNS)."""
-
-    step: int
-    path: Path
-    format: str
-
-
 def parse_name(name: str) -> tuple[int, str] | None:
     """(step, format) of a checkpoint folder name; None for any other name."""
-    for fmt, pattern in NAME_PATTERNS.items():
-        match = pattern.fullmatch(name)
-        if match:
-            return int(match.group(1)), fmt
+    for fmt in checkpoint_formats().values():
+        step = fmt.step_of(name)
+        if step is not None:
+            return step, fmt.name
     return None
 
 
@@ -138,6 +109,6 @@ def no_checkpoint_error(folder: Path) -> WatchError:
     if nested:
         hint = f"; {folder / nested[0]} holds checkpoints: watch that folder"
     return WatchError(
-        f"watch: {folder} holds no checkpoint of a known format: expected folders named {EXPECTED_NAMES}, "
+        f"watch: {folder} holds no checkpoint of a known format: expected folders named {expected_names()}, "
         f"found {shown or 'nothing'}{hint or '; pass the folder your trainer saves its checkpoints to'}"
     )

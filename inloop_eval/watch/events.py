@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from inloop_eval.checkpoints.formats import Checkpoint
 from inloop_eval.errors import InLoopEvalError
-from inloop_eval.watch.discovery import Checkpoint, parse_name
+from inloop_eval.watch.discovery import parse_name
 
 log = logging.getLogger(__name__)
 

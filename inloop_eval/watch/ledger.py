@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inloop_eval.checkpoints.formats import Checkpoint
 from inloop_eval.keys import PREFIX
 from inloop_eval.loggers import METRICS_FILE
 from inloop_eval.loggers.jsonl import ends_a_line
-from inloop_eval.watch.discovery import Checkpoint, WatchError
+from inloop_eval.watch.discovery import WatchError
 
 try:
     import fcntl

@@ -55,6 +55,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from inloop_eval.checkpoints.builders import resolve_builder
+from inloop_eval.checkpoints.formats import Checkpoint, LoadedModel, format_of
+from inloop_eval.checkpoints.layout import layout_for
+from inloop_eval.checkpoints.shard_reads import ShardRead
 from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import TokenizerLike
 from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
@@ -78,19 +82,11 @@ from inloop_eval.loggers.outcomes import OUTCOMES_DIR, step_path, write_step
 from inloop_eval.watch.allocator import trim
 from inloop_eval.watch.completion import Fingerprint, fingerprint, other_copies
 from inloop_eval.watch.config import WatchConfig
-from inloop_eval.watch.discovery import HF, Checkpoint, CheckpointUnfit, WatchError, refusal_at_start
-from inloop_eval.watch.layout import layout_for
+from inloop_eval.watch.discovery import CheckpointUnfit, WatchError, refusal_at_start
 from inloop_eval.watch.ledger import EVALUATED, FAILED, STARTED, VANISHED, History, Ledger, metrics_steps
-from inloop_eval.watch.loading import (
-    LoadedModel,
-    load_model,
-    recorded_vocabulary,
-    resolve_builder,
-    vocabulary_mismatch,
-)
+from inloop_eval.watch.loading import load_model, recorded_vocabulary, vocabulary_mismatch
 from inloop_eval.watch.planning import Plan, Planner, describe
 from inloop_eval.watch.run_directory import RunDirectory
-from inloop_eval.watch.shard_reads import ShardRead
 from inloop_eval.watch.summary import headline
 from inloop_eval.watch.triggers import Triggers
 
@@ -401,7 +397,8 @@ class Watcher:
         """The evaluator, built at the first checkpoint when the config names no tokenizer (a Hugging Face
         checkpoint's own), reused for every later one (requests tokenized once)."""
         if self.evaluator is None:
-            if checkpoint.format != HF or not (checkpoint.path / "tokenizer.json").is_file():
+            own = format_of(checkpoint).own_tokenizer(checkpoint.path)
+            if own is None:
                 raise CheckpointUnfit(
                     f"watch: the evaluator config names no `tokenizer:` and {checkpoint.path} holds none; "
                     "set `tokenizer:` in the config or pass --tokenizer"

@@ -23,10 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inloop_eval.checkpoints.formats import Checkpoint
 from inloop_eval.errors import InLoopEvalError
 from inloop_eval.watch.completion import Fingerprint, Settling, fingerprint
 from inloop_eval.watch.config import WatchConfig
-from inloop_eval.watch.discovery import Checkpoint, discover, no_checkpoint_error, one_per_step
+from inloop_eval.watch.discovery import discover, no_checkpoint_error, one_per_step
 from inloop_eval.watch.events import ReadyEvent
 from inloop_eval.watch.ledger import FAILED, IN_LOOP, SKIPPED, History
 from inloop_eval.watch.loading import evaluated_in_loop, require_builder

@@ -21,11 +21,12 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
+from inloop_eval.checkpoints.formats import Checkpoint
+from inloop_eval.checkpoints.leases import LeaseKeeper, Leases, holder_id
 from inloop_eval.errors import InLoopEvalError
 from inloop_eval.watch.config import WatchConfig
-from inloop_eval.watch.discovery import Checkpoint, discover
+from inloop_eval.watch.discovery import discover
 from inloop_eval.watch.events import Inbox, ReadyEvent, announced_checkpoint
-from inloop_eval.watch.leases import LeaseKeeper, Leases, holder_id
 from inloop_eval.watch.ledger import History
 from inloop_eval.watch.planning import Planner
 

@@ -1,18 +1,18 @@
 """The engine knows no framework: no engine module imports one, every adapter lives in the engine (the
-framework-neutral ones) or in its framework's integration package, and the model families name each
-framework's adapter by an import path that resolves, imported only for a model of that framework."""
+framework-neutral ones) or in its framework's integration package, and the model families take each
+framework's adapter from its plugin, imported only for a model of that framework."""
 
 from __future__ import annotations
 
 import ast
-import importlib
 import subprocess
 import sys
 from collections import OrderedDict
 
 from test_imports import PACKAGE, imported_names, modules
 
-from inloop_eval.engine.families import _BUILT_IN, BuiltBy, ModelFamily, loaded_instance, make_adapter
+from inloop_eval.engine.families import ModelFamily, families, make_adapter
+from inloop_eval.frameworks import Framework, loaded_class
 
 FRAMEWORKS = ("olmo_core", "torchtitan", "megatron", "transformers", "lightning")
 
@@ -49,23 +49,20 @@ def test_every_adapter_lives_in_the_engine_or_its_framework_package():
     assert misplaced == []
 
 
-def test_each_framework_family_names_a_builder_that_exists():
-    """The import paths of the built-in families resolve (they are strings, so nothing else checks them)."""
-    paths = [family.build.path for family in _BUILT_IN if isinstance(family.build, BuiltBy)]
-    assert paths == [
-        "inloop_eval.integrations.olmo_core.adapter:build_adapter",
-        "inloop_eval.integrations.hf.adapter:build_adapter",
-    ]
-    for path in paths:
-        module, function = path.split(":")
-        assert callable(getattr(importlib.import_module(module), function)), path
+def test_the_frameworks_families_come_between_the_registered_and_the_neutral_ones():
+    names = [family.name for family in families()]
+    assert names == ["Hugging Face transformers", "OLMo-core", "hidden states and head", "logits"]
 
 
 def test_a_family_matches_by_a_loaded_class_and_builds_through_its_path():
-    matches = loaded_instance("collections", "OrderedDict")
-    assert matches(OrderedDict()) and not matches({})
-    assert not loaded_instance("no_such_framework.model", "Transformer")(object())
-    family = ModelFamily("logits by path", matches, BuiltBy("inloop_eval.engine.adapters.logits:LogitsAdapter"))
+    assert loaded_class("collections:OrderedDict") is OrderedDict
+    assert loaded_class("no_such_framework.model:Transformer") is None
+    plugin = Framework(
+        name="ordered", title="ordered", package="collections",
+        model_class="collections:OrderedDict", adapter="inloop_eval.engine.adapters.logits:LogitsAdapter",
+    )  # fmt: skip
+    assert plugin.matches(OrderedDict()) and not plugin.matches({})
+    family = ModelFamily("logits by path", plugin.matches, plugin.build_adapter)
     assert type(family.build(lambda ids: ids, 16)).__name__ == "LogitsAdapter"
 
 

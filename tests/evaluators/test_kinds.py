@@ -16,7 +16,7 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import DownstreamEvaluator, TaskEvalConfig
 from inloop_eval.evaluators.kinds import KINDS
 from inloop_eval.evaluators.perplexity import LMEvalConfig, PerplexityEvaluator
-from inloop_eval.keys import DOWNSTREAM, FAILED, PERPLEXITY, OlmoCoreNames, metric_keys
+from inloop_eval.keys import DOWNSTREAM, FAILED, PERPLEXITY, key_style, metric_keys
 
 
 def test_each_type_selects_its_evaluator_and_its_config():
@@ -33,11 +33,8 @@ def test_config_entries_are_built_by_their_type():
     assert [e.labels() for e in config.evaluators] == [["piqa"], ["code"]]
 
 
-ARC = OlmoCoreNames("arc_easy", frozenset({"acc_v1"}))
-
-
 @pytest.mark.parametrize(
-    ("key_style", "prefix", "expected"),
+    ("style", "prefix", "expected"),
     [
         ("inloop", "eval", {"eval/downstream/arc/acc": 0.5, "eval/downstream/arc/acc_v1": 0.25}),
         ("olmo_core", "eval", {"eval/downstream/arc/acc": 0.5, "eval/downstream/arc_easy (accuracy)": 0.25}),
@@ -48,15 +45,15 @@ ARC = OlmoCoreNames("arc_easy", frozenset({"acc_v1"}))
         ),
     ],
 )
-def test_figures_are_named_by_kind_label_and_key_style(key_style, prefix, expected):
-    output = EvalOutput({"arc": {"acc": 0.5, "acc_v1": 0.25}}, olmo_core_names={"arc": ARC})
-    found = metric_keys(DOWNSTREAM, output.figures, output.olmo_core_names, key_style, prefix)
+def test_figures_are_named_by_kind_label_and_key_style(style, prefix, expected):
+    output = EvalOutput({"arc": {"acc": 0.5, "acc_v1": 0.25}}, sources={"arc": "olmo:arc_easy"})
+    found = metric_keys(DOWNSTREAM, output.figures, output.sources, key_style(style), prefix)
     assert found == expected and list(found) == list(expected)
 
 
 def test_perplexity_figures_and_failures_keep_our_keys():
     output = EvalOutput({"c4": {"ce": 2.0, "ppl": 7.0}, "code": {FAILED: 1.0}})
-    assert metric_keys(PERPLEXITY, output.figures, output.olmo_core_names, "olmo_core") == {
+    assert metric_keys(PERPLEXITY, output.figures, output.sources, key_style("olmo_core")) == {
         "eval/lm/c4/ce": 2.0,
         "eval/lm/c4/ppl": 7.0,
         "eval/lm/code/failed": 1.0,

@@ -14,7 +14,7 @@ from lm_helpers import sequence_nll, tiny_gpt
 from inloop_eval.errors import ConfigError, LMDataError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.keys import is_olmo_core_key
+from inloop_eval.integrations.olmo_core.keys import is_olmo_core_key
 
 SEQ_LEN = 32
 EOS = 7
@@ -179,7 +179,7 @@ def test_loader_fields_are_checked(root):
         (
             np.array([9, 10, 11], dtype=np.uint16).tobytes(),
             r"label 'b' file .*b-0.npy: expected documents each "
-            r"ending with the EOS token 7 \(OLMo-core's numpy format\), found 3 uint16 tokens and no EOS",
+            r"ending with the EOS token 7 \(the padded documents' numpy format\), found 3 uint16 tokens and no EOS",
         ),
         (
             np.array([9, 999, EOS], dtype=np.uint16).tobytes(),

@@ -31,12 +31,8 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY
 from inloop_eval.integrations.olmo_core.adapter import OLMoCoreAdapter
-from inloop_eval.integrations.olmo_core.callback import (
-    OLMO_CORE_EVAL_TIME_KEY,
-    InLoopEvalCallbackConfig,
-    olmo_tokenizer,
-    recorded,
-)
+from inloop_eval.integrations.olmo_core.callback import InLoopEvalCallbackConfig, olmo_tokenizer, recorded
+from inloop_eval.integrations.olmo_core.keys import EVAL_TIME_KEY
 
 EVAL_STEPS = ["0", "2", "4"]  # eval_on_startup, every INTERVAL, eval_on_finish at the last step (once)
 assert STEPS == 4 and INTERVAL == 2
@@ -77,7 +73,7 @@ def test_trainer_records_the_figures_at_eval_steps_once(single_runs):
             assert 0.0 <= metrics[f"eval/downstream/{task}/acc"] <= 1.0
         assert metrics[TOKENS_KEY] > 0
         # The throughput figure holds this evaluation's time (merged by sum with OLMo-core's own evaluators).
-        assert metrics[OLMO_CORE_EVAL_TIME_KEY] == metrics[SECONDS_KEY] > 0
+        assert metrics[EVAL_TIME_KEY] == metrics[SECONDS_KEY] > 0
     assert single_runs["dropout_cb"]["max_lengths"] == {task: SEQ_LEN for task in TASKS}
 
 

@@ -33,7 +33,7 @@ from olmo_core.train.train_module import EvalBatchSpec
 from olmo_eval.metrics import ICLMetric
 
 from inloop_eval.errors import ConfigError, RequestError, TaskDataError
-from inloop_eval.keys import OLMO_CORE_FIGURE_NAMES, olmo_core_key, olmo_core_metrics
+from inloop_eval.integrations.olmo_core.keys import OLMO_CORE_FIGURE_NAMES, olmo_core_key, olmo_core_metrics
 from inloop_eval.metrics.formats import OLMO_METRIC_TYPES
 from inloop_eval.metrics.olmo import olmo_figures, olmo_icl_compute
 

@@ -35,7 +35,7 @@ from inloop_eval.data.tokenizer import load_tokenizer
 from inloop_eval.errors import UnknownTaskError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
-from inloop_eval.keys import olmo_core_key
+from inloop_eval.integrations.olmo_core.keys import olmo_core_key
 from inloop_eval.requests.cache import docs_digest
 from inloop_eval.requests.table import build_requests
 from inloop_eval.tasks import Doc, get_task, load_docs

@@ -18,7 +18,7 @@ import yaml
 from watch_support import drop_data_offsets, single_file_checkpoints, wait_for
 from workers.launch import REPO, worker_env
 
-from inloop_eval.watch.leases import held, lease_folder
+from inloop_eval.checkpoints.leases import held, lease_folder
 from inloop_eval.watch.ledger import LEDGER_FILE, WATCH_DIR, read_jsonl
 
 TIMEOUT_S = 240

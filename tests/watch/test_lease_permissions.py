@@ -17,14 +17,14 @@ from pathlib import Path
 from watch_support import without_permission_override
 from workers.launch import REPO, worker_env
 
-from inloop_eval.watch.leases import Leases, lease_folder
+from inloop_eval.checkpoints.leases import Leases, lease_folder
 
 TIMEOUT_S = 120
 NOBODY = 65534
 
 HELD = """
 import json, sys
-from inloop_eval.watch.leases import held
+from inloop_eval.checkpoints.leases import held
 print(json.dumps([held(path) for path in sys.argv[1:]]))
 """
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from inloop_eval.watch.discovery import Checkpoint, discover, one_per_step, parse_name
+from inloop_eval.checkpoints.formats import Checkpoint
+from inloop_eval.watch.discovery import discover, one_per_step, parse_name
 from inloop_eval.watch.ledger import (
     EVALUATED,
     FAILED,

@@ -15,12 +15,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from inloop_eval.checkpoints.formats import Checkpoint
+from inloop_eval.checkpoints.layout import ParallelLayout, layout_for
+from inloop_eval.checkpoints.shard_reads import ShardReader, slice_runs
 from inloop_eval.errors import ConfigError
 from inloop_eval.watch import WatchConfig
-from inloop_eval.watch.discovery import Checkpoint
-from inloop_eval.watch.layout import ParallelLayout, layout_for
 from inloop_eval.watch.loading import load_model
-from inloop_eval.watch.shard_reads import ShardReader, slice_runs
 
 
 def test_a_tensor_parallel_degree_below_one_is_refused(tmp_path):

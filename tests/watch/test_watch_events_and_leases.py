@@ -22,10 +22,10 @@ from olmo_core.train.callbacks import Callback, CheckpointerCallback, Checkpoint
 from watch_support import eval_lines, olmo_eval_yaml, train_olmo_core, wait_for
 from workers.launch import REPO, worker_env
 
+from inloop_eval.checkpoints.leases import LEASE_DIR, held, leases_on
 from inloop_eval.errors import ConfigError
 from inloop_eval.integrations.olmo_core.rotation import KeepLeasedCheckpointsCallback
 from inloop_eval.watch.events import Inbox, event_file, read_event, write_ready_event
-from inloop_eval.watch.leases import LEASE_DIR, held, leases_on
 from inloop_eval.watch.ledger import LEDGER_FILE, WATCH_DIR, read_jsonl
 
 STEPS = 3
@@ -255,8 +255,8 @@ def test_the_rotation_callback_must_run_before_the_checkpointer():
 
 def test_torchtitans_purge_passes_on_what_no_lease_holds(tmp_path):
     """`HoldLeased`, torchtitan's purge queue during a purge: a held checkpoint kept, the others queued."""
+    from inloop_eval.checkpoints.leases import Leases
     from inloop_eval.integrations.torchtitan.rotation import HoldLeased, KeepLeasedCheckpointManager
-    from inloop_eval.watch.leases import Leases
 
     kept, free = tmp_path / "step-10", tmp_path / "step-20"
     kept.mkdir(), free.mkdir()
@@ -297,7 +297,7 @@ def test_an_event_for_a_checkpoint_outside_the_watched_folder_or_of_another_step
 
 
 def test_a_lease_holds_until_it_expires_is_refreshed_while_held_and_released_when_no_longer_wanted(tmp_path):
-    from inloop_eval.watch.leases import Leases
+    from inloop_eval.checkpoints.leases import Leases
 
     one, two = tmp_path / "step1", tmp_path / "step2"
     leases = Leases("watch-a", 30)
@@ -313,5 +313,5 @@ def test_a_lease_holds_until_it_expires_is_refreshed_while_held_and_released_whe
 
 
 def test_trainers_read_leases_and_write_events_without_importing_torch():
-    code = "import sys, inloop_eval.watch.leases, inloop_eval.watch.events; sys.exit('torch' in sys.modules)"
+    code = "import sys, inloop_eval.checkpoints.leases, inloop_eval.watch.events; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, env=worker_env()).returncode == 0

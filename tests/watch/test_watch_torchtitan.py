@@ -86,8 +86,8 @@ def test_at_tp2_each_rank_reads_half_of_the_checkpoint(watched):
 def test_a_torchtitan_checkpoint_without_a_model_builder_is_a_clear_error(watched, data_root, tmp_path):
     import torch
 
+    from inloop_eval.checkpoints.formats import Checkpoint
     from inloop_eval.errors import ConfigError
-    from inloop_eval.watch.discovery import Checkpoint
     from inloop_eval.watch.loading import load_model
 
     with pytest.raises(ConfigError, match="holds no model config; pass --model-builder"):

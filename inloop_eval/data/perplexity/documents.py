@@ -69,14 +69,14 @@ def load_documents_domain(
         if not len(starts_D):
             raise LMDataError(
                 f"label {domain.label!r} file {path}: expected documents each ending with the EOS token "
-                f"{eos_token_id} (OLMo-core's numpy format), found {len(tokens)} {tokens.dtype} tokens and no "
+                f"{eos_token_id} (the padded documents' numpy format), found {len(tokens)} {tokens.dtype} tokens and no "
                 "EOS; check the tokenizer's EOS id and the domain's `dtype`"
             )
         trailing = len(tokens) - int(starts_D[-1] + lengths_D[-1])
         if trailing:
             log.warning(
                 "label %r file %s: its last %d tokens follow the last EOS (%d) and belong to no document; "
-                "they are left out, as OLMo-core leaves them out",
+                "they are left out, as the padded documents' loader leaves them out",
                 domain.label,
                 path,
                 trailing,
@@ -152,7 +152,7 @@ def loader_selection(
     if n_batches == 0:
         raise LMDataError(
             f"labels {list(labels)}: their {total} documents are fewer than one global batch of "
-            f"{selection.batch_instances} sequences, so OLMo-core's data loader reaches none of them; add "
+            f"{selection.batch_instances} sequences, so the evaluation data loader reaches none of them; add "
             "documents or make the eval batch smaller"
         )
     kept = np.sort(order[: n_batches * selection.batch_instances].astype(np.int64))

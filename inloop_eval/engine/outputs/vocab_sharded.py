@@ -156,7 +156,7 @@ def selected_logits(logits_BTV: Tensor, rows_U: Tensor, cols_U: Tensor) -> FullL
     if any(isinstance(p, Shard) and p.dim in (0, 1, -3, -2) for p in placements):
         raise ModelOutputError(
             f"model output: logits as a DTensor with placements {tuple(placements)}: sharded on the batch or "
-            "the sequence, which is read only from OLMo-core Transformers (OLMoCoreAdapter); shard them on "
+            "the sequence, which only an adapter that gathers the sequence reads; shard them on "
             "the vocabulary (Shard(-1)) or return full logits"
         )
     local_UL = logits_BTV.to_local()[rows_U, cols_U]

@@ -24,13 +24,11 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from inloop_eval.checkpoints.formats import CheckpointDamaged
+from inloop_eval.checkpoints.layout import ParallelLayout
+from inloop_eval.checkpoints.shard_reads import ShardRead
 from inloop_eval.errors import ConfigError
-from inloop_eval.watch.discovery import CheckpointDamaged
-from inloop_eval.watch.layout import ParallelLayout
-from inloop_eval.watch.shard_reads import ShardRead
-
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
+from inloop_eval.integrations.hf.checkpoint import INDEX_FILE, SINGLE_FILE
 
 
 def load_in_layout(

@@ -7,4 +7,6 @@ sharded layout: TP over the mesh's `tp`, FSDP2 over its `dp`), `callback` (the t
 `InLoopEvalCallbackConfig`, `InLoopPerplexityCallbackConfig`, the evaluator callback and
 `with_recommended_evals`), `perplexity` (OLMo-core's `LMEvaluatorCallbackConfig` as perplexity domains) and
 `rotation` (`KeepLeasedCheckpointsCallback`: checkpoints a watcher's lease holds kept from `max_checkpoints`
-rotation). docs/olmo_core.md shows the set-up."""
+rotation), `checkpoint` (its `step<N>` folders as the watcher finds, checks and loads them, whole or sharded),
+`keys` (the `olmo_core` key style) and `plugin` (what the engine, the watcher and the key names consult of
+this package, `inloop_eval.frameworks`). docs/olmo_core.md shows the set-up."""

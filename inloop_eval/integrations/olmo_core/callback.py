@@ -53,6 +53,7 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations import EvalSchedule, run_and_log
 from inloop_eval.integrations.callback_config import TaskCallbackFields
+from inloop_eval.integrations.olmo_core.keys import EVAL_TIME_KEY, is_olmo_core_key
 from inloop_eval.integrations.olmo_core.perplexity import (
     OLMO_CORE_PERPLEXITY_CALLBACK,
     SHARED_FIELDS,
@@ -60,14 +61,7 @@ from inloop_eval.integrations.olmo_core.perplexity import (
     validation_mix_dataset,
 )
 from inloop_eval.integrations.olmo_core.topology import read_sequence_split
-from inloop_eval.keys import (
-    KEY_STYLES,
-    OLMO_CORE_EVAL_TIME_KEY,
-    PREFIX,
-    is_olmo_core_key,
-    seconds_key,
-    tokens_key,
-)
+from inloop_eval.keys import PREFIX, key_style_names, seconds_key, tokens_key
 from inloop_eval.tasks.registry import check_task_id
 
 # The name OLMo-core's `with_recommended_evals` and experiment builder give their downstream evaluator.
@@ -159,7 +153,7 @@ class InLoopEvalCallbackConfig(InLoopCallbackBuild, TaskCallbackFields):
                 f"{self.where}: `tokenizer` is required with `tasks`: OLMo's TokenizerConfig of the model, "
                 "e.g. TokenizerConfig.gpt_neox_olmo_dolma_v1_5()"
             )
-        one_of(self.key_style, KEY_STYLES, f"{self.where}: key_style")
+        one_of(self.key_style, key_style_names(), f"{self.where}: key_style")
         if self.olmo_core_keys_only and self.key_style != "olmo_core" and self.config is None:
             raise ConfigError(
                 f"{self.where}: olmo_core_keys_only=True needs key_style='olmo_core' (only then do OLMo's "
@@ -294,7 +288,7 @@ class InLoopEvalCallback(EvaluatorCallback):
             strategy = MetricMergeStrategy.sum if key in cost_keys else MetricMergeStrategy.warn
             self.trainer.record_metric(key, value, reduce_type=None, merge_strategy=strategy)
         self.trainer.record_metric(
-            OLMO_CORE_EVAL_TIME_KEY, metrics[seconds_key(prefix)], merge_strategy=MetricMergeStrategy.sum
+            EVAL_TIME_KEY, metrics[seconds_key(prefix)], merge_strategy=MetricMergeStrategy.sum
         )
 
     @contextlib.contextmanager

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from inloop_eval.watch.layout import ParallelLayout
+from inloop_eval.checkpoints.layout import ParallelLayout
 
 
 def build_in_layout(

@@ -7,7 +7,7 @@ How OLMo-core 3.0.0 deletes: `CheckpointerCallback` queues each checkpoint past 
 older ephemeral one) in its `_checkpoints_to_remove` list, and removes the whole list at the start of its
 next `post_train_batch` when no asynchronous save is pending. It offers no hook to veto a removal; this
 callback runs just before it in each `post_train_batch` (a higher `priority`) and edits that list in place:
-a checkpoint a live lease holds (`inloop_eval.watch.leases.held`) moves out of it into `held`, and goes back
+a checkpoint a live lease holds (`inloop_eval.checkpoints.leases.held`) moves out of it into `held`, and goes back
 to it at the first step its lease is gone (released once evaluated, or expired when the watcher died), to
 be removed by the checkpointer as before. Nothing else of the checkpointer changes: what is saved, when,
 and which checkpoint rotation picks. Rank 0 reads the leases and broadcasts what it found, so every rank
@@ -27,8 +27,8 @@ from olmo_core.distributed.utils import broadcast_object, get_rank, is_distribut
 from olmo_core.io import is_url
 from olmo_core.train.callbacks import Callback, CheckpointerCallback
 
+from inloop_eval.checkpoints import leases
 from inloop_eval.errors import ConfigError
-from inloop_eval.watch import leases
 
 log = logging.getLogger(__name__)
 

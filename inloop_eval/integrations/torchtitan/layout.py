@@ -14,10 +14,10 @@ import torch
 from torch import nn
 from torchtitan.distributed import ParallelDims
 
+from inloop_eval.checkpoints.layout import ParallelLayout
 from inloop_eval.distributed import world
 from inloop_eval.integrations.torchtitan.adapter import TorchTitanAdapter
 from inloop_eval.integrations.torchtitan.validator import data_parallel_mesh
-from inloop_eval.watch.layout import ParallelLayout
 
 
 @dataclass

@@ -8,7 +8,7 @@ when `_should_purge()`) lists the checkpoint folder, picks every `step-<N>` but 
 and puts each on `purge_queue`, which a thread empties with `rmtree`. torchtitan 0.3.0 offers no per-
 checkpoint exemption hook (`_should_purge` is its documented subclass guard, and vetoes a whole purge); the
 least this manager changes is the queue those picks are put on: during its purge a checkpoint a live lease
-holds (`inloop_eval.watch.leases.held`) is not put on the queue, and is picked again at the next save,
+holds (`inloop_eval.checkpoints.leases.held`) is not put on the queue, and is picked again at the next save,
 once its lease is gone (released once evaluated, or expired when the watcher died); a lease file or folder
 this user cannot read holds it too, with a warning naming it, never raising out of the purge. Which
 checkpoints are picked, when, and how they are deleted stay torchtitan's. A checkpoint still held when
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from torchtitan.components.checkpointer import CheckpointManager
 
-from inloop_eval.watch import leases
+from inloop_eval.checkpoints import leases
 
 log = logging.getLogger(__name__)
 

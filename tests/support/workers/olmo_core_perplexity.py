@@ -16,7 +16,7 @@ from olmo_core.data import NumpyPaddedFSLDatasetConfig, TokenizerConfig
 from olmo_core.train.callbacks import LMEvaluatorCallbackConfig
 
 from inloop_eval.integrations.olmo_core.callback import InLoopPerplexityCallbackConfig
-from inloop_eval.keys import is_olmo_core_key
+from inloop_eval.integrations.olmo_core.keys import is_olmo_core_key
 from workers.olmo_core_train import SEQ_LEN, fresh_world_mesh, train
 
 STEPS = 2

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 import torchtitan_cpu
 
+from inloop_eval.checkpoints.leases import Leases
 from inloop_eval.integrations.torchtitan.rotation import KeepLeasedCheckpointManager
-from inloop_eval.watch.leases import Leases
 from workers.torchtitan_train import N_LAYERS, VOCAB, MetricsRecorder, trainer_config
 
 STEPS = 2

@@ -29,8 +29,8 @@ from typing import Any
 import torch.distributed as dist
 from olmo_core.data import TokenizerConfig
 
+from inloop_eval.checkpoints.shard_reads import ShardReader
 from inloop_eval.watch import WatchConfig
-from inloop_eval.watch.shard_reads import ShardReader
 from workers.olmo_core_train import model_config
 from workers.watch_once import watch_once
 

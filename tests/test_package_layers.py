@@ -13,9 +13,9 @@ REPO = PACKAGE.parent
 
 # Bottom to top, as docs/design.md lists them: a module may import from its own layer and the ones below.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "keys", "config_fields", "distributed"),
+    ("errors", "frameworks", "keys", "config_fields", "distributed"),
     ("metrics", "models"),
-    ("data",),
+    ("data", "checkpoints"),
     ("tasks",),
     ("requests",),
     ("engine",),
@@ -125,3 +125,15 @@ def test_no_function_is_rated_d_or_worse_for_complexity():
         if cc_rank(block.complexity) not in "ABC"
     ]
     assert worse == []
+
+
+def test_the_watcher_and_the_framework_packages_import_nothing_of_each_other():
+    """Both use `checkpoints/` and `evaluators/measured`; neither reaches into the other."""
+    graph = import_graph()
+    crossing = sorted(
+        f"{a} imports {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if {f"{a}.".split(".")[1], f"{b}.".split(".")[1]} == {"watch", "integrations"}
+    )
+    assert crossing == []

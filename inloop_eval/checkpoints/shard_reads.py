@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
@@ -280,3 +282,15 @@ class _Window(io.RawIOBase):
         self.shard.read_into(self.offset + self.position, memoryview(buffer)[:size])
         self.position += size
         return size
+
+
+def load_shards(model: nn.Module, folder: Path, under: str | None = None) -> ShardReader:
+    """Read the DCP checkpoint in `folder` into `model`'s own state dict (its local shards as DTensors in a
+    parallel layout) through a `ShardReader`, which it returns with what was read. under: the key the
+    checkpoint nests the model's entries under, beside others (an optimizer's); None: at the top."""
+    weights = model.state_dict()
+    state = {under: weights} if under else weights
+    reader = ShardReader(folder)
+    dcp.load(state, storage_reader=reader)
+    model.load_state_dict(weights)
+    return reader
