@@ -86,7 +86,7 @@ class MegatronAdapter(ModelAdapter):
             inputs.min_vocab,
             rows,
         )
-        attention = batch_attention(self, inputs, padded_BT)
+        attention = batch_attention(self, inputs, padded_BT, not self.topology.packing_blocker)
         with rng_tracker_untouched():
             failure = forward_only(self.chunks, self.topology, padded_BT, rows, attention, scores)
         logp_N, greedy_N = share_scores(self.topology, scores, failure)

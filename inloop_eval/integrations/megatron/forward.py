@@ -44,7 +44,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
 from inloop_eval.engine.adapter import ForwardInputs, ModelAdapter
-from inloop_eval.engine.attention_route import Routing, batch_routing, routed
+from inloop_eval.engine.attention_route import Routing, routed, routing_for
 from inloop_eval.engine.outputs.vocab_sharded import VocabShard, sharded_logprobs
 from inloop_eval.engine.tree_attention import TreeMask
 from inloop_eval.errors import ModelOutputError
@@ -120,21 +120,19 @@ class BatchAttention:
         return routed(gpt, ROUTE, self._slices.get(m))
 
 
-def batch_attention(adapter: ModelAdapter, inputs: ForwardInputs, padded_BT: Tensor) -> BatchAttention:
+def batch_attention(
+    adapter: ModelAdapter, inputs: ForwardInputs, padded_BT: Tensor, packing: bool
+) -> BatchAttention:
     """The `BatchAttention` of `inputs` padded to `padded_BT` [B', T']: plain causal rows (Megatron's own
     attention), a kept prefix (causal rows, row 0's keys and values recorded in `inputs.prefix.states`), or a
-    packed batch (after the kept prefix `inputs.prefix` where one is)."""
+    packed batch (after the kept prefix `inputs.prefix` where one is). ValueError for packed rows planned for a
+    model that does not pack (`packing`), or a mask that does not fit the batch."""
     n_rows, width = padded_BT.shape
     position_ids_BT, causal_11TT = causal_inputs(n_rows, width, padded_BT.device)
     keeping = inputs.keeps_prefix and inputs.prefix is not None
-    if inputs.tree is None and not keeping:
-        if inputs.prefix is not None:
-            raise ValueError(
-                f"MegatronAdapter: a batch after a kept prefix of {inputs.prefix.length} tokens came without its "
-                "packed mask (ForwardInputs.tree); the planner packs every batch that reads a kept prefix"
-            )
+    routing = routing_for(adapter, inputs, packing)
+    if routing is None or (inputs.tree is None and not keeping):
         return BatchAttention(position_ids_BT, causal_11TT)
-    routing = batch_routing(adapter, inputs)
     if keeping:
         causal = dataclasses.replace(routing, tree=inputs.causal_mask(n_rows, width))
         return BatchAttention(position_ids_BT, causal_11TT, causal)
