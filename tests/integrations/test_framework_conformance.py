@@ -132,11 +132,14 @@ class ToyLM(nn.Module):
 
 def toy_refusal(model: nn.Module) -> str | None:
     return first_refusal(
-        model, lambda m, path: f"soft-capped core attention at {path!r}" if getattr(m, "softcap", None) else None
+        model,
+        lambda m, path: f"soft-capped core attention at {path!r}" if getattr(m, "softcap", None) else None,
     )
 
 
-def toy_rotate(rope: ToyRope, routing: Routing, q: Tensor, k: Tensor, positions_BT: Tensor | None = None) -> Any:
+def toy_rotate(
+    rope: ToyRope, routing: Routing, q: Tensor, k: Tensor, positions_BT: Tensor | None = None
+) -> Any:
     return routing.originals[rope](q, k, routing.position_ids_BT)
 
 
@@ -231,11 +234,11 @@ def test_the_route_is_removed_after_a_forward_an_exception_and_an_interrupt(case
     ids_BT = torch.randint(0, 50000, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.enable_grad():  # the model's own kernels, as in training
         logits = case.logits(model, ids_BT).detach()
-    before = model_state(model)
+    before = model_state(model, case.schedule_attributes)
     pairs, pair_ids = requests[KEPT_SHOTS]
     plan = packed_plan(True, max_length=MAX_LENGTH)
     score(case.adapter(model), pairs, pair_ids, **plan)
-    assert_same_state(before, model_state(model))
+    assert_same_state(before, model_state(model, case.schedule_attributes))
     batches = plan_batches(pairs, pair_ids, **plan)
     first_kept = next(i for i, b in enumerate(batches) if b.keeps_prefix)
     seen: list[bool] = []
@@ -250,7 +253,7 @@ def test_the_route_is_removed_after_a_forward_an_exception_and_an_interrupt(case
         with pytest.raises(expected), torch.no_grad():
             run_batches(case.adapter(model), batches[first_kept:], len(pair_ids), TokenCount())
         hook.remove()
-        assert_same_state(before, model_state(model))
+        assert_same_state(before, model_state(model, case.schedule_attributes))
         assert case.route_on is None or not case.route_on(model)
     assert seen == [True, True], "the route is in place inside the forward"
     with torch.enable_grad():
@@ -268,7 +271,8 @@ def train(case: FrameworkCase, evaluator: InLoopEvaluator | None, steps: int = 4
         graphs.append(1)
         return gm.forward
 
-    for block in case.compiled(model):
+    compiled_blocks = list(case.compiled(model))
+    for block in compiled_blocks:
         block.compile(backend=counting_backend)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     torch.manual_seed(1)
@@ -282,6 +286,7 @@ def train(case: FrameworkCase, evaluator: InLoopEvaluator | None, steps: int = 4
         F.cross_entropy(logits_BTV.flatten(0, 1).float(), ids_BT[:, 1:].flatten()).backward()
         optimizer.step()
         optimizer.zero_grad()
+    assert bool(graphs) == bool(compiled_blocks), f"{case.name}: {len(graphs)} graphs of compiled blocks"
     return [p.detach().clone() for p in model.parameters()], len(graphs)
 
 
@@ -300,7 +305,9 @@ def test_training_is_bit_identical_with_evaluations_in_between(case, data_root, 
 
 
 @pytest.mark.parametrize("refusing", [c for c in EVERY_CASE if c.refused is not None], ids=lambda c: c.name)
-def test_a_refused_model_is_named_with_its_module_path_and_scored_one_request_per_row(refusing, requests, caplog):
+def test_a_refused_model_is_named_with_its_module_path_and_scored_one_request_per_row(
+    refusing, requests, caplog
+):
     with refusing.world():
         model, path = refusing.refused()
         with caplog.at_level(logging.INFO):

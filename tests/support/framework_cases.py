@@ -17,9 +17,11 @@ import torch.distributed as dist
 import torchtitan_cpu
 from flash_on_cpu import flash_kernel
 from hf_models import tiny_hf_model
-from megatron_checks import ROPE_MODEL, build_model, full_logits
+from megatron_checks import ROPE_MODEL, UnverifiedCoreAttention, build_model, full_logits
+from olmo_core.nn.attention.backend import TorchAttentionBackend
 from olmo_core_models import olmo3_flash_model, olmo_core_model, torch_backend_twin
 from torch import Tensor, nn
+from torchtitan.models.common.rope import ComplexRoPE
 
 from inloop_eval.engine.adapter import ModelAdapter
 from inloop_eval.engine.families import make_adapter
@@ -50,6 +52,8 @@ class FrameworkCase:
     refused: a model its route refuses, and the module path the refusal names (None: it refuses none).
     compiled: the modules the framework compiles for training (`Module.compile`), none where it does not.
     world: what its models are built and run within (Megatron's model-parallel state, flash-attention's kernel).
+    schedule_attributes: instance attributes the framework's own schedule sets on its modules in every run,
+        training's too (Megatron's `current_microbatch`).
     """
 
     name: str
@@ -62,6 +66,7 @@ class FrameworkCase:
     refused: Callable[[], tuple[nn.Module, str]] | None = None
     compiled: Callable[[nn.Module], Iterable[nn.Module]] = lambda model: ()
     world: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+    schedule_attributes: tuple[str, ...] = ()
 
 
 def overrides_on(model: nn.Module) -> bool:
@@ -77,9 +82,14 @@ def called(model: nn.Module, ids_BT: Tensor) -> Tensor:
 # OLMo-core: the olmo2 shape on the torch backend, and OLMo 3 on flash-attention 2 built on CPU.
 
 
+class UserBackend(TorchAttentionBackend):
+    """A user's own attention backend: what its forward does was never seen."""
+
+
 def olmo_core_refused() -> tuple[nn.Module, str]:
     model = olmo_core_model("llama")
-    model.blocks["1"].attention.backend.dropout_p = 0.1
+    attention = model.blocks["1"].attention
+    attention.backend = UserBackend(head_dim=attention.head_dim, n_heads=attention.n_heads)
     return model, "'blocks.1.attention'"
 
 
@@ -114,8 +124,14 @@ def torchtitan_adapter(model: nn.Module) -> ModelAdapter:
     return TorchTitanAdapter(model, forward=model, max_length=MAX_LENGTH)
 
 
+class UserRoPE(ComplexRoPE):
+    """A user's own rotary embedding: what its forward does was never seen."""
+
+
 def torchtitan_refused() -> tuple[nn.Module, str]:
-    return torchtitan_cpu.tiny_decoder("llama3", core="varlen"), "'layers.0.attention'"
+    model = torchtitan_cpu.tiny_decoder("llama3")
+    model.layers["1"].attention.rope.__class__ = UserRoPE
+    return model, "'layers.1.attention'"
 
 
 def torchtitan_case(family: str) -> FrameworkCase:
@@ -158,13 +174,15 @@ def megatron_adapter(gpt: nn.Module) -> ModelAdapter:
 
 
 def megatron_refused() -> tuple[nn.Module, str]:
-    return megatron_model(window_size=(8, 0)), "'decoder.layers.0.self_attention.core_attention'"
+    gpt = megatron_model()
+    gpt.decoder.layers[1].self_attention.core_attention.__class__ = UnverifiedCoreAttention
+    return gpt, "'decoder.layers.1.self_attention.core_attention'"
 
 
 MEGATRON = FrameworkCase(
     "megatron-gpt-rope", megatron_model, megatron_adapter, megatron_logits,
     last_block=lambda gpt: gpt.decoder.layers[-1], route_on=overrides_on, refused=megatron_refused,
-    world=megatron_world,
+    world=megatron_world, schedule_attributes=("current_microbatch",),
 )  # fmt: skip
 
 
@@ -185,7 +203,9 @@ REFERENCE_GPT = FrameworkCase(
 CASES = [
     olmo_core_case("olmo-core-torch", lambda dropout=None: olmo_core_model("olmo2", dropout)),
     olmo_core_case(
-        "olmo-core-flash2", lambda dropout=None: olmo3_flash_model(dropout=dropout), twin=torch_backend_twin,
+        "olmo-core-flash2",
+        lambda dropout=None: olmo3_flash_model(dropout=dropout),
+        twin=torch_backend_twin,
         world=flash_kernel,
     ),
     hf_case("llama"),

@@ -5,7 +5,7 @@ packed batch a model that does not pack must refuse, and the state a routed forw
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,9 @@ def unpacked_plan(max_length: int = MAX_LENGTH) -> dict[str, Any]:
     return {"batch_tokens": 4096, "shape": BatchShape(packing=False), "max_length": max_length}
 
 
-def score(adapter: Any, pairs: PairSet, pair_ids: np.ndarray, rendering: str = "dense", **plan: Any) -> PairScores:
+def score(
+    adapter: Any, pairs: PairSet, pair_ids: np.ndarray, rendering: str = "dense", **plan: Any
+) -> PairScores:
     """Every request of `pair_ids` scored through `adapter` as `plan` plans them, masks rendered `rendering`."""
     with torch.no_grad():
         batches = plan_batches(pairs, pair_ids, **plan)
@@ -101,12 +103,18 @@ def one_packed_batch() -> Batch:
     return batch
 
 
-def model_state(model: torch.nn.Module) -> tuple:
+def model_state(model: torch.nn.Module, schedule_attributes: Collection[str] = ()) -> tuple:
     """What a routed forward must leave as it was: every module's class and instance attributes (a `forward`,
-    a compiled call, anything added), parameters and buffers (values, objects), and its hooks."""
+    a compiled call, anything added but the `schedule_attributes` the framework's own schedule sets in every
+    run, training's too), parameters and buffers (values, objects), and its hooks."""
     return (
         [
-            (type(m), sorted(m.__dict__), m.__dict__.get("forward"), m._compiled_call_impl)
+            (
+                type(m),
+                sorted(set(m.__dict__) - set(schedule_attributes)),
+                m.__dict__.get("forward"),
+                m._compiled_call_impl,
+            )
             for m in model.modules()
         ],
         [(name, t, t.clone()) for name, t in [*model.named_parameters(), *model.named_buffers()]],
