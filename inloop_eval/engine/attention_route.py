@@ -19,8 +19,9 @@ interrupted (KeyboardInterrupt included). Parameters, buffers, hooks and classes
 prefix it reads, and where the prefix it forwards is recorded. `Routing.attend` is the one call every routed
 core attention makes: it records a prefix's keys and values, puts a kept prefix's before the rows' own and
 attends through `tree_attention`, so the kept-prefix bookkeeping is here once. `routing_for(adapter, inputs,
-packing)`: the routing of one planned batch (None: not routed). `own_class(module)`: the class a module was written as, under the
-wrapper classes torch swaps in (FSDP2's), and `split_dimensions(model)`, for a route's checks of what it verified.
+packing)`: the routing of one planned batch (None: not routed). For a route's checks of what it verified:
+`own_class(module)` (the class a module was written as, under the wrapper classes torch swaps in, FSDP2's),
+`first_refusal(model, refusal_at)` (the first module refused, by path), `split_dimensions(model)`.
 Legend: B rows, T time, S a kept prefix's length, K keys (S + T), H query heads, G key/value heads, D head
 width.
 """
@@ -33,18 +34,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from inloop_eval.distributed import model_parallel_dims
+from inloop_eval.engine.adapter import ForwardInputs, ModelAdapter
 from inloop_eval.engine.tree_attention import NO_WINDOW, TreeMask, tree_attention
 
-if TYPE_CHECKING:
-    from inloop_eval.engine.adapter import ForwardInputs, ModelAdapter
-
-# A kept prefix's keys and values [1, G, S, D] (after RoPE, before GQA's repetition), by the module that made them.
+# A kept prefix's keys and values [1, G, S, D] (after RoPE, before GQA's repetition), by the site that made them.
 KeptKeysValues = dict[nn.Module, tuple[Tensor, Tensor]]
 # Models whose refusal was logged already: one line per model, not one per adapter or evaluation.
 _REPORTED: weakref.WeakSet[nn.Module] = weakref.WeakSet()

@@ -40,14 +40,15 @@ from inloop_eval.engine.attention_route import (
 
 log = logging.getLogger(__name__)
 
-VERIFIED_BLOCKS = (block.TransformerBlock, block.ReorderedNormTransformerBlock, block.PeriNormTransformerBlock)  # fmt: skip
+VERIFIED_BLOCKS = (block.TransformerBlock, block.ReorderedNormTransformerBlock,
+                   block.PeriNormTransformerBlock)  # fmt: skip
 # Backends called as `backend((q, k, v))`, [B, T, H, D] each, without document lengths, KV cache or sinks.
 VERIFIED_BACKENDS = (backends.TorchAttentionBackend, backends.FlashAttention2Backend, backends.FlashAttention3Backend,
                      backends.FlashAttention4Backend, backends.TEAttentionBackend)  # fmt: skip
 
 
 def packing_refusal(model: nn.Module, split_sequence: bool = False) -> str | None:
-    """Why `model` cannot be routed, or None; with `split_sequence`, under tensor or Ulysses context parallelism."""
+    """Why `model` cannot be routed, or None; with `split_sequence`, under tensor or Ulysses parallelism."""
     if own_class(model) is not Transformer:
         return f"model type {own_class(model).__name__} (only Transformer is verified)"
     refusal_at = partial(_module_refusal, split_sequence=split_sequence)
@@ -80,23 +81,23 @@ def _parallelism_refusal(model: Any, split_sequence: bool) -> str | None:
 
 def _attention_refusal(attention: Any, split_sequence: bool) -> str | None:
     """What `attention` has that was not verified, or None."""
-    cls = own_class(attention.backend)
-    ulysses = split_sequence and getattr(attention.backend, "uly", None) is not None
+    backend = attention.backend
+    cls, ulysses = own_class(backend), split_sequence and getattr(backend, "uly", None) is not None
     refusals = (
         (cls not in VERIFIED_BACKENDS, f"attention backend {cls.__module__}.{cls.__name__} (not verified)"),
         (attention.rope is not None and own_class(attention.rope) is not RotaryEmbedding,
          f"RoPE type {own_class(attention.rope).__name__}"),
         (attention.sinks is not None, "attention sinks"),
         (attention.scalable_softmax, "scalable softmax"),
-        (attention.backend.dropout_p > 0, f"attention dropout {attention.backend.dropout_p} (applied in eval mode too)"),
+        (backend.dropout_p > 0, f"attention dropout {backend.dropout_p} (applied in eval mode too)"),
         (attention.kv_cache_manager is not None, "a KV cache"),
-        (attention.backend.cp_enabled and not ulysses, "context parallelism"),
+        (backend.cp_enabled and not ulysses, "context parallelism"),
     )  # fmt: skip
     return next((why for refused, why in refusals if refused), None)
 
 
 def _sites(model: nn.Module) -> Iterator[tuple[nn.Module, Override]]:
-    """Each `Attention`'s RoPE (where it has one) and backend, with its Ulysses group (None: no context split)."""
+    """Each `Attention`'s RoPE (where it has one) and backend, with its Ulysses group (None: none)."""
     for module in model.modules():
         if isinstance(module, Attention):
             ulysses = module.backend.cp_pg if module.backend.cp_enabled else None
@@ -105,10 +106,10 @@ def _sites(model: nn.Module) -> Iterator[tuple[nn.Module, Override]]:
             yield module.backend, partial(_attend, ulysses=ulysses)
 
 
-def _rope_at(rope: Any, routing: Routing, q: Tensor, k: Tensor, head_first: bool = True, start_pos: int | None = None,
-             pos_sin: Tensor | None = None, pos_cos: Tensor | None = None, freqs_cis: Tensor | None = None,
-             cu_doc_lens: Tensor | None = None, *, ulysses: Any = None) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """`RotaryEmbedding.forward` at the routing's positions (under Ulysses, this rank's chunk's, not its buffers)."""
+def _rope_at(rope: Any, routing: Routing, q: Tensor, k: Tensor, head_first: bool = True, start_pos: Any = None,
+             pos_sin: Any = None, pos_cos: Any = None, freqs_cis: Any = None, cu_doc_lens: Any = None, *,
+             ulysses: Any = None) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """`RotaryEmbedding.forward` at the routing's positions (under Ulysses its chunk's, not its buffers)."""
     buffers = () if ulysses is not None else (pos_sin, pos_cos, freqs_cis)
     if head_first or any(x is not None for x in (start_pos, *buffers, cu_doc_lens)):
         raise unverified("OLMo-core", "RoPE: head-first inputs, a start, buffers or documents")
@@ -129,7 +130,7 @@ def _rope_at(rope: Any, routing: Routing, q: Tensor, k: Tensor, head_first: bool
 def _attend(
     backend: Any, routing: Routing, qkv: Any, *args: Any, ulysses: Any = None, **kwargs: Any
 ) -> Tensor:
-    """A backend's `forward` as `Routing.attend`; under Ulysses exchanged for every position, a share of heads."""
+    """A backend's `forward` as `Routing.attend`; under Ulysses exchanged as its own backend exchanges."""
     if not isinstance(qkv, tuple) or any(x is not None for x in (*args, *kwargs.values())):
         raise unverified("OLMo-core", "attention: packed QKV, document lengths, a KV cache or sinks")
     q_BTHD, k_BTGD, v_BTGD = qkv
