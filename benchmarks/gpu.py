@@ -90,9 +90,10 @@ from benchmarks.olmo_core import VOCAB_SIZE, LabelRun, TimedForward, run_olmo_co
 from benchmarks.olmo_documents import selected_documents
 from inloop_eval.data.root import default_data_root, neox_tokenizer_path
 from inloop_eval.data.tokenizer import load_tokenizer
+from inloop_eval.engine.attention_route import Routing, routed
 from inloop_eval.engine.flex_kernel import FlexKernel
 from inloop_eval.engine.tree_attention import causal_tree
-from inloop_eval.integrations.olmo_core.attention import routed_attention
+from inloop_eval.integrations.olmo_core.attention import ROUTE
 from inloop_eval.integrations.olmo_core.callback import task_set_ids
 from inloop_eval.tasks import get_task
 
@@ -263,7 +264,7 @@ def measured_attention_tokens(model: torch.nn.Module, device: torch.device, toke
     for length in lengths:
         ids = torch.zeros((tokens // length, length), dtype=torch.long, device=device)
         tree = causal_tree(*ids.shape, device, "block", kernel)
-        with torch.no_grad(), routed_attention(model, tree, tree.position_ids_BT):
+        with torch.no_grad(), routed(model, ROUTE, Routing(tree)):
             model(ids)  # compiled, or warmed, for this shape
             sync(device)
             start = time.perf_counter()

@@ -13,7 +13,9 @@ framework never imports it. The parts, each optional:
   `(model, max_length) -> ModelAdapter`. `engine/families.py` tries the frameworks' families after those a
   user registered and before the framework-neutral ones.
 - `attention`: how its attention and positions are routed through the engine's attention during an
-  evaluation (the route its adapter applies).
+  evaluation: the `AttentionRoute` (`engine/attention_route.py`) its adapter applies, which modules' forwards
+  are swapped and what is refused (transformers' models route through its own attention-function registry
+  instead, `integrations/hf/attention.py`).
 - `checkpoint`: its `CheckpointFormat` (`inloop_eval.checkpoints.formats`): how the watcher finds, checks and
   loads its checkpoints, whole or sharded (`integrations/<name>/checkpoint.py`).
 - `key_style`: its `KeyStyle` (`inloop_eval.keys`), chosen by `key_style: <name>`, so that a run moving from

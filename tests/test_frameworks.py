@@ -220,3 +220,4 @@ def test_the_design_page_names_every_part_of_a_plugin():
     names += [m for m in vars(KeyStyle) if not m.startswith("_") and callable(getattr(KeyStyle, m))]
     missing = [name for name in names if f"`{name}" not in section]
     assert missing == [] and "tests/test_frameworks.py" in section
+    assert "tests/integrations/test_framework_conformance.py" in section and "`CASES`" in section

@@ -6,8 +6,8 @@ model's outputs come back in (`outputs/`: full logits, hidden states and a head,
 sequence-sharded, a pipeline's last stage), the engine's own attention for packed rows that every
 framework's attention is routed through during an evaluation (`tree_attention`: the plan's mask rendered
 dense or as a FlexAttention block mask, which `flex_kernel` arranges as one sequence of a ladder length and
-runs compiled once per length; `forward_overrides`: each routed module's forward swapped for one
-forward and put back), the framework-neutral adapters (`adapters/`: logits callables,
+runs compiled once per length; `attention_route`: the one routine applying a framework's declared
+attention route for one forward and putting it back), the framework-neutral adapters (`adapters/`: logits callables,
 the reference GPT's hidden states, torch pipeline schedules), the model families that pick an adapter for a
 model (`families`; each framework's adapter lives in `inloop_eval/integrations/<framework>/`), the scoring
 loop (`scoring`, the shared arithmetic in `logprobs`), the one scoring call every evaluator makes and the

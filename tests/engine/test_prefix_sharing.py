@@ -1,8 +1,8 @@
 """Rows as paths of one prefix trie (engine/prefix_sharing.py): tree rows and kept prefixes the planner
 builds, literally; the trie minimum against a trie built by hand; the tokens a real few-shot task forwards
 against that minimum; the cap and the cost model. That every request keeps the numbers of its own row is
-checked with the other packed paths (tests/engine/test_scoring_paths.py and test_olmo_core_packing.py,
-whose tasks include 5-shot ones).
+checked with the other packed paths (tests/engine/test_scoring_paths.py and
+tests/integrations/test_olmo_core_packing.py, whose tasks include 5-shot ones).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import packing_reference
 import pytest
 import torch
 from helpers import two_documents
+from hf_models import tiny_hf_model
 
 from inloop_eval.engine.adapter import ForwardInputs, TokenCount
 from inloop_eval.engine.adapters.logits import LogitsAdapter
@@ -78,24 +79,7 @@ def flash() -> Iterator[FlashStandIn]:
 
 def hf_pair(model_type: str, vocab_size: int = 50304, **overrides):
     """The same random weights twice: run with sdpa (the reference) and marked `flash_attention_2`."""
-    torch.manual_seed(0)
-    kwargs = dict(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=MAX_LENGTH,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        initializer_range=0.2,  # attention sharp enough that a wrong mask or key moves the numbers
-    )
-    if model_type != "gpt_neox":
-        kwargs.update(num_key_value_heads=2, head_dim=8)
-    kwargs.update(overrides)
-    config = transformers.AutoConfig.for_model(model_type, **kwargs)
-    sdpa = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    sdpa = tiny_hf_model(model_type, vocab_size, **overrides)
     marked = copy.deepcopy(sdpa)
     marked.config._attn_implementation_internal = FLASH  # flash-attn is not installed on the CPU
     return sdpa, marked

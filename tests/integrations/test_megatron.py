@@ -229,7 +229,7 @@ def test_a_stage_that_raises_fails_the_task_on_every_rank(launched) -> None:
 
 
 def test_routing_is_removed_after_a_keyboard_interrupt(launched) -> None:
-    """Inside `routed_attention` the RoPE and every core attention hold an override; after a KeyboardInterrupt
+    """Inside its attention route the RoPE and every core attention hold an override; after a KeyboardInterrupt
     raised in its body none does."""
     for result in launched[2]:
         interrupted = result["refusals"]["interrupted"]

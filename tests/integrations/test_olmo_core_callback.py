@@ -260,7 +260,7 @@ def tiny_olmo_core_model() -> torch.nn.Module:
 
 
 def test_olmo_core_models_ignore_a_mask_and_positions():
-    """Why packed rows run inside `routed_attention`: the forward takes unknown keywords and ignores them."""
+    """Why packed rows run under the attention route: the forward takes unknown keywords and ignores them."""
     model = tiny_olmo_core_model()
     ids = torch.randint(0, 50000, (2, 12))
     mask = torch.zeros(2, 1, 12, 12, dtype=torch.bool)

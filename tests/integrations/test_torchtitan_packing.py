@@ -13,19 +13,27 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import packing_reference
 import pytest
 import torch
 import torchtitan_cpu
-from packing_reference import task_pairs
+from packing_reference import (
+    MAX_LENGTH,
+    assert_same_state,
+    model_state,
+    one_packed_batch,
+    packed_plan,
+    plain_reference,
+    score,
+    task_pairs,
+)
 from torchtitan.models.llama3 import Llama3Model
 from torchtitan_cpu import VOCAB, tiny_decoder
 
-from inloop_eval.engine.adapter import AdapterNeeds, TokenCount
+from inloop_eval.engine.adapter import TokenCount
 from inloop_eval.engine.adapters.logits import LogitsAdapter
 from inloop_eval.engine.batching import BatchShape, plan_batches
 from inloop_eval.engine.prefix_sharing import trie_minimum_tokens
-from inloop_eval.engine.scoring import PairScores, run_batches
+from inloop_eval.engine.scoring import run_batches
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations.torchtitan import attention as torchtitan_attention
@@ -35,7 +43,6 @@ from inloop_eval.requests.table import PairSet
 
 torchtitan_cpu.use_cpu()
 
-MAX_LENGTH = 512
 # rc with four choices, rc with unconditional requests (PMI), letter keys, and 5-shot rc whose shots are kept
 TASKS = ("hellaswag", "arc_easy", "mmlu_mc", "olmo:arc_easy_rc_5shot")
 N_DOCS = 4
@@ -44,24 +51,13 @@ KEPT_SHOTS = "olmo:arc_easy_rc_5shot"
 TRIE_FACTOR = 1.2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are tiny: one thread beats two, and far more on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def requests(data_root, neox_tokenizer) -> dict[str, tuple[PairSet, np.ndarray]]:
     """Each task's first N_DOCS documents: their pairs, and the ids of the main then unconditional pairs."""
     return task_pairs(TASKS, data_root, neox_tokenizer, N_DOCS, MAX_LENGTH)
-
-
-def reference_scores(model, pairs: PairSet, pair_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One plain forward per request over its own row (`packing_reference`)."""
-    return packing_reference.reference_scores(lambda ids, n: model(ids)[0, -n:], pairs, pair_ids)
 
 
 def adapter_of(model, seq_multiple: int = 1, widths: list[int] | None = None) -> TorchTitanAdapter:
@@ -74,21 +70,6 @@ def adapter_of(model, seq_multiple: int = 1, widths: list[int] | None = None) ->
         return model(ids_BT)
 
     return TorchTitanAdapter(model, forward=forward, max_length=MAX_LENGTH, seq_multiple=seq_multiple)
-
-
-def packed_plan(keep_prefixes: bool = False, width_multiple: int = 1, by_cost: bool = False) -> dict:
-    """Packed rows; with `keep_prefixes` the plan below kept prefixes (whatever the cost model would take,
-    unless `by_cost`); every width, a kept prefix's row included, a multiple of `width_multiple`, the
-    adapter's own (as `BatchShape.of` makes it)."""
-    needs = AdapterNeeds(width_multiple=width_multiple, packing=True, prefix_reuse=True)
-    shape = BatchShape.of(needs, keep_prefixes=keep_prefixes)
-    return {"batch_tokens": 4096, "shape": shape, "max_length": MAX_LENGTH, "by_cost": by_cost}
-
-
-def score(adapter, pairs: PairSet, pair_ids: np.ndarray, rendering: str = "dense", **plan) -> PairScores:
-    with torch.no_grad():
-        batches = plan_batches(pairs, pair_ids, **plan)
-        return run_batches(adapter, batches, len(pair_ids), TokenCount(), mask_rendering=rendering)
 
 
 def trie_minimum(pairs: PairSet, pair_ids: np.ndarray) -> int:
@@ -112,7 +93,7 @@ def test_packed_rows_give_the_unshared_numbers(family, requests):
     adapters = {"sdpa": adapter, "flex": adapter_of(flex), "width multiple 8": adapter_of(model, 8, widths)}
     least, forwarded = 0, {False: 0, True: 0}
     for task, (pairs, ids) in requests.items():
-        ref_ll, ref_greedy = reference_scores(model, pairs, ids)
+        ref_ll, ref_greedy = plain_reference(model, pairs, ids)
         paths = {
             f"{'kept prefixes' if keep else 'packed'}, {rendering}": score(
                 adapter, pairs, ids, rendering, **packed_plan(keep)
@@ -139,25 +120,6 @@ def test_packed_rows_give_the_unshared_numbers(family, requests):
             )
     assert widths and all(w % 8 == 0 for w in widths), sorted(set(widths))
     assert max(forwarded.values()) <= TRIE_FACTOR * least, (forwarded, least)
-
-
-def model_state(model: torch.nn.Module) -> tuple:
-    """What a packed forward must leave as it was: every module's class and instance attributes (a
-    `forward`, a compiled call, anything added), parameters and buffers (values, objects), and its hooks."""
-    return (
-        [
-            (type(m), sorted(m.__dict__), m.__dict__.get("forward"), m._compiled_call_impl)
-            for m in model.modules()
-        ],
-        [(name, t, t.clone()) for name, t in [*model.named_parameters(), *model.named_buffers()]],
-        [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model.modules()],
-    )
-
-
-def assert_same_state(before: tuple, after: tuple) -> None:
-    assert before[0] == after[0] and before[2] == after[2]
-    for (name, t0, v0), (_, t1, v1) in zip(before[1], after[1], strict=True):
-        assert t0 is t1 and torch.equal(v0, v1), name
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen3"])
@@ -289,14 +251,7 @@ def refused_models() -> dict[str, tuple[torch.nn.Module, str]]:
 def test_unverified_models_go_one_request_per_row_said_once(caplog):
     """Each refused model: no packing, one INFO line naming the model, what was not verified and where
     (however many adapters are made for it), and a packed batch handed to its adapter anyway is refused."""
-    (batch,) = plan_batches(
-        PairSet(
-            ctx_tokens=np.array([11, 12, 13]), ctx_offsets=np.array([0, 3]), ctx_id=np.zeros(2, dtype=np.int64),
-            ctx_start=np.zeros(2, dtype=np.int64), ctx_end=np.array([3, 3]),
-            cont_tokens=np.array([21, 22, 31, 32]), cont_offsets=np.array([0, 2, 4]),
-        ),
-        np.arange(2), 4096, BatchShape(packing=True), max_length=64,
-    )  # fmt: skip
+    batch = one_packed_batch()
     for name, (model, why) in refused_models().items():
         caplog.clear()
         with caplog.at_level(logging.INFO, logger=torchtitan_attention.__name__):

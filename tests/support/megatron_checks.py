@@ -48,6 +48,7 @@ from workers.launch import checks_main  # noqa: E402
 import inloop_eval.integrations.megatron.attention as megatron_attention  # noqa: E402
 import inloop_eval.integrations.megatron.forward as megatron_forward  # noqa: E402
 from inloop_eval.engine.adapter import ForwardInputs  # noqa: E402
+from inloop_eval.engine.attention_route import Routing, routed  # noqa: E402
 from inloop_eval.engine.tree_attention import TreeMask  # noqa: E402
 from inloop_eval.errors import ModelOutputError  # noqa: E402
 from inloop_eval.evaluators.config import EvaluatorConfig  # noqa: E402
@@ -433,12 +434,12 @@ def check_refusals(ctx: Context) -> dict[str, Any]:
 
 
 def interrupted_routing(gpt: nn.Module) -> dict[str, list[str]]:
-    """The overrides `gpt` holds inside `routed_attention` and after a KeyboardInterrupt raised in it."""
+    """The overrides `gpt` holds inside its attention route and after a KeyboardInterrupt raised in it."""
     position_ids_RT = torch.arange(4)[None]
     tree = TreeMask(torch.full((1, 4), 4), position_ids_RT)
     held: list[str] = []
     try:
-        with megatron_attention.routed_attention(gpt, position_ids_RT, tree):
+        with routed(gpt, megatron_attention.ROUTE, Routing(tree)):
             held = overrides_left(gpt)
             raise KeyboardInterrupt
     except KeyboardInterrupt:

@@ -14,8 +14,9 @@ from typing import Any
 from torch import nn
 
 from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, ModelAdapter
+from inloop_eval.engine.attention_route import report_refusal
 from inloop_eval.engine.outputs.pipeline_stage import ScoredTargets
-from inloop_eval.integrations.megatron.attention import report_unpacked
+from inloop_eval.integrations.megatron.attention import ROUTE
 from inloop_eval.integrations.megatron.forward import (
     LastStageScores,
     batch_attention,
@@ -47,12 +48,12 @@ class MegatronAdapter(ModelAdapter):
         self.max_length = self.topology.max_length
         self.vocab_size = self.topology.vocab_size
         if self.topology.packing_blocker:
-            report_unpacked(unwrap_gpt(chunks[0]), self.topology.packing_blocker)
+            report_refusal(ROUTE, unwrap_gpt(chunks[0]), self.topology.packing_blocker)
 
     @property
     def needs(self) -> AdapterNeeds:
-        """Widths a multiple of TP under sequence parallelism; packed rows and kept prefixes where
-        `attention.routed_attention` was verified for the model (`topology.packing_blocker`: under TP, SP and
+        """Widths a multiple of TP under sequence parallelism; packed rows and kept prefixes where its
+        attention route (`attention.ROUTE`) was verified for the model (`topology.packing_blocker`: under TP, SP,
         PP alike, since the mask is per position, not per head, sequence parallelism gathers the whole sequence
         before core attention, and every stage's chunks are routed); its tensor and pipeline peers fed the
         same documents."""
@@ -85,7 +86,7 @@ class MegatronAdapter(ModelAdapter):
             inputs.min_vocab,
             rows,
         )
-        attention = batch_attention(inputs, padded_BT)
+        attention = batch_attention(self, inputs, padded_BT, not self.topology.packing_blocker)
         with rng_tracker_untouched():
             failure = forward_only(self.chunks, self.topology, padded_BT, rows, attention, scores)
         logp_N, greedy_N = share_scores(self.topology, scores, failure)

@@ -8,8 +8,8 @@ way into `M` micro-batches of `R` rows (right padding, rows of padding for the l
 position), the width a multiple of TP under sequence parallelism, and one call of
 `get_forward_backward_func()(..., forward_only=True)`. Every stage's forward is given the micro-batch's
 position ids and Megatron's causal attention mask (True: masked out); a packed micro-batch is run under
-`attention.routed_attention` (RoPE at its position ids, the core attention through the engine's
-`tree_attention` under the planner's mask), a kept prefix under `attention.keeping_prefix`
+its attention route (`attention.ROUTE`: RoPE at its position ids, the core attention through the engine's
+`tree_attention` under the planner's mask), a kept prefix's too, causal, its keys and values recorded
 (`BatchAttention`). On the last stage, as each micro-batch's logits arrive,
 the positions it holds are selected (a chunk of at most `HEAD_ELEMENTS` floats at a time) and scored over the
 tensor-parallel group (`outputs.vocab_sharded.sharded_logprobs`: four all-reduces per chunk, the vocabulary never
@@ -30,9 +30,10 @@ chunk, N targets, L this rank's slice of the vocabulary, H hidden size.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,11 +43,12 @@ from megatron.core import tensor_parallel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
-from inloop_eval.engine.adapter import ForwardInputs
+from inloop_eval.engine.adapter import ForwardInputs, ModelAdapter
+from inloop_eval.engine.attention_route import Routing, routed, routing_for
 from inloop_eval.engine.outputs.vocab_sharded import VocabShard, sharded_logprobs
 from inloop_eval.engine.tree_attention import TreeMask
 from inloop_eval.errors import ModelOutputError
-from inloop_eval.integrations.megatron.attention import KeptKeysValues, keeping_prefix, routed_attention
+from inloop_eval.integrations.megatron.attention import ROUTE
 from inloop_eval.integrations.megatron.topology import MegatronTopology, unwrap_gpt
 
 log = logging.getLogger(__name__)
@@ -91,60 +93,57 @@ def causal_inputs(n_rows: int, width: int, device: torch.device) -> tuple[Tensor
 @dataclass
 class BatchAttention:
     """How each micro-batch of a padded batch [B', T'] is run: the position ids [B', T'] and Megatron's causal
-    mask [1, 1, T', T'] (True: masked out) `GPTModel.forward` is given, and for a packed batch its `TreeMask`
-    over the padded batch (the padding `micro_batches` added seeing only itself, at position 0), run under
-    `attention.routed_attention` after the kept prefix `kept` where one is; for a kept prefix its length and
-    where each layer's keys and values are recorded (`attention.keeping_prefix`)."""
+    mask [1, 1, T', T'] (True: masked out) `GPTModel.forward` is given and, for a packed batch or a kept prefix,
+    its `Routing` over the padded batch (the padding `micro_batches` added seeing only itself, at position 0),
+    applied by `attention.ROUTE` to each micro-batch's chunk; a kept prefix (micro-batch 0's row 0) recorded
+    from micro-batch 0 only."""
 
     position_ids_BT: Tensor
     causal_11TT: Tensor
-    tree: TreeMask | None = None
-    kept: KeptKeysValues | None = None
-    keeping: tuple[int, KeptKeysValues] | None = None
-    _trees: dict[int, TreeMask] = field(default_factory=dict, repr=False)
+    routing: Routing | None = None
+    _slices: dict[int, Routing] = field(default_factory=dict, repr=False)
 
     def around(self, gpt: Any, m: int, rows: int) -> AbstractContextManager[None]:
         """The context chunk `gpt` forwards micro-batch m (rows m * rows ..) in."""
-        micro = slice(m * rows, (m + 1) * rows)
-        if self.tree is not None:
-            if m not in self._trees:
-                tree = self.tree
-                self._trees[m] = TreeMask(
-                    tree.span_end_BT[micro], tree.position_ids_BT[micro], tree.prefix_length, tree.rendering, tree.kernel
-                )
-            return routed_attention(gpt, self.position_ids_BT[micro], self._trees[m], self.kept)
-        if self.keeping is not None and m == 0:
-            return keeping_prefix(gpt, *self.keeping)
-        return nullcontext()
-
-
-def batch_attention(inputs: ForwardInputs, padded_BT: Tensor) -> BatchAttention:
-    """The `BatchAttention` of `inputs` padded to `padded_BT` [B', T']: plain causal rows, a kept prefix (one
-    causal row whose keys and values are recorded in `inputs.prefix.states`), or a packed batch (after the
-    kept prefix `inputs.prefix` where one is)."""
-    n_rows, width = padded_BT.shape
-    device = padded_BT.device
-    position_ids_BT, causal_11TT = causal_inputs(n_rows, width, device)
-    prefix = inputs.prefix
-    if inputs.keeps_prefix and prefix is not None:
-        prefix.states = {}
-        return BatchAttention(position_ids_BT, causal_11TT, keeping=(prefix.length, prefix.states))
-    if inputs.tree is None:
-        if prefix is not None:
-            raise ValueError(
-                f"MegatronAdapter: a batch after a kept prefix of {prefix.length} tokens came without its packed "
-                "mask (ForwardInputs.tree); the planner packs every batch that reads a kept prefix"
+        routing = self.routing
+        if routing is not None and m not in self._slices:
+            micro, tree = slice(m * rows, (m + 1) * rows), routing.tree
+            mask = TreeMask(
+                tree.span_end_BT[micro],
+                tree.position_ids_BT[micro],
+                tree.prefix_length,
+                tree.rendering,
+                tree.kernel,
             )
+            record = routing.record if m == 0 else None
+            self._slices[m] = Routing(mask, routing.kept, record, routing.record_length)
+        return routed(gpt, ROUTE, self._slices.get(m))
+
+
+def batch_attention(
+    adapter: ModelAdapter, inputs: ForwardInputs, padded_BT: Tensor, packing: bool
+) -> BatchAttention:
+    """The `BatchAttention` of `inputs` padded to `padded_BT` [B', T']: plain causal rows (Megatron's own
+    attention), a kept prefix (causal rows, row 0's keys and values recorded in `inputs.prefix.states`), or a
+    packed batch (after the kept prefix `inputs.prefix` where one is). ValueError for packed rows planned for a
+    model that does not pack (`packing`), or a mask that does not fit the batch."""
+    n_rows, width = padded_BT.shape
+    position_ids_BT, causal_11TT = causal_inputs(n_rows, width, padded_BT.device)
+    keeping = inputs.keeps_prefix and inputs.prefix is not None
+    routing = routing_for(adapter, inputs, packing)
+    if routing is None or (inputs.tree is None and not keeping):
         return BatchAttention(position_ids_BT, causal_11TT)
+    if keeping:
+        causal = dataclasses.replace(routing, tree=inputs.causal_mask(n_rows, width))
+        return BatchAttention(position_ids_BT, causal_11TT, causal)
     B, T = inputs.input_ids_BT.shape
-    tree = inputs.tree
-    position_ids_BT = torch.zeros(n_rows, width, dtype=torch.long, device=device)
+    tree = routing.tree
+    position_ids_BT = torch.zeros(n_rows, width, dtype=torch.long, device=padded_BT.device)
     position_ids_BT[:B, :T] = tree.position_ids_BT
-    span_end_BT = torch.arange(1, width + 1, device=device).expand(n_rows, width).clone()
+    span_end_BT = torch.arange(1, width + 1, device=padded_BT.device).expand(n_rows, width).clone()
     span_end_BT[:B, :T] = tree.span_end_BT
     padded = TreeMask(span_end_BT, position_ids_BT, tree.prefix_length, tree.rendering, tree.kernel)
-    kept = prefix.states if prefix is not None and tree.prefix_length else None
-    return BatchAttention(position_ids_BT, causal_11TT, padded, kept)
+    return BatchAttention(position_ids_BT, causal_11TT, dataclasses.replace(routing, tree=padded))
 
 
 def forward_only(

@@ -7,5 +7,6 @@ FRAMEWORK = Framework(
     name="megatron",
     title="Megatron-core",
     package="megatron",
+    attention="inloop_eval.integrations.megatron.attention:ROUTE",
     trainer_hooks=("inloop_eval.integrations.megatron.adapter:MegatronAdapter",),
 )

@@ -10,7 +10,7 @@ only Transformer Engine's attention runs it, and that needs CUDA, so it was neve
 parallelism over several ranks (its all-to-all would pair data-parallel ranks' different batches; not run
 here), multi-token prediction (its forward needs labels), and any module that is not a `GPTModel`.
 
-Packed rows are taken where `attention.routed_attention` was verified (`attention.packing_refusal`: learned
+Packed rows are taken where the attention route was verified (`attention.packing_refusal`: learned
 absolute positions, none or RoPE, and Megatron's local `DotProductAttention`); elsewhere rows are one request
 each, for the reason `packing_blocker` names.
 """
@@ -137,5 +137,5 @@ def read_topology(chunks: Sequence[Any]) -> MegatronTopology:
         vocab_size=int(first.vocab_size),
         max_length=int(first.max_sequence_length),
         hidden_size=int(config.hidden_size),
-        packing_blocker=packing_refusal(gpts),
+        packing_blocker=packing_refusal(nn.ModuleList(gpts)) or "",
     )

@@ -10,7 +10,7 @@ rank holds, K positions kept per row, V vocabulary.
 from __future__ import annotations
 
 import inspect
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -18,10 +18,11 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from inloop_eval.engine.adapter import AdapterNeeds, ForwardInputs, HeadWorkspace, ModelAdapter, ModelOutputs
+from inloop_eval.engine.attention_route import packs, routed, routing_for
 from inloop_eval.engine.outputs.full_logits import FullLogits
 from inloop_eval.engine.outputs.sequence_sharded import SequenceShard
 from inloop_eval.errors import ConfigError, ModelOutputError
-from inloop_eval.integrations.olmo_core.attention import packs, routed_attention
+from inloop_eval.integrations.olmo_core.attention import ROUTE, SPLIT_SEQUENCE_ROUTE
 from inloop_eval.integrations.olmo_core.head import scores_in_head, scoring_head
 from inloop_eval.integrations.olmo_core.topology import SequenceSplit, read_sequence_split
 
@@ -46,8 +47,8 @@ class OLMoCoreAdapter(ModelAdapter):
     (`LMHead`) scores the targets itself, a chunk of positions at a time (`head.scoring_head`); a head of
     another class is handed `logits_to_keep` [B, K] (positions per row), so that it projects only the
     positions read. Its forward ignores an attention mask and position ids, so every forward of a model
-    that packs runs inside `routed_attention` (`attention`), which gives its attention both through the
-    engine's attention, on every backend; a model that module was not verified for (`packing_refusal`:
+    that packs runs under its attention route (`attention.ROUTE`), which gives its attention both through the
+    engine's attention, on every backend; a model the route was not verified for (`packing_refusal`:
     MoE, attention sinks, ...) is scored one request per row, said once in the log. A model that packs
     keeps prefixes too (`adapter.SharedPrefix`): the keys and values of each attention, recorded while the
     prefix is forwarded, are attended to by the batches after it.
@@ -63,7 +64,7 @@ class OLMoCoreAdapter(ModelAdapter):
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.head_scores = scores_in_head(model)
         self.workspace = HeadWorkspace()
-        self.packing = packs(model)
+        self.packing = packs(ROUTE, model)
 
     @property
     def needs(self) -> AdapterNeeds:
@@ -91,38 +92,11 @@ class OLMoCoreAdapter(ModelAdapter):
 def attention_for(
     adapter: OLMoCoreAdapter | OLMoCoreSequenceSplitAdapter, inputs: ForwardInputs
 ) -> AbstractContextManager[None]:
-    """The context a forward of this batch runs in: for a model that packs, `routed_attention` whatever the
-    batch (a packed batch under its tree, after the kept prefix it reads; a kept prefix or a plain row
-    causal, a kept prefix recording each attention's keys and values of its first `prefix.length`
-    positions, the rest of its row the padding the planner adds for a split sequence), so that no backend
-    kernel runs."""
-    model, prefix = adapter.model, inputs.prefix
-    if not adapter.packing:
-        if inputs.packed or prefix is not None:
-            raise ValueError(
-                f"{type(adapter).__name__}: packed rows were planned for {type(model).__name__}, which is "
-                "scored one request per row (see the log); plan with the adapter's needs.packing"
-            )
-        return nullcontext()
-    if inputs.keeps_prefix and prefix is not None:
-        prefix.states = {}
-        tree = inputs.causal_mask(1, inputs.input_ids_BT.shape[1])
-        return routed_attention(
-            model, tree, tree.position_ids_BT, record=prefix.states, max_positions=adapter.max_length,
-            record_length=prefix.length,
-        )  # fmt: skip
-    tree = inputs.tree_or_causal()
-    positions = inputs.position_ids_BT if inputs.position_ids_BT is not None else tree.position_ids_BT
-    B, T = inputs.input_ids_BT.shape
-    K = T + (prefix.length if prefix is not None else 0)
-    shapes = [tuple(tree.span_end_BT.shape), tree.keys, tuple(positions.shape)]
-    if shapes != [(B, T), K, (B, T)]:
-        raise ValueError(
-            f"{type(adapter).__name__}: a packed batch of input ids {(B, T)} needs a mask of {(B, T)} rows and "
-            f"{K} keys and position ids {(B, T)}, found {shapes[0]}, {shapes[1]} and {shapes[2]}"
-        )
-    kept = prefix.states if prefix is not None else None
-    return routed_attention(model, tree, positions, kept, max_positions=adapter.max_length)
+    """The context a forward of this batch runs in: for a model that packs, its route (`attention.ROUTE`)
+    whatever the batch (`attention_route.routing_for`), so that no backend kernel runs."""
+    route = SPLIT_SEQUENCE_ROUTE if isinstance(adapter, OLMoCoreSequenceSplitAdapter) else ROUTE
+    routing = routing_for(adapter, inputs, adapter.packing, max_positions=adapter.max_length)
+    return routed(adapter.model, route, routing)
 
 
 def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:
@@ -141,7 +115,7 @@ def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:
 class OLMoCoreSequenceSplitAdapter(ModelAdapter):
     """An OLMo-core `Transformer` under tensor or (Ulysses) context parallelism: each rank scores the positions
     it holds (`SequenceSplit`), its batches padded to a multiple of TP x CP. Its rows are packed and its
-    prefixes kept as `OLMoCoreAdapter`'s are (`routed_attention`: every rank's attention sees every position
+    prefixes kept as `OLMoCoreAdapter`'s are (`attention.SPLIT_SEQUENCE_ROUTE`: every rank's attention sees every position
     and its own heads, under Ulysses after the exchange OLMo-core's backends make; a kept prefix's row, which
     the planner pads to the multiple, keeps only its own positions' keys and values).
 
@@ -154,7 +128,7 @@ class OLMoCoreSequenceSplitAdapter(ModelAdapter):
         self.max_length = max_length
         self.vocab_size = int(model.vocab_size)
         self.split = split
-        self.packing = packs(model, split_sequence=True)
+        self.packing = packs(SPLIT_SEQUENCE_ROUTE, model)
 
     @property
     def needs(self) -> AdapterNeeds:

@@ -7,8 +7,8 @@ final norm then `w_out`) takes the last hidden states [B, T, X], normalises the 
 cols_U) and scores every target through `projected_head.token_logprobs` (a float32 `w_out` writes each chunk's
 logits into the workspace), inside the head's own `__call__`, where FSDP2 has its parameters gathered. The
 forward returns an empty tensor; the scores are `scored.targets`. Its `forward` is an instance-level override
-(`forward_overrides`), removed on exit. A head of another class (`NormalizedLMHead`, ...) is not scored here
-(`scores_in_head`): its adapter keeps logits of the positions read.
+(`attention_route.overridden_forwards`), removed on exit. A head of another class (`NormalizedLMHead`, ...) is
+not scored here (`scores_in_head`): its adapter keeps logits of the positions read.
 Legend: B rows, T time, X hidden width, U positions read, V vocabulary, N targets.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace
-from inloop_eval.engine.forward_overrides import overridden_forwards, own_class
+from inloop_eval.engine.attention_route import overridden_forwards, own_class
 from inloop_eval.engine.outputs.pipeline_stage import ScoredTargets
 from inloop_eval.engine.outputs.projected_head import token_logprobs
 from inloop_eval.errors import ModelOutputError

@@ -9,6 +9,7 @@ FRAMEWORK = Framework(
     package="olmo_core",
     model_class="olmo_core.nn.transformer.model:Transformer",
     adapter="inloop_eval.integrations.olmo_core.adapter:build_adapter",
+    attention="inloop_eval.integrations.olmo_core.attention:ROUTE",
     checkpoint="inloop_eval.integrations.olmo_core.checkpoint:FORMAT",
     key_style="inloop_eval.integrations.olmo_core.keys:KEY_STYLE",
     trainer_hooks=(

@@ -8,6 +8,7 @@ FRAMEWORK = Framework(
     name="torchtitan",
     title="torchtitan",
     package="torchtitan",
+    attention="inloop_eval.integrations.torchtitan.attention:ROUTE",
     checkpoint="inloop_eval.integrations.torchtitan.checkpoint:FORMAT",
     trainer_hooks=(
         "inloop_eval.integrations.torchtitan.validator:InLoopValidator",

@@ -145,18 +145,20 @@ def unsharded_copy(trainer: Any) -> torch.nn.Module:
 
 
 def count_kept_prefixes() -> list[int]:
-    """The length of every prefix the torchtitan adapter keeps from now on, in the list returned (its
-    `keeping_prefix`, counted)."""
+    """The length of every prefix the torchtitan adapter keeps from now on, in the list returned (each routing
+    of its forwards that records a prefix, counted)."""
     import inloop_eval.integrations.torchtitan.adapter as titan_adapter
 
     lengths: list[int] = []
-    keeping_prefix = titan_adapter.keeping_prefix
+    routing_for = titan_adapter.routing_for
 
-    def counted(model: Any, mask: Any, kept: Any, length: int) -> Any:
-        lengths.append(length)
-        return keeping_prefix(model, mask, kept, length)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        routing = routing_for(*args, **kwargs)
+        if routing is not None and routing.record is not None:
+            lengths.append(routing.record_length)
+        return routing
 
-    titan_adapter.keeping_prefix = counted
+    titan_adapter.routing_for = counted
     return lengths
 
 

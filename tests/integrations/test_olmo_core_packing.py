@@ -5,39 +5,46 @@ log line.
 
 The reference is independent of the planner: one plain forward per request over context + continuation[:-1]
 and a float64 log-softmax over its full logits. (FSDP2 and tensor parallelism: tests/test_distributed.py,
-checks `olmo_core_fsdp` and `olmo_core_tp`.)
+checks `olmo_core_fsdp` and `olmo_core_tp`; what every framework's route shares:
+tests/integrations/test_framework_conformance.py.)
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import warnings
 
 import numpy as np
-import packing_reference
 import pytest
 import torch
-from flash_on_cpu import flash_build, flash_kernel
-from olmo_core.nn.attention import GateConfig, SlidingWindowAttentionConfig
+from flash_on_cpu import flash_kernel
+from olmo_core.nn.attention import SlidingWindowAttentionConfig
 from olmo_core.nn.attention.backend import TorchAttentionBackend
 from olmo_core.nn.transformer import Transformer, TransformerBlockType, TransformerConfig
-from packing_reference import task_pairs
+from olmo_core_models import VOCAB, olmo3_flash_model, olmo_core_model, torch_backend_twin
+from packing_reference import (
+    MAX_LENGTH,
+    assert_same_state,
+    model_state,
+    one_packed_batch,
+    packed_plan,
+    plain_reference,
+    score,
+    task_pairs,
+)
 from torch._dynamo.utils import counters
 
 from inloop_eval.engine.adapter import TokenCount
 from inloop_eval.engine.adapters.logits import LogitsAdapter
 from inloop_eval.engine.batching import BatchShape, plan_batches
 from inloop_eval.engine.families import make_adapter
-from inloop_eval.engine.scoring import PairScores, run_batches
+from inloop_eval.engine.scoring import run_batches
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.integrations.olmo_core import attention as olmo_core_attention
 from inloop_eval.integrations.olmo_core.adapter import OLMoCoreAdapter
 from inloop_eval.requests.table import PairSet
 
-MAX_LENGTH = 512
-VOCAB = 50304
 # rc, rc, letter keys, partial scoring; then 5-shot rc and letter keys, whose shared shots share rows
 TASKS = ("hellaswag", "arc_easy", "mmlu_mc", "winogrande", "olmo:arc_easy_rc_5shot", "olmo:mmlu_stem_test_mc_5shot_fast")
 N_DOCS = 4
@@ -46,71 +53,13 @@ LETTER_KEYS = ("mmlu_mc", "olmo:mmlu_stem_test_mc_5shot_fast")
 KEPT_SHOTS = "olmo:arc_easy_rc_5shot"
 
 
-def olmo_core_model(shape: str, **overrides) -> torch.nn.Module:
-    """A tiny seeded OLMo-core Transformer (d_model 32, 2 layers) of one of the verified shapes:
-    `olmo2` (reordered norms, QK norm, 4 query heads on 2 key/value heads), `llama` (pre-norm, multi-head),
-    `olmo3_window` (peri-norm, head-wise QK norm, one key/value head, a head-wise gate, and a sliding window
-    of 3 tokens on the first layer, which every context here is longer than)."""
-    common = dict(d_model=32, vocab_size=VOCAB, n_layers=2, hidden_size_multiple_of=16)
-    if shape == "olmo2":
-        kwargs = dict(n_heads=4, n_kv_heads=2, block_name=TransformerBlockType.reordered_norm, qk_norm=True)
-    elif shape == "llama":
-        kwargs = dict(n_heads=2)
-    elif shape == "olmo3_window":
-        window = SlidingWindowAttentionConfig(
-            pattern=[3, -1],
-            force_full_attention_on_first_layer=False,
-            force_full_attention_on_last_layer=False,
-        )
-        kwargs = dict(
-            n_heads=4,
-            n_kv_heads=1,
-            block_name=TransformerBlockType.peri_norm,
-            qk_norm=True,
-            use_head_qk_norm=True,
-            gate=GateConfig(),
-            sliding_window=window,
-        )
-    else:
-        raise ValueError(shape)
-    config = TransformerConfig.llama_like(**common, **{**kwargs, **overrides})
-    torch.manual_seed(0)
-    model = config.build(init_device="cpu")
-    model.init_weights(
-        max_seq_len=MAX_LENGTH, device=torch.device("cpu")
-    )  # RoPE tables warmed, as in training
-    return model.eval()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are tiny: one thread beats two, and far more on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def requests(data_root, neox_tokenizer) -> dict[str, tuple[PairSet, np.ndarray]]:
     """Each task's first N_DOCS documents: their pairs, and the ids of the main then unconditional pairs."""
     return task_pairs(TASKS, data_root, neox_tokenizer, N_DOCS, MAX_LENGTH)
-
-
-def reference_scores(model, pairs: PairSet, pair_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One plain forward per request over its own row (`packing_reference`)."""
-    return packing_reference.reference_scores(lambda ids, n: model(ids)[0, -n:], pairs, pair_ids)
-
-
-def score(adapter, pairs: PairSet, pair_ids: np.ndarray, **plan) -> PairScores:
-    with torch.no_grad():
-        return run_batches(adapter, plan_batches(pairs, pair_ids, **plan), len(pair_ids), TokenCount())
-
-
-def packed_plan(batch_tokens: int = 4096, keep_prefixes: bool = False) -> dict:
-    """Packed rows; with `keep_prefixes` the plan below kept prefixes, whatever the cost model would take."""
-    shape = BatchShape(packing=True, keep_prefixes=keep_prefixes)
-    return {"batch_tokens": batch_tokens, "shape": shape, "max_length": MAX_LENGTH, "by_cost": False}
 
 
 @pytest.mark.parametrize("shape", ["olmo2", "llama", "olmo3_window"])
@@ -126,14 +75,14 @@ def test_packed_rows_give_the_unshared_numbers(shape, requests):
     full_logits = OLMoCoreAdapter(model, MAX_LENGTH)
     full_logits.keeps_logits = False  # OLMo-core without `logits_to_keep`: the whole [B, T, V] logits
     for task, (pairs, ids) in requests.items():
-        ref_ll, ref_greedy = reference_scores(model, pairs, ids)
+        ref_ll, ref_greedy = plain_reference(model, pairs, ids)
         paths = {
             "packed": score(adapter, pairs, ids, **packed_plan()),
             "packed, full logits": score(full_logits, pairs, ids, **packed_plan()),
             "packed, one row per batch": score(adapter, pairs, ids, **packed_plan(batch_tokens=1)),
             "kept prefixes": score(adapter, pairs, ids, **packed_plan(keep_prefixes=kept)),
             "kept prefixes, full logits": score(full_logits, pairs, ids, **packed_plan(keep_prefixes=kept)),
-            "kept prefixes, one row per batch": score(adapter, pairs, ids, **packed_plan(1, kept)),
+            "kept prefixes, one row per batch": score(adapter, pairs, ids, **packed_plan(kept, batch_tokens=1)),
             "one request per row": score(adapter, pairs, ids, batch_tokens=4096, shape=BatchShape(packing=False)),
         }
         for name, found in paths.items():
@@ -163,7 +112,7 @@ def test_a_sliding_window_shorter_than_the_kept_prefix(requests):
     after = [b for b in plan_batches(pairs, ids, **plan) if b.prefix_length and not b.keeps_prefix]
     assert after and all(b.prefix_length > window for b in after)
     assert any(b.position_ids_BT.max() >= b.prefix_length + window for b in after)  # past the shots' reach
-    ref_ll, ref_greedy = reference_scores(model, pairs, ids)
+    ref_ll, ref_greedy = plain_reference(model, pairs, ids)
     for batch_tokens in (4096, 1):
         found = score(adapter, pairs, ids, **{**plan, "batch_tokens": batch_tokens})
         np.testing.assert_allclose(found.ll, ref_ll, atol=1e-5, rtol=0, err_msg=f"{batch_tokens=}")
@@ -181,27 +130,11 @@ def test_packed_rows_under_bfloat16_autocast(shape, requests):
         pairs, ids = requests[task]
         float32 = score(adapter, pairs, ids, **packed_plan())
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            ref_ll, ref_greedy = reference_scores(model, pairs, ids)
+            ref_ll, ref_greedy = plain_reference(model, pairs, ids)
             packed = score(adapter, pairs, ids, **packed_plan())
         np.testing.assert_allclose(packed.ll, ref_ll, atol=5e-3, rtol=0, err_msg=task)
         np.testing.assert_array_equal(packed.greedy, ref_greedy, err_msg=task)
         assert np.abs(float32.ll - ref_ll).max() > 1e-3, task  # autocast was on
-
-
-def model_state(model: torch.nn.Module) -> tuple:
-    """What a packed forward must leave as it was: every module's class, instance attributes holding a
-    `forward` or a compiled call, parameters and buffers (values, objects), and its hooks."""
-    return (
-        [(type(m), m.__dict__.get("forward"), m._compiled_call_impl) for m in model.modules()],
-        [(name, t, t.clone()) for name, t in [*model.named_parameters(), *model.named_buffers()]],
-        [(dict(m._forward_hooks), dict(m._forward_pre_hooks)) for m in model.modules()],
-    )
-
-
-def assert_same_state(before: tuple, after: tuple) -> None:
-    assert before[0] == after[0] and before[2] == after[2]
-    for (name, t0, v0), (_, t1, v1) in zip(before[1], after[1], strict=True):
-        assert t0 is t1 and torch.equal(v0, v1), name
 
 
 @pytest.mark.parametrize("task", ["hellaswag", KEPT_SHOTS])
@@ -270,49 +203,6 @@ def test_compiled_blocks_run_uncompiled_and_training_does_not_recompile(requests
     assert len(graphs) == compiled, "training recompiled after the evaluation"
 
 
-class UnverifiedBackend(TorchAttentionBackend):
-    """A user's own attention backend: what its forward does was never seen."""
-
-
-def unverified_backend_model() -> torch.nn.Module:
-    """The llama shape with a user's backend in its first block."""
-    model = olmo_core_model("llama")
-    attention = model.blocks["0"].attention
-    attention.backend = UnverifiedBackend(head_dim=attention.head_dim, n_heads=attention.n_heads)
-    return model
-
-
-def olmo3_flash_model(window: int = 16) -> torch.nn.Module:
-    """OLMo-core's OLMo 3 config as its users build it (`TransformerConfig.olmo3_1M`: flash-attention 2, its
-    default backend, a sliding window on three layers of four), here with a `window`-token window that
-    every context here is longer than; built on this CPU machine (`flash_on_cpu`)."""
-    sliding = SlidingWindowAttentionConfig(
-        pattern=[window, window, window, -1],
-        force_full_attention_on_first_layer=False,
-        force_full_attention_on_last_layer=True,
-    )
-    config = TransformerConfig.olmo3_1M(vocab_size=VOCAB, sliding_window=sliding)
-    with flash_build():
-        torch.manual_seed(0)
-        model = config.build(init_device="cpu")
-    model.init_weights(max_seq_len=MAX_LENGTH, device=torch.device("cpu"))
-    backends_found = {type(block.attention.backend).__name__ for block in model.blocks.values()}
-    assert backends_found == {"FlashAttention2Backend"}, backends_found
-    return model.eval()
-
-
-def torch_backend_twin(model: torch.nn.Module) -> torch.nn.Module:
-    """The same weights and windows on OLMo-core's torch backend: what flash-attention computes, on CPU."""
-    twin = copy.deepcopy(model)
-    for block in twin.blocks.values():
-        flash = block.attention.backend
-        block.attention.backend = TorchAttentionBackend(
-            head_dim=flash.head_dim, n_heads=flash.n_heads, n_kv_heads=flash.n_kv_heads,
-            scale=flash.scale, window_size=flash.window_size,
-        )  # fmt: skip
-    return twin
-
-
 def test_an_olmo3_flash_model_packs_through_the_engines_attention(requests):
     """OLMo 3 on flash-attention 2 (sliding windows, QK norms, GQA): packed rows and kept prefixes in both
     mask renderings give every request, letter keys and unconditional (PMI) requests included, the numbers
@@ -325,7 +215,7 @@ def test_an_olmo3_flash_model_packs_through_the_engines_attention(requests):
     assert adapter.needs.packing and adapter.needs.prefix_reuse
     with flash_kernel():
         for task, (pairs, ids) in requests.items():
-            ref_ll, ref_greedy = reference_scores(twin, pairs, ids)
+            ref_ll, ref_greedy = plain_reference(twin, pairs, ids)
             plain = score(adapter, pairs, ids, batch_tokens=4096, shape=BatchShape(packing=False))
             for rendering in ("dense", "block"):
                 for keep in (False, True):
@@ -341,6 +231,18 @@ def test_an_olmo3_flash_model_packs_through_the_engines_attention(requests):
                 assert found.tokens_forwarded < plain.tokens_forwarded, task
     with torch.no_grad(), flash_kernel(), pytest.raises(AssertionError, match="kernel was called during an evaluation"):
         model(torch.zeros(1, 4, dtype=torch.long))  # the stand-in would have told
+
+
+class UnverifiedBackend(TorchAttentionBackend):
+    """A user's own attention backend: what its forward does was never seen."""
+
+
+def unverified_backend_model() -> torch.nn.Module:
+    """The llama shape with a user's backend in its first block."""
+    model = olmo_core_model("llama")
+    attention = model.blocks["0"].attention
+    attention.backend = UnverifiedBackend(head_dim=attention.head_dim, n_heads=attention.n_heads)
+    return model
 
 
 class SubclassedTransformer(Transformer):
@@ -374,14 +276,7 @@ def refused_models() -> dict[str, tuple[torch.nn.Module, str]]:
 def test_unverified_models_go_one_request_per_row_said_once(monkeypatch, caplog):
     """Each refused model: no packing, one INFO line naming the model and why (however many adapters are
     made for it), and a packed batch handed to its adapter anyway is refused."""
-    (batch,) = plan_batches(
-        PairSet(
-            ctx_tokens=np.array([11, 12, 13]), ctx_offsets=np.array([0, 3]), ctx_id=np.zeros(2, dtype=np.int64),
-            ctx_start=np.zeros(2, dtype=np.int64), ctx_end=np.array([3, 3]),
-            cont_tokens=np.array([21, 22, 31, 32]), cont_offsets=np.array([0, 2, 4]),
-        ),
-        np.arange(2), 4096, BatchShape(packing=True), max_length=64,
-    )  # fmt: skip
+    batch = one_packed_batch()
     for name, (model, why) in refused_models().items():
         caplog.clear()
         with caplog.at_level(logging.INFO, logger=olmo_core_attention.__name__):
