@@ -6,6 +6,8 @@ Modules (each a role, in the order a checkpoint meets them):
   `Checkpoint`, `WatchError`);
 - `completion`: each format's completion evidence and the settle time (`missing_evidence`, `Settling`);
 - `loading`: one checkpoint's model per format, the vocabulary it records, whether the loop evaluated it;
+- `saved_shapes`: a DCP tensor saved with another shape than the model's, named with its checkpoint
+  (`shape_mismatch`);
 - `layout`: the parallel layout (`--tp`, `--fsdp`) a model is built in under torchrun, and its mesh;
 - `shard_reads`: reading a DCP checkpoint so that each rank reads only the slices it holds (`ShardReader`);
 - `events`: ready events a trainer writes once a checkpoint is finished (`Inbox`, `write_ready_event`);

@@ -90,6 +90,7 @@ from inloop_eval.watch.loading import (
 )
 from inloop_eval.watch.planning import Plan, Planner, describe
 from inloop_eval.watch.run_directory import RunDirectory
+from inloop_eval.watch.saved_shapes import shape_mismatch
 from inloop_eval.watch.shard_reads import ShardRead
 from inloop_eval.watch.summary import headline
 from inloop_eval.watch.triggers import Triggers
@@ -290,7 +291,7 @@ class Watcher:
         try:
             return load_model(checkpoint, self.device, self.config.model_builder, self.layout), None
         except READ_ERRORS as exc:
-            return None, exc
+            return None, shape_mismatch(exc, checkpoint) or exc  # a tensor of another shape: CheckpointDamaged
 
     def evaluate_model(
         self, checkpoint: Checkpoint, loaded: LoadedModel, files: Fingerprint | None

@@ -1,4 +1,5 @@
-"""One bad checkpoint never stops the others: a distributed checkpoint missing a shard, a safetensors
+"""One bad checkpoint never stops the others: a distributed checkpoint missing a shard or holding a tensor of
+another shape, a safetensors
 header without its offsets or claiming 2**62 bytes, a Hugging Face checkpoint missing a tensor or holding one
 of another shape, a file or folder the watcher may not read, a model the config cannot take (fewer
 positions than `max_length`, another vocabulary), and two folders naming one step. Each is recorded failed
@@ -11,7 +12,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch.distributed.checkpoint as dcp
 import yaml
+from helpers import tiny_neox
 from watch_support import (
     claim_a_huge_header,
     dcp_checkpoints,
@@ -86,6 +89,32 @@ def test_a_distributed_checkpoint_missing_a_shard_is_recorded_failed_and_the_oth
     (tmp_path / "shard").rename(shard)
     assert watch(folder, tmp_path / "run", data_root, **fields).run() == [20]
     assert sorted(line["step"] for line in eval_lines(tmp_path / "run")) == [10, 20, 30]
+
+
+def test_a_distributed_checkpoint_tensor_of_another_shape_is_refused_naming_it_then_tried_again(data_root, tmp_path):
+    """`step-20/` saved with its input embedding one row short of the model `--model-builder` builds: recorded
+    failed (CheckpointDamaged) naming the tensor, the shape saved, the shape expected and the folder, to be tried
+    again; saved again whole, it is evaluated by a restarted watcher."""
+    folder = dcp_checkpoints(tmp_path / "ckpt", [10, 20])
+    state = tiny_neox(seed=20).state_dict()
+    rows, width = state["gpt_neox.embed_in.weight"].shape
+    state["gpt_neox.embed_in.weight"] = state["gpt_neox.embed_in.weight"][:-1].clone()
+    shutil.rmtree(folder / "step-20")
+    dcp.save(state, checkpoint_id=str(folder / "step-20"))
+    tokenizer = str(neox_tokenizer_path(data_root))
+    fields = {"model_builder": "watch_builders:tiny_neox_model", "evaluator": {"tokenizer": tokenizer}}
+    first = watch(folder, tmp_path / "run", data_root, **fields)
+    assert first.run() == [10]
+    expected = (
+        f"{folder / 'step-20'}: tensor 'gpt_neox.embed_in.weight' is saved with shape [{rows - 1}, {width}], "
+        f"but the model it is read into holds [{rows}, {width}]"
+    )
+    assert expected in first.failures[20], first.failures
+    (entry,) = failed_entries(tmp_path / "run")
+    assert entry["retry"] is True and expected in entry["reason"]
+    shutil.rmtree(folder / "step-20")
+    dcp_checkpoints(folder, [20])
+    assert watch(folder, tmp_path / "run", data_root, **fields).run() == [20]
 
 
 def test_an_interrupt_while_loading_still_stops_the_watcher(data_root, tmp_path):
