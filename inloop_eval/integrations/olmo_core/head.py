@@ -7,7 +7,11 @@ final norm then `w_out`) takes the last hidden states [B, T, X], normalises the 
 cols_U) and scores every target through `projected_head.token_logprobs` (a float32 `w_out` writes each chunk's
 logits into the workspace), inside the head's own `__call__`, where FSDP2 has its parameters gathered. The
 forward returns an empty tensor; the scores are `scored.targets`. Its `forward` is an instance-level override
-(`forward_overrides`), removed on exit. A head of another class (`NormalizedLMHead`, ...) is not scored here
+(`forward_overrides`), removed on exit. Under OLMo-core's tensor parallelism the head takes the hidden
+states sharded on the positions and its `w_out` is column-wise parallel (its weight's rows, the vocabulary,
+split over the TP ranks): the normalised states are gathered (every rank then holds [B, T, X]) and each rank
+projects the positions read onto its rows of the vocabulary, scored slice by slice (`vocab_sharded.ShardedHead`),
+where OLMo-core's own head would gather every rank's [B, K, V/TP] logits to shard them on the positions. A head of another class (`NormalizedLMHead`, ...) is not scored here
 (`scores_in_head`): its adapter keeps logits of the positions read.
 Legend: B rows, T time, X hidden width, U positions read, V vocabulary, N targets.
 """
@@ -20,11 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace
 from inloop_eval.engine.forward_overrides import overridden_forwards, own_class
 from inloop_eval.engine.outputs.pipeline_stage import ScoredTargets
 from inloop_eval.engine.outputs.projected_head import token_logprobs
+from inloop_eval.engine.outputs.vocab_sharded import sharded_head
 from inloop_eval.errors import ModelOutputError
 
 
@@ -58,15 +64,29 @@ def scoring_head(model: nn.Module, inputs: ForwardInputs, workspace: HeadWorkspa
     def forward(x_BTX: Tensor, labels: Any = None, **_: Any) -> Tensor:
         if labels is not None:
             raise ModelOutputError("OLMo-core model: the evaluation's forward passed labels to the output head")
-        features_UX = x_BTX[inputs.rows_U, inputs.cols_U]
-        if head.norm is not None:
-            features_UX = head.norm(features_UX)
-        logp_N, greedy_N = token_logprobs(
-            features_UX, head.w_out, inputs.target_N, inputs.min_vocab, inputs.position_N, workspace,
-            inputs.host_targets,
-        )
-        scored.targets = ScoredTargets(logp_N, greedy_N, int(head.w_out.out_features))
+        features_UX = _normalised_features(head, x_BTX, inputs)
+        split = sharded_head(head.w_out)
+        if split is None:
+            logp_N, greedy_N = token_logprobs(
+                features_UX, head.w_out, inputs.target_N, inputs.min_vocab, inputs.position_N, workspace,
+                inputs.host_targets,
+            )  # fmt: skip
+        else:
+            logp_N, greedy_N = split.target_logprobs(
+                features_UX, inputs.target_N, inputs.min_vocab, inputs.position_N, workspace, inputs.host_targets
+            )
+        scored.targets = ScoredTargets(logp_N, greedy_N, int(head.w_out.weight.shape[0]))
         return x_BTX.new_empty(0)
 
     with overridden_forwards(model, {head: forward}):
         yield scored
+
+
+def _normalised_features(head: nn.Module, x_BTX: Tensor, inputs: ForwardInputs) -> Tensor:
+    """The head's normalised input at the positions read [U, X]: of hidden states sharded on the positions
+    (a DTensor, under tensor parallelism) normalised where they are, then gathered whole."""
+    if isinstance(x_BTX, DTensor):
+        h_BTX = head.norm(x_BTX) if head.norm is not None else x_BTX
+        return h_BTX.full_tensor()[inputs.rows_U, inputs.cols_U]
+    features_UX = x_BTX[inputs.rows_U, inputs.cols_U]
+    return head.norm(features_UX) if head.norm is not None else features_UX
