@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from watch_support import (
     single_file_checkpoints,
     watch_cli,
 )
+from workers.launch import REPO, worker_env
 
 from inloop_eval.data.root import TOKENIZER_DIR, neox_tokenizer_path
 from inloop_eval.evaluators.config import EvaluatorConfig
@@ -166,6 +169,34 @@ def test_a_checkpoint_missing_a_tensor_or_of_another_shape_is_refused_naming_it_
     assert entry["retry"] is True
     shutil.copy(saved / "checkpoint-20" / "model.safetensors", damaged)
     assert watch(folder, tmp_path / "run", data_root).run() == [20]
+
+
+def test_a_safetensors_file_truncated_while_read_in_one_process_is_skipped_with_a_log_line(saved, data_root, tmp_path):
+    """`inloop-eval watch` (one process, no layout) whose read of step 20's model.safetensors finds it truncated
+    to half right after transformers opens it (tests/support/workers/hf_truncated_read.py): no SIGBUS (the file
+    is read into memory, never mapped), no traceback; step 20 logged as deleted or rewritten while being read,
+    recorded `vanished`, nothing logged for it; step 10 evaluated. Saved again, step 20 is evaluated by a
+    restarted watcher."""
+    folder = copy(saved, tmp_path / "ckpt", same_names(10, 20))
+    target = folder / "checkpoint-20" / "model.safetensors"
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump(eval_config(data_root)))
+    run_dir = tmp_path / "run"
+    args = [str(folder), "--config", str(config), "--run-dir", str(run_dir), "--once", "--settle", "0"]
+    worker = REPO / "tests" / "support" / "workers" / "hf_truncated_read.py"
+    done = subprocess.run(
+        [sys.executable, str(worker), *args], cwd=REPO, env=worker_env(WATCH_TEST_TRUNCATE=str(target)),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), f"exit {done.returncode}: " + done.stderr[-3000:]
+    assert target.stat().st_size < (saved / "checkpoint-20" / "model.safetensors").stat().st_size  # truncated
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"step 20: {folder / 'checkpoint-20'} was deleted or rewritten while being read" in done.stderr
+    assert [line["step"] for line in eval_lines(run_dir)] == [10]
+    ledger = read_jsonl(run_dir / WATCH_DIR / LEDGER_FILE)
+    assert [e["step"] for e in ledger if e["status"] == "vanished"] == [20]
+    shutil.copy(saved / "checkpoint-20" / "model.safetensors", target)
+    assert watch(folder, run_dir, data_root).run() == [20]
 
 
 def test_checkpoints_without_read_permission_are_recorded_failed_and_the_others_evaluated(saved, data_root, tmp_path):
