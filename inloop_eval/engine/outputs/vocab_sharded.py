@@ -11,9 +11,11 @@ same positions and makes the same four all-reduces per chunk; nothing wider than
 logits for a plain or replicated tensor, `VocabSharded` for one sharded on the vocabulary. `ShardedHead`
 is the head itself split so (a linear head whose weight is a DTensor sharded on its rows, `sharded_head`):
 every rank of its group projects the same features a chunk at a time onto its rows and scores them alike,
-so not even [U, V/TP] logits exist.
+so not even [U, V/TP] logits exist. Its ranks may also hold different features (a head whose rows are split
+over data-parallel ranks, each with its own documents): `exchanged_logprobs` gathers every rank's features
+and targets, scores them all on every rank, and keeps this rank's.
 Legend: B rows, T time, U positions read, C positions of one chunk, L this rank's slice of the vocabulary,
-M targets of the chunk, V vocabulary, X hidden width, N targets.
+M targets of the chunk, V vocabulary, X hidden width, N targets, A and G every rank's positions and targets.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
+from inloop_eval.distributed import gather_rows
 from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace
 from inloop_eval.engine.logprobs import HostTargets, check_vocab, chunked_logprobs, on_host
 from inloop_eval.engine.outputs.full_logits import FullLogits
@@ -173,6 +176,26 @@ class ShardedHead:
             return sharded_logprobs(VocabShard(out_CL, self.start, self.group), local_M, target_M)
 
         return chunked_logprobs(features_UX.shape[0], self.vocab, position_N, target_N, host, score)
+
+
+def exchanged_logprobs(
+    head: ShardedHead,
+    features_UX: Tensor,
+    target_N: Tensor,
+    min_vocab: int,
+    position_N: Tensor,
+    workspace: HeadWorkspace,
+) -> tuple[Tensor, Tensor]:
+    """`head.target_logprobs` when each rank of `head.group` has features and targets of its own (the head's
+    rows split over data-parallel ranks): every rank's gathered (features, then (position, target) pairs with
+    the positions moved past the earlier ranks' features), all scored by every rank alike, this rank's kept.
+    Each rank makes the same collectives whatever it holds (none at all: a rank's dummy batch)."""
+    features_AX, first_u = gather_rows(features_UX, head.group)
+    pairs_N2 = torch.stack([position_N.long() + first_u, target_N.long()], dim=1)
+    pairs_G2, first_n = gather_rows(pairs_N2, head.group)
+    logp_G, greedy_G = head.target_logprobs(features_AX, pairs_G2[:, 1], min_vocab, pairs_G2[:, 0], workspace)
+    mine = slice(first_n, first_n + target_N.shape[0])
+    return logp_G[mine], greedy_G[mine]
 
 
 def sharded_head(linear: nn.Linear) -> ShardedHead | None:

@@ -74,7 +74,7 @@ class OLMoCoreAdapter(ModelAdapter):
         input_ids_BT, rows_U, cols_U = inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
         packed = attention_for(self, inputs)
         if self.head_scores:
-            with packed, scoring_head(self.model, inputs, self.workspace) as scored:
+            with packed, scoring_head(self.model, inputs, self.workspace, peers_share_batch=False) as scored:
                 self.model(input_ids_BT)
             return scored.result()
         if not self.keeps_logits:
@@ -178,7 +178,8 @@ class OLMoCoreSequenceSplitAdapter(ModelAdapter):
         kept slots), keeping the logits of those this rank holds."""
         split, input_ids_BT, rows_U, cols_U = self.split, inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
         if self.head_scores:
-            with attention_for(self, inputs), scoring_head(self.model, inputs, self.workspace) as scored:
+            scoring = scoring_head(self.model, inputs, self.workspace, peers_share_batch=True)
+            with attention_for(self, inputs), scoring as scored:
                 self.model(input_ids_BT)
             return scored.result()
         with attention_for(self, inputs):

@@ -11,7 +11,10 @@ forward returns an empty tensor; the scores are `scored.targets`. Its `forward` 
 states sharded on the positions and its `w_out` is column-wise parallel (its weight's rows, the vocabulary,
 split over the TP ranks): the normalised states are gathered (every rank then holds [B, T, X]) and each rank
 projects the positions read onto its rows of the vocabulary, scored slice by slice (`vocab_sharded.ShardedHead`),
-where OLMo-core's own head would gather every rank's [B, K, V/TP] logits to shard them on the positions. A head of another class (`NormalizedLMHead`, ...) is not scored here
+where OLMo-core's own head would gather every rank's [B, K, V/TP] logits to shard them on the positions. A
+head whose rows are split over data-parallel ranks (the watcher's FSDP layout, `layout`), each forwarding its
+own batch, scores every rank's targets alike and keeps its own (`vocab_sharded.exchanged_logprobs`):
+`peers_share_batch` says which. A head of another class (`NormalizedLMHead`, ...) is not scored here
 (`scores_in_head`): its adapter keeps logits of the positions read.
 Legend: B rows, T time, X hidden width, U positions read, V vocabulary, N targets.
 """
@@ -30,7 +33,7 @@ from inloop_eval.engine.adapter import ForwardInputs, HeadWorkspace
 from inloop_eval.engine.forward_overrides import overridden_forwards, own_class
 from inloop_eval.engine.outputs.pipeline_stage import ScoredTargets
 from inloop_eval.engine.outputs.projected_head import token_logprobs
-from inloop_eval.engine.outputs.vocab_sharded import sharded_head
+from inloop_eval.engine.outputs.vocab_sharded import exchanged_logprobs, sharded_head
 from inloop_eval.errors import ModelOutputError
 
 
@@ -55,9 +58,12 @@ class HeadScores:
 
 
 @contextmanager
-def scoring_head(model: nn.Module, inputs: ForwardInputs, workspace: HeadWorkspace) -> Iterator[HeadScores]:
+def scoring_head(
+    model: nn.Module, inputs: ForwardInputs, workspace: HeadWorkspace, *, peers_share_batch: bool
+) -> Iterator[HeadScores]:
     """During the body, a forward of `model` on `inputs.input_ids_BT` scores `inputs`' targets in its head
-    (see the module docstring)."""
+    (see the module docstring). peers_share_batch: whether the ranks a split head's rows are split over
+    forward the same batch (tensor parallel), or each its own (data parallel)."""
     head = model.lm_head
     scored = HeadScores()
 
@@ -71,9 +77,13 @@ def scoring_head(model: nn.Module, inputs: ForwardInputs, workspace: HeadWorkspa
                 features_UX, head.w_out, inputs.target_N, inputs.min_vocab, inputs.position_N, workspace,
                 inputs.host_targets,
             )  # fmt: skip
-        else:
+        elif peers_share_batch:
             logp_N, greedy_N = split.target_logprobs(
                 features_UX, inputs.target_N, inputs.min_vocab, inputs.position_N, workspace, inputs.host_targets
+            )
+        else:
+            logp_N, greedy_N = exchanged_logprobs(
+                split, features_UX, inputs.target_N, inputs.min_vocab, inputs.position_N, workspace
             )
         scored.targets = ScoredTargets(logp_N, greedy_N, int(head.w_out.weight.shape[0]))
         return x_BTX.new_empty(0)
