@@ -83,22 +83,27 @@ def _refuse_placements(mesh: DeviceMesh, placements: tuple[Placement, ...]) -> N
     )
 
 
-def sharded_logprobs(shard: VocabShard, local_M: Tensor, target_M: Tensor) -> tuple[Tensor, Tensor]:
+def sharded_logprobs(
+    shard: VocabShard, local_M: Tensor, target_M: Tensor, *, in_place: bool = False
+) -> tuple[Tensor, Tensor]:
     """log p(target) [M] and whether the target is the argmax [M] (ties to the lowest id, as argmax),
-    for targets predicted by the chunk's positions `local_M`, over the whole vocabulary."""
+    for targets predicted by the chunk's positions `local_M`, over the whole vocabulary.
+    in_place: the logits are the caller's scratch: their exponentials are taken where they are (after every
+    other read of them), not in a copy of [C, L]."""
     logits_CL, group = shard.logits_CL, shard.group
     width = logits_CL.shape[1]
     max_C = logits_CL.amax(dim=-1)
     dist.all_reduce(max_C, op=dist.ReduceOp.MAX, group=group)
     shift_C = torch.where(torch.isfinite(max_C), max_C, torch.zeros_like(max_C))  # as torch.logsumexp does
-    sumexp_C = (logits_CL - shift_C[:, None]).exp_().sum(dim=-1)
-    dist.all_reduce(sumexp_C, group=group)
     owned_M = (target_M >= shard.start) & (target_M < shard.start + width)
     slot_M = (target_M - shard.start).clamp(0, max(width - 1, 0))
     picked_M = logits_CL[local_M, slot_M] if width else torch.zeros_like(target_M, dtype=torch.float32)
+    first_C = _first_argmax(logits_CL, max_C, shard.start)
+    shifted_CL = logits_CL.sub_(shift_C[:, None]) if in_place else logits_CL - shift_C[:, None]
+    sumexp_C = shifted_CL.exp_().sum(dim=-1)
+    dist.all_reduce(sumexp_C, group=group)
     logit_M = torch.where(owned_M, picked_M, torch.zeros_like(picked_M))
     dist.all_reduce(logit_M, group=group)
-    first_C = _first_argmax(logits_CL, max_C, shard.start)
     dist.all_reduce(first_C, op=dist.ReduceOp.MIN, group=group)
     logp_M = logit_M - (sumexp_C.log() + shift_C)[local_M]
     return logp_M, first_C[local_M] == target_M
@@ -173,7 +178,7 @@ class ShardedHead:
                 torch.mm(x_CX, self.weight_LX.t(), out=out_CL)
             else:
                 torch.addmm(self.bias_L, x_CX, self.weight_LX.t(), out=out_CL)
-            return sharded_logprobs(VocabShard(out_CL, self.start, self.group), local_M, target_M)
+            return sharded_logprobs(VocabShard(out_CL, self.start, self.group), local_M, target_M, in_place=True)
 
         return chunked_logprobs(features_UX.shape[0], self.vocab, position_N, target_N, host, score)
 
