@@ -1,5 +1,6 @@
 """The world and its groups: this rank's place in the world and in a data-parallel group, the few integer
-collectives every other module builds on, and which process group documents are sharded over.
+collectives every other module builds on (and `gather_rows`: every rank's rows, of any number), and which
+process group documents are sharded over.
 
 Data parallelism. Documents are shared out, and metrics reduced, over the *data-parallel group* of the
 evaluation, which is the world unless `InLoopEvaluator.run` was given one; it is passed down in the open
