@@ -12,10 +12,15 @@ piqa, arc_easy and arc_easy_rc_5shot (`--limit` documents each). Then, in fresh 
 process, or two ranks under torchrun):
 - `watch`: the watcher's command, `inloop-eval watch DIR --once` (with the layout's `--fsdp` or `--tp 2`),
   run in the process; each rank's peak resident memory is the kernel's high-water mark (VmHWM) at its end;
-- `imports`: the same start-up without the watch (torch, OLMo-core's model and checkpoint modules,
-  `inloop_eval`'s command, the process group and, in a sharded layout, its device mesh); its VmHWM.
-A rank's figure is its watch's peak above its layout's import-only peak. It prints one JSON line per layout
-(each rank's MiB) and each sharded rank's figure over the one process's; the watcher aims at <= 0.6.
+- `startup`: the same start-up without the watch (torch, OLMo-core's model and checkpoint modules,
+  `inloop_eval`'s command, the process group and, in a sharded layout, its device mesh); its VmHWM;
+- `imports`: that start-up and the libraries the evaluation imports on first use (`datasets`, with pandas and
+  pyarrow, for the task splits; torchmetrics, with scipy and the parts of transformers it loads, for the
+  metrics; 200 MiB resident on the benchmark's machine, alike in every process whatever its layout).
+A rank's figure is its watch's peak above its layout's import-only (`imports`) peak: what the checkpoints,
+the task data and the evaluation hold. It prints one JSON line per layout (each rank's MiB, also above
+`startup`) and each sharded rank's figure over the one process's, against both; the watcher aims at <= 0.6
+above `imports`.
 """
 
 from __future__ import annotations
@@ -98,8 +103,8 @@ def status_kib(field: str) -> int:
 
 
 def rank(folder: Path, layout: str, what: str) -> None:
-    """One rank of `layout`: the whole watch (`what` "watch") or its start-up alone ("imports"); its VmHWM
-    to `<folder>/results/<layout>/<what>/rank<R>.json`."""
+    """One rank of `layout`: the whole watch (`what` "watch"), its start-up alone ("startup") or with the
+    evaluation's libraries ("imports"); its VmHWM to `<folder>/results/<layout>/<what>/rank<R>.json`."""
     import olmo_core.distributed.checkpoint  # noqa: F401
     import olmo_core.nn.transformer  # noqa: F401
 
@@ -109,6 +114,9 @@ def rank(folder: Path, layout: str, what: str) -> None:
 
     options = LAYOUTS[layout]
     if what == "imports":
+        import datasets  # noqa: F401
+        import torchmetrics  # noqa: F401
+    if what != "watch":
         device = init_from_env()
         sharded = layout_for(int(options[1]) if "--tp" in options else 1, "--fsdp" in options, device)
         if sharded.sharded:
@@ -125,7 +133,7 @@ def rank(folder: Path, layout: str, what: str) -> None:
             str(run_dir),
         ]
         status = cli([*args, "--once", "--settle", "0", "--device", "cpu", *options])
-    me = world()[1] if what == "imports" else int(os.environ.get("RANK", 0))
+    me = world()[1] if what != "watch" else int(os.environ.get("RANK", 0))
     out = folder / "results" / layout / what
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{me}.json").write_text(json.dumps({"rank": me, "hwm_mib": status_kib("VmHWM") / 1024}))
@@ -169,14 +177,22 @@ def main() -> None:
     n_params = save(args.dir, args.d_model, args.layers)
     eval_config(args.dir, data_root, args.limit)
     print(json.dumps({"parameters": n_params, "weights_mib": round(n_params * 4 / 2**20, 1)}), flush=True)
-    above = {}
+    above: dict[str, dict[str, list[float]]] = {"imports": {}, "startup": {}}
     for layout in args.layouts.split(","):
+        startup = measure(args.dir, layout, "startup")
         imports = measure(args.dir, layout, "imports")
         watch = measure(args.dir, layout, "watch")
-        above[layout] = [w - i for w, i in zip(watch, imports, strict=True)]
+        above["imports"][layout] = [w - i for w, i in zip(watch, imports, strict=True)]
+        above["startup"][layout] = [w - i for w, i in zip(watch, startup, strict=True)]
         ranks = [
-            {"imports_mib": round(i, 1), "watch_mib": round(w, 1), "above_mib": round(w - i, 1)}
-            for i, w in zip(imports, watch, strict=True)
+            {
+                "startup_mib": round(s, 1),
+                "imports_mib": round(i, 1),
+                "watch_mib": round(w, 1),
+                "above_mib": round(w - i, 1),
+                "above_startup_mib": round(w - s, 1),
+            }
+            for s, i, w in zip(startup, imports, watch, strict=True)
         ]
         print(json.dumps({"layout": layout, "ranks": ranks}), flush=True)
         evaluated = sorted(
@@ -184,10 +200,19 @@ def main() -> None:
         )
         if evaluated != list(STEPS):
             raise SystemExit(f"watch_memory: layout {layout} evaluated steps {evaluated}, not {list(STEPS)}")
-    if "whole" in above:
-        whole = above["whole"][0]
-        ratios = {k: [round(v / whole, 3) for v in vs] for k, vs in above.items() if k != "whole"}
-        print(json.dumps({"one_process_above_imports_mib": round(whole, 1), "ratio_per_rank": ratios}))
+    if "whole" in above["imports"]:
+        print(json.dumps({
+            "one_process_above_imports_mib": round(above["imports"]["whole"][0], 1),
+            "ratio_per_rank": ratios(above["imports"]),
+            "one_process_above_startup_mib": round(above["startup"]["whole"][0], 1),
+            "ratio_per_rank_above_startup": ratios(above["startup"]),
+        }))  # fmt: skip
+
+
+def ratios(above: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each sharded layout's ranks over the one process ("whole")."""
+    whole = above["whole"][0]
+    return {k: [round(v / whole, 3) for v in vs] for k, vs in above.items() if k != "whole"}
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ What the watcher asks of a format, and nothing else:
 - `missing`: what the checkpoint still lacks of the evidence its framework writes last (None: all there);
 - `load`: the whole model with its weights, on the CPU; `load_sharded`: the model built in a parallel layout
   (`--tp`, `--fsdp`), each rank reading only its share (`LoadedModel` says what it read);
+- `weights`: the folder its weights' files are in (a tensor saved with another shape is named in it);
 - `recorded_vocabulary`, `own_tokenizer`: what the checkpoint records of its tokenizer, a tokenizer it holds;
 - `evaluated_in_loop`: whether the training loop evaluated this step before saving it.
 
@@ -118,6 +119,10 @@ class CheckpointFormat:
             f"watch: {checkpoint.path} is a {self.title} checkpoint, which --tp/--fsdp do not load sharded "
             f"yet ({sharded_formats()}); run the watcher without them"
         )
+
+    def weights(self, path: Path) -> Path:
+        """The folder the checkpoint at `path` keeps its weights' files in (a DCP checkpoint's `.metadata`)."""
+        return path
 
     def recorded_vocabulary(self, checkpoint: Checkpoint) -> RecordedVocabulary | None:
         """What the checkpoint records of its tokenizer; None when it records none."""

@@ -1,7 +1,7 @@
 """The few collectives the evaluator makes; every rank calls each of them, in the same order.
 
 Split by concern: `world` (this rank's place in the world and its data-parallel group, the integer
-collectives, which group documents are sharded over and the checks that a model's parallel peers are handed the
+collectives and `gather_rows`, which group documents are sharded over and the checks that a model's parallel peers are handed the
 same documents), `devices` (joining torchrun's process group, checking a device a flag names) and
 `agreement` (failure agreement per task and per item, and the settings every rank must share). Their names
 are importable from here.
@@ -25,6 +25,7 @@ from inloop_eval.distributed.world import (
     check_data_parallel,
     collective_device,
     data_parallel_in,
+    gather_rows,
     model_parallel_dims,
     resolve_data_parallel,
     world,
@@ -44,6 +45,7 @@ __all__ = [
     "check_data_parallel",
     "collective_device",
     "data_parallel_in",
+    "gather_rows",
     "init_from_env",
     "model_parallel_dims",
     "present_devices",

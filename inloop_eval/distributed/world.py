@@ -1,5 +1,6 @@
 """The world and its groups: this rank's place in the world and in a data-parallel group, the few integer
-collectives every other module builds on, and which process group documents are sharded over.
+collectives every other module builds on (and `gather_rows`: every rank's rows, of any number), and which
+process group documents are sharded over.
 
 Data parallelism. Documents are shared out, and metrics reduced, over the *data-parallel group* of the
 evaluation, which is the world unless `InLoopEvaluator.run` was given one; it is passed down in the open
@@ -65,6 +66,24 @@ def all_reduce_max(value: int) -> int:
 # torchtitan's DTensor backend ("partial_dtensor") shards parameters over "fsdp", which folds dp_shard and
 # cp: data parallel without context parallelism, which its validator (integrations/torchtitan/) refuses.
 DATA_PARALLEL_DIMS = ("dp", "dp_replicate", "dp_shard", "fsdp")
+
+def gather_rows(rows_NX: torch.Tensor, group: ProcessGroup) -> tuple[torch.Tensor, int]:
+    """Every rank's `rows_NX` (any number of rows, the same trailing shape and dtype) concatenated in rank order,
+    the same on every rank of `group`, and the index of this rank's first row in it. Two all-gathers on every
+    rank: the counts, then the rows padded to the most (none when no rank has a row)."""
+    count = torch.tensor([rows_NX.shape[0]], dtype=torch.int64, device=rows_NX.device)
+    counts = [torch.empty_like(count) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(counts, count, group=group)
+    n = [int(c) for c in counts]
+    first = sum(n[: dist.get_rank(group)])
+    if max(n) == 0:
+        return rows_NX, first
+    padded = rows_NX.new_zeros((max(n), *rows_NX.shape[1:]))
+    padded[: rows_NX.shape[0]] = rows_NX
+    parts = [torch.empty_like(padded) for _ in n]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([part[:k] for part, k in zip(parts, n, strict=True)]), first
+
 
 def resolve_data_parallel(dp: ProcessGroup | DeviceMesh | None) -> ProcessGroup | None:
     """The process group of `dp`: a group as is; a one-dimensional mesh's group; the data-parallel dimensions

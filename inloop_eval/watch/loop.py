@@ -58,6 +58,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from inloop_eval.checkpoints.builders import resolve_builder
 from inloop_eval.checkpoints.formats import Checkpoint, LoadedModel, format_of
 from inloop_eval.checkpoints.layout import layout_for
+from inloop_eval.checkpoints.saved_shapes import shape_mismatch
 from inloop_eval.checkpoints.shard_reads import ShardRead
 from inloop_eval.data.root import default_data_root
 from inloop_eval.data.tokenizer import TokenizerLike
@@ -286,7 +287,7 @@ class Watcher:
         try:
             return load_model(checkpoint, self.device, self.config.model_builder, self.layout), None
         except READ_ERRORS as exc:
-            return None, exc
+            return None, shape_mismatch(exc, checkpoint) or exc  # a tensor of another shape: CheckpointDamaged
 
     def evaluate_model(
         self, checkpoint: Checkpoint, loaded: LoadedModel, files: Fingerprint | None

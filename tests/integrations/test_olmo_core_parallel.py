@@ -3,7 +3,7 @@ context parallel (CP=2, DDP) and FSDP=2 x TP=2 (4 processes), each a real `Train
 compared with one process (tp2 and cp2 one after the other in one 2-process launch): rows packed in every layout (the attention routed through the engine's, under
 Ulysses after OLMo-core's head exchange), the same `eval/downstream/...` keys, accuracies identical, the other figures within
 1e-5 relative, for an rc, a letter-key mc and a bpb OLMo label and a PMI task, under our keys and OLMo-core's.
-Also: the scoring code allocates at most [B, T/TP, V] per batch, tokens are counted once per data-parallel
+Also: the head's scoring allocates at most [C, V/TP] per batch (a chunk of positions on a rank's slice of the vocabulary), tokens are counted once per data-parallel
 rank, and sharding over no group or over the world is refused. The worker is
 tests/support/workers/olmo_core_layouts.py (one launch per world size)."""
 
@@ -97,9 +97,10 @@ def test_tokens_are_counted_once_per_data_parallel_rank(single, launched) -> Non
         assert len({r["logged"]["0"]["eval/tokens_forwarded"] for r in ranks}) == 1
 
 
-def test_scoring_allocates_at_most_the_positions_a_rank_holds(launched) -> None:
-    """Per batch, the largest tensor selecting and scoring a rank's positions allocates (the model's own
-    forward left out) is at most [B, T/TP, V], at TP=2 (the forward projects only the kept positions)."""
+def test_the_head_scores_at_most_a_chunk_of_a_ranks_vocabulary(launched) -> None:
+    """Per batch, the largest tensor the head's scoring allocates at TP=2 is at most [C, V/TP], C the positions
+    of one chunk (each rank projects the positions read onto its slice of the vocabulary, a chunk at a
+    time: no rank holds a batch's logits, nor gathers another rank's)."""
     for result in launched["tp2"]:
         record = result["memory"]
         assert record and all(r["largest"] > 0 for r in record)

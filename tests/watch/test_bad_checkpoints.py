@@ -1,4 +1,5 @@
-"""One bad checkpoint never stops the others: a distributed checkpoint missing a shard, a safetensors
+"""One bad checkpoint never stops the others: a distributed checkpoint missing a shard or holding a tensor of
+another shape, a safetensors
 header without its offsets or claiming 2**62 bytes, a Hugging Face checkpoint missing a tensor or holding one
 of another shape, a file or folder the watcher may not read, a model the config cannot take (fewer
 positions than `max_length`, another vocabulary), and two folders naming one step. Each is recorded failed
@@ -8,10 +9,14 @@ from __future__ import annotations
 
 import logging
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch.distributed.checkpoint as dcp
 import yaml
+from helpers import tiny_neox
 from watch_support import (
     claim_a_huge_header,
     dcp_checkpoints,
@@ -21,6 +26,7 @@ from watch_support import (
     single_file_checkpoints,
     watch_cli,
 )
+from workers.launch import REPO, worker_env
 
 from inloop_eval.data.root import TOKENIZER_DIR, neox_tokenizer_path
 from inloop_eval.evaluators.config import EvaluatorConfig
@@ -88,6 +94,32 @@ def test_a_distributed_checkpoint_missing_a_shard_is_recorded_failed_and_the_oth
     assert sorted(line["step"] for line in eval_lines(tmp_path / "run")) == [10, 20, 30]
 
 
+def test_a_distributed_checkpoint_tensor_of_another_shape_is_refused_naming_it_then_tried_again(data_root, tmp_path):
+    """`step-20/` saved with its input embedding one row short of the model `--model-builder` builds: recorded
+    failed (CheckpointDamaged) naming the tensor, the shape saved, the shape expected and the folder, to be tried
+    again; saved again whole, it is evaluated by a restarted watcher."""
+    folder = dcp_checkpoints(tmp_path / "ckpt", [10, 20])
+    state = tiny_neox(seed=20).state_dict()
+    rows, width = state["gpt_neox.embed_in.weight"].shape
+    state["gpt_neox.embed_in.weight"] = state["gpt_neox.embed_in.weight"][:-1].clone()
+    shutil.rmtree(folder / "step-20")
+    dcp.save(state, checkpoint_id=str(folder / "step-20"))
+    tokenizer = str(neox_tokenizer_path(data_root))
+    fields = {"model_builder": "watch_builders:tiny_neox_model", "evaluator": {"tokenizer": tokenizer}}
+    first = watch(folder, tmp_path / "run", data_root, **fields)
+    assert first.run() == [10]
+    expected = (
+        f"{folder / 'step-20'}: tensor 'gpt_neox.embed_in.weight' is saved with shape [{rows - 1}, {width}], "
+        f"but the model it is read into holds [{rows}, {width}]"
+    )
+    assert expected in first.failures[20], first.failures
+    (entry,) = failed_entries(tmp_path / "run")
+    assert entry["retry"] is True and expected in entry["reason"]
+    shutil.rmtree(folder / "step-20")
+    dcp_checkpoints(folder, [20])
+    assert watch(folder, tmp_path / "run", data_root, **fields).run() == [20]
+
+
 def test_an_interrupt_while_loading_still_stops_the_watcher(data_root, tmp_path):
     """Catching the CheckpointException (a BaseException) must not swallow Ctrl-C."""
     folder = dcp_checkpoints(tmp_path / "ckpt", [10])
@@ -137,6 +169,34 @@ def test_a_checkpoint_missing_a_tensor_or_of_another_shape_is_refused_naming_it_
     assert entry["retry"] is True
     shutil.copy(saved / "checkpoint-20" / "model.safetensors", damaged)
     assert watch(folder, tmp_path / "run", data_root).run() == [20]
+
+
+def test_a_safetensors_file_truncated_while_read_in_one_process_is_skipped_with_a_log_line(saved, data_root, tmp_path):
+    """`inloop-eval watch` (one process, no layout) whose read of step 20's model.safetensors finds it truncated
+    to half right after transformers opens it (tests/support/workers/hf_truncated_read.py): no SIGBUS (the file
+    is read into memory, never mapped), no traceback; step 20 logged as deleted or rewritten while being read,
+    recorded `vanished`, nothing logged for it; step 10 evaluated. Saved again, step 20 is evaluated by a
+    restarted watcher."""
+    folder = copy(saved, tmp_path / "ckpt", same_names(10, 20))
+    target = folder / "checkpoint-20" / "model.safetensors"
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump(eval_config(data_root)))
+    run_dir = tmp_path / "run"
+    args = [str(folder), "--config", str(config), "--run-dir", str(run_dir), "--once", "--settle", "0"]
+    worker = REPO / "tests" / "support" / "workers" / "hf_truncated_read.py"
+    done = subprocess.run(
+        [sys.executable, str(worker), *args], cwd=REPO, env=worker_env(WATCH_TEST_TRUNCATE=str(target)),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), f"exit {done.returncode}: " + done.stderr[-3000:]
+    assert target.stat().st_size < (saved / "checkpoint-20" / "model.safetensors").stat().st_size  # truncated
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"step 20: {folder / 'checkpoint-20'} was deleted or rewritten while being read" in done.stderr
+    assert [line["step"] for line in eval_lines(run_dir)] == [10]
+    ledger = read_jsonl(run_dir / WATCH_DIR / LEDGER_FILE)
+    assert [e["step"] for e in ledger if e["status"] == "vanished"] == [20]
+    shutil.copy(saved / "checkpoint-20" / "model.safetensors", target)
+    assert watch(folder, run_dir, data_root).run() == [20]
 
 
 def test_checkpoints_without_read_permission_are_recorded_failed_and_the_others_evaluated(saved, data_root, tmp_path):

@@ -1,7 +1,8 @@
 """The adapters of OLMo-core `Transformer`s (`olmo_core.nn.transformer`), one per way it is run, chosen once by
 `build_adapter`: `OLMoCoreAdapter` (targets scored inside its output head, `head`, or else logits of the
 positions kept, `full_logits`; packed rows and kept prefixes through `attention`) and, under tensor or
-(Ulysses) context parallelism, `OLMoCoreSequenceSplitAdapter` (logits sharded on the sequence,
+(Ulysses) context parallelism, `OLMoCoreSequenceSplitAdapter` (under tensor parallelism alone, targets
+scored inside its output head, split on the vocabulary; else logits sharded on the sequence,
 `sequence_sharded`, over the split `topology` reads).
 Legend: B rows, T time, U positions read, C of them in this rank's context-parallel chunk, L of those this
 rank holds, K positions kept per row, V vocabulary.
@@ -74,7 +75,7 @@ class OLMoCoreAdapter(ModelAdapter):
         input_ids_BT, rows_U, cols_U = inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
         packed = attention_for(self, inputs)
         if self.head_scores:
-            with packed, scoring_head(self.model, inputs, self.workspace) as scored:
+            with packed, scoring_head(self.model, inputs, self.workspace, peers_share_batch=False) as scored:
                 self.model(input_ids_BT)
             return scored.result()
         if not self.keeps_logits:
@@ -113,8 +114,11 @@ def _check_logits(logits_BXV: Any, n_rows: int, n_positions: int) -> None:
 
 
 class OLMoCoreSequenceSplitAdapter(ModelAdapter):
-    """An OLMo-core `Transformer` under tensor or (Ulysses) context parallelism: each rank scores the positions
-    it holds (`SequenceSplit`), its batches padded to a multiple of TP x CP. Its rows are packed and its
+    """An OLMo-core `Transformer` under tensor or (Ulysses) context parallelism, its batches padded to a
+    multiple of TP x CP. Under tensor parallelism alone, with OLMo-core's plain `LMHead`, the head scores
+    every target inside the forward, each rank over its slice of the vocabulary (`head.scoring_head`: no
+    rank holds more than a chunk of positions' [C, V/TP] logits); otherwise each rank scores the positions
+    it holds (`SequenceSplit`). Its rows are packed and its
     prefixes kept as `OLMoCoreAdapter`'s are (`attention.SPLIT_SEQUENCE_ROUTE`: every rank's attention sees every position
     and its own heads, under Ulysses after the exchange OLMo-core's backends make; a kept prefix's row, which
     the planner pads to the multiple, keeps only its own positions' keys and values).
@@ -129,6 +133,8 @@ class OLMoCoreSequenceSplitAdapter(ModelAdapter):
         self.vocab_size = int(model.vocab_size)
         self.split = split
         self.packing = packs(SPLIT_SEQUENCE_ROUTE, model)
+        self.head_scores = split.cp_size == 1 and split.tp_mesh is not None and scores_in_head(model)
+        self.workspace = HeadWorkspace()
 
     @property
     def needs(self) -> AdapterNeeds:
@@ -139,11 +145,17 @@ class OLMoCoreSequenceSplitAdapter(ModelAdapter):
             prefix_reuse=self.packing,
         )
 
-    def forward(self, inputs: ForwardInputs) -> SequenceShard:
-        """Run `model` on the full inputs, projecting only the positions (rows_U, cols_U) in this rank's
-        chunk (`logits_to_keep` in the chunk's coordinates; under tensor parallelism a replicated DTensor, the
-        logits coming back sharded over the kept slots), and keep the logits of those this rank holds."""
+    def forward(self, inputs: ForwardInputs) -> ModelOutputs:
+        """Run `model` on the full inputs: its head scoring the targets (see the class docstring), or
+        projecting only the positions (rows_U, cols_U) in this rank's chunk (`logits_to_keep` in the chunk's
+        coordinates; under tensor parallelism a replicated DTensor, the logits coming back sharded over the
+        kept slots), keeping the logits of those this rank holds."""
         split, input_ids_BT, rows_U, cols_U = self.split, inputs.input_ids_BT, inputs.rows_U, inputs.cols_U
+        if self.head_scores:
+            scoring = scoring_head(self.model, inputs, self.workspace, peers_share_batch=True)
+            with attention_for(self, inputs), scoring as scored:
+                self.model(input_ids_BT)
+            return scored.result()
         with attention_for(self, inputs):
             return self._forward(split, input_ids_BT, rows_U, cols_U)
 

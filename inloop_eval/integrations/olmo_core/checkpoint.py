@@ -117,9 +117,12 @@ class OLMoCoreCheckpoints(CheckpointFormat):
                 "--model-builder: the checkpoint's config.json is used)"
             )
         model, scored, dp_group = build_in_layout(config, layout, device)
-        reader = load_shards(model, checkpoint.path / WEIGHTS, under="model")
+        reader = load_shards(model, self.weights(checkpoint.path), under="model")
         model.eval()
         return LoadedModel(model, scored, dp_group, reader.reads, reader.whole_bytes())
+
+    def weights(self, path: Path) -> Path:
+        return path / WEIGHTS
 
     def recorded_vocabulary(self, checkpoint: Checkpoint) -> RecordedVocabulary | None:
         path = checkpoint.path / CONFIG_FILE

@@ -9,7 +9,7 @@ tests/integrations/test_olmo_core_parallel.py runs in its own process. Two callb
 (our keys) at startup and after each step, `inloop_eval_olmo` (OLMo-core's keys, from a config file that adds
 a PMI task) at startup. The layouts named (of one world size) run one after the other in one launch, each with
 a trainer of its own. Every rank writes `<out>/<layout>/rank<r>.json`: what OLMo-core logged per step (`collected`),
-at `tp2` the largest tensor the scoring code allocated per batch (`ScoringMemory`), and, for the distributed layouts,
+at `tp2` the largest tensor the head's scoring allocated per batch (`ScoringMemory`), and, for the distributed layouts,
 the refusals of sharding over no group and over the world (and at `tp2`, of evaluating a DDP x TP model before
 it has trained).
 """
@@ -33,10 +33,11 @@ from olmo_core.train.train_module import (
     TransformerTensorParallelConfig,
 )
 
-import inloop_eval.engine.outputs.sequence_sharded as sequence_sharded
+from inloop_eval.engine.logprobs import chunk_positions
+from inloop_eval.engine.outputs.vocab_sharded import ShardedHead
 from inloop_eval.errors import ConfigError
 from inloop_eval.integrations.callback_config import DEFAULT_BATCH_TOKENS
-from inloop_eval.integrations.olmo_core.adapter import OLMoCoreAdapter, OLMoCoreSequenceSplitAdapter
+from inloop_eval.integrations.olmo_core.adapter import OLMoCoreAdapter
 from workers.olmo_core_train import callback_config, collected, model_config, runs_in_turn, train
 from workers.parallel_checks import LargestTensor
 
@@ -72,10 +73,10 @@ LAYOUTS: dict[str, tuple[int, dict[str, Any]]] = {
 
 
 class ScoringMemory:
-    """While active, the largest tensor (elements) the evaluator's own code allocates per batch of an
-    OLMo-core model splitting the sequence, outside the model's forward: selecting the positions a rank
-    holds (`OLMoCoreSequenceSplitAdapter.forward` less the model's forward) and scoring them (`sequence_shard_logprobs`), with
-    the bound [B, T/TP, V] of that batch (B, T its input shape, V the logits' width)."""
+    """While active, the largest tensor (elements) the evaluator's head scoring allocates per batch of an
+    OLMo-core model under tensor parallelism, where its head scores every target on this rank's slice of the
+    vocabulary (`ShardedHead.target_logprobs`, inside the model's forward), with the bound [C, V/TP] of a chunk
+    of C positions (`chunk_positions`: the same chunk one process scores on the whole vocabulary)."""
 
     def __init__(self) -> None:
         self.record: list[dict[str, int]] = []
@@ -85,32 +86,23 @@ class ScoringMemory:
         mode = PausableLargest()
         pause = model.register_forward_pre_hook(lambda *_: mode.pause(True))
         resume = model.register_forward_hook(lambda *_: mode.pause(False))
-        adapter_class = OLMoCoreSequenceSplitAdapter
-        features, score = adapter_class.forward, sequence_sharded.sequence_shard_logprobs
+        score = ShardedHead.target_logprobs
 
-        def recording_features(adapter: OLMoCoreSequenceSplitAdapter, inputs: Any) -> Any:
+        def recording_score(head: ShardedHead, features_UX: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             mode.largest = 0
+            mode.pause(False)
             with mode:
-                shard = features(adapter, inputs)
-            vocab = int(shard.logits_LV.shape[-1])
-            rows, width = inputs.input_ids_BT.shape
-            bound = rows * width // adapter.split.tp_size * vocab
-            self.record.append({"largest": mode.largest, "bound": bound})
-            return shard
-
-        def recording_score(*args: Any, **kwargs: Any) -> Any:
-            with mode:
-                result = score(*args, **kwargs)
-            self.record[-1]["largest"] = max(self.record[-1]["largest"], mode.largest)
+                result = score(head, features_UX, *args, **kwargs)
+            mode.pause(True)
+            chunk = min(int(features_UX.shape[0]), chunk_positions(head.vocab))
+            self.record.append({"largest": mode.largest, "bound": chunk * int(head.weight_LX.shape[0])})
             return result
 
-        adapter_class.forward = recording_features  # type: ignore[method-assign]
-        sequence_sharded.sequence_shard_logprobs = recording_score
+        ShardedHead.target_logprobs = recording_score  # type: ignore[method-assign]
         try:
             yield
         finally:
-            adapter_class.forward = features  # type: ignore[method-assign]
-            sequence_sharded.sequence_shard_logprobs = score
+            ShardedHead.target_logprobs = score  # type: ignore[method-assign]
             pause.remove()
             resume.remove()
 
