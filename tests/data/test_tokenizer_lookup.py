@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from hub_cache_layout import COMMIT, add_to_hub_cache
+from hub_cache_folders import COMMIT, add_to_hub_cache
 
 from inloop_eval.data.fetch import COMPLETE_MARKER
 from inloop_eval.data.hub_cache import cached_hub_file, hub_cache_dir

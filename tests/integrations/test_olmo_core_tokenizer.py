@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hub_cache_layout import add_to_hub_cache, widened_tokenizer_json
+from hub_cache_folders import add_to_hub_cache, widened_tokenizer_json
 from olmo_core.data import TokenizerConfig
 from workers.olmo_core_train import INTERVAL, LIMIT, TASKS, train
 

@@ -44,7 +44,7 @@ class LogitsAdapter(ModelAdapter):
 def input_embedding_rows(model: Any) -> int | None:
     """The number of token ids `model` can embed: the rows of `get_input_embeddings()` where the model has
     one, else of its first `nn.Embedding` (in registration order the token embedding, ahead of position
-    embeddings, in the common GPT layouts); None for a callable that is not a module."""
+    embeddings, in the common GPT module names); None for a callable that is not a module."""
     get = getattr(model, "get_input_embeddings", None)
     try:
         embedding = get() if callable(get) else None

@@ -3,7 +3,7 @@ harness's `ConfigurableTask` renders it.
 
 Supported keys: `task`, `include` (one file or a list; the including file wins, then earlier includes over
 later ones), `group` / `tag` (the task's groups), group files (`group: name` with `task: [members]`),
-`dataset_path` / `dataset_name` / `dataset_kwargs` (a hub path reads the local data root in OLMo's layout;
+`dataset_path` / `dataset_name` / `dataset_kwargs` (a hub path reads the local data root in OLMo's folders;
 `json`, `csv`, `parquet` and `arrow` read local `data_files`, relative to the YAML file), `test_split` /
 `validation_split` (the evaluated split, test first, as the harness does) / `training_split` /
 `fewshot_split`, `process_docs`, `doc_to_text`, `doc_to_choice`, `doc_to_target` (a field name, a Jinja

@@ -12,7 +12,7 @@ from inloop_eval.tasks.registry import register
 
 class LabelledChoicesTask(MultipleChoiceTask):
     """'Question: {question}\\nAnswer:' with the choice texts as continuations and the gold answer named by
-    `answerKey` among `choices.label` (the layout of ARC, OpenBookQA and CommonsenseQA)."""
+    `answerKey` among `choices.label` (the schema of ARC, OpenBookQA and CommonsenseQA)."""
 
     question_field: str = "question"
     uncond_context = "Answer:"  # OLMo's domain conditional for PMI
