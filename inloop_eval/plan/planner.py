@@ -20,7 +20,7 @@ from inloop_eval.errors import InLoopEvalError
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.downstream import DEFAULT_MAX_LENGTH, TaskEvalConfig
 from inloop_eval.plan.allocate import Allocation, Candidate, CostCurve, TaskPlan, allocate
-from inloop_eval.plan.cost import CostSettings, entry_tokens, task_cost
+from inloop_eval.plan.cost import POOL_DOCUMENTS, CostSettings, entry_tokens, task_cost
 from inloop_eval.plan.noise import figure_noise
 from inloop_eval.plan.runs import PLAN_FIGURES, PlanError, RunData, read_run
 
@@ -40,6 +40,8 @@ class PlanRequest:
     config: EvaluatorConfig | None = None
     packed: bool = True
     device_type: str = "cpu"
+    pool: int = POOL_DOCUMENTS
+    """Documents of each task tokenized to price it (`cost.POOL_DOCUMENTS`)."""
 
 
 @dataclass
@@ -99,6 +101,7 @@ def cost_settings(config: EvaluatorConfig, request: PlanRequest, rate: float) ->
         config.max_length or DEFAULT_MAX_LENGTH,
         config.batch_shape(needs, request.device_type),
         rate,
+        request.pool,
     )
 
 

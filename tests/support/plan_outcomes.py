@@ -7,10 +7,15 @@ x > 0 thresholded."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
+from inloop_eval.loggers.outcomes import OUTCOMES_DIR, write_step
+from inloop_eval.metrics.icl import DocumentOutcomes
 from inloop_eval.plan.noise import RunValues
 
 
@@ -54,3 +59,32 @@ def run_values(
     if binary:
         values_KD = (values_KD > 0).astype(np.float64)
     return RunValues(steps_K, np.arange(n_docs, dtype=np.int64), values_KD)
+
+
+def write_run(
+    run_dir: Path,
+    tasks: dict[str, dict[str, RunValues]],
+    evaluation: dict,
+    seconds: float = 2.0,
+    tokens: int = 10000,
+) -> Path:
+    """A run directory as a demo run leaves it: `outcomes/step_<N>.npz` holding `tasks` (label -> figure ->
+    values, 0/1 figures named `acc*`), `config.json` with `evaluation`, and `metrics.jsonl` with every step's
+    eval/seconds and eval/tokens_forwarded."""
+    steps = sorted({int(s) for figures in tasks.values() for v in figures.values() for s in v.steps_K})
+    for step in steps:
+        outcomes = {}
+        for label, figures in tasks.items():
+            first = next(iter(figures.values()))
+            k = int(np.flatnonzero(first.steps_K == step)[0])
+            outcomes[label] = DocumentOutcomes(
+                doc_id=first.doc_id_D,
+                n_choices=np.full(len(first.doc_id_D), 2, dtype=np.int64),
+                values={name: v.values_KD[k] for name, v in figures.items()},
+                binary=frozenset(name for name in figures if name.startswith("acc")),
+            )
+        write_step(run_dir / OUTCOMES_DIR, outcomes, step)
+    (run_dir / "config.json").write_text(json.dumps({"evaluation": evaluation}))
+    rows = [{"step": s, SECONDS_KEY: seconds, TOKENS_KEY: tokens} for s in steps]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
