@@ -110,6 +110,9 @@ class TaskPlan:
     signal: float = math.nan
     reason: str = ""
     n_split: int = 0
+    figures: dict[str, dict[str, float | str]] = field(default_factory=dict)
+    """Every figure weighed, by name: its signal, per-document and checkpoint variances, the z at the documents
+    the runs evaluated, and the problem that kept it out ('' for none)."""
 
     @property
     def kept(self) -> bool:
@@ -184,6 +187,21 @@ def best_step(
     return (best, best_extra) if best is not None else None
 
 
+def weighed(figures: Sequence[FigureNoise]) -> dict[str, dict[str, float | str]]:
+    """Each figure's estimates, as `TaskPlan.figures` shows them."""
+    return {
+        f.figure: {
+            "signal": f.signal,
+            "doc_variance": f.doc_variance,
+            "checkpoint_variance": max(f.checkpoint_variance, f.checkpoint_floor),
+            "runs_documents": f.n_docs,
+            "snr_at_runs_documents": math.sqrt(f.z2(f.n_docs)) if f.n_docs else 0.0,
+            "problem": f.problem,
+        }
+        for f in figures
+    }
+
+
 def task_plan(c: Candidate, ladder: list[int], i: int, budget: float) -> TaskPlan:
     """The `TaskPlan` of candidate `c` at rung i of its ladder (-1: none), with the reason it is dropped."""
     figure, z2 = c.best(ladder[i] if i >= 0 else 0)
@@ -199,8 +217,11 @@ def task_plan(c: Candidate, ladder: list[int], i: int, budget: float) -> TaskPla
             math.sqrt(2.0 * figure.variance(n)),
             figure.signal,
             n_split=c.n_split,
+            figures=weighed(c.figures),
         )
-    return TaskPlan(c.label, reason=drop_reason(c, ladder, budget), n_split=c.n_split)
+    return TaskPlan(
+        c.label, reason=drop_reason(c, ladder, budget), n_split=c.n_split, figures=weighed(c.figures)
+    )
 
 
 def drop_reason(c: Candidate, ladder: list[int], budget: float) -> str:
@@ -212,7 +233,7 @@ def drop_reason(c: Candidate, ladder: list[int], budget: float) -> str:
         return "; ".join(problems)
     first = ladder[0]
     if c.cost(first) > budget:
-        return f"budget: its first {first} documents cost {c.cost(first):.2f} s, more than the budget"
+        return f"budget: its first {first} documents cost {c.cost(first):.2f} s, more than the {budget:.2f} s for tasks"
     figure, z2 = c.best(first)
     return (
         f"budget: its first {first} documents buy z^2 {z2:.3g} on {figure.figure if figure else '?'} for "

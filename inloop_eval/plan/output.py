@@ -84,6 +84,10 @@ def task_json(task: TaskPlan) -> dict[str, Any]:
         "snr": task.snr,
         "z2": task.z2,
         "reason": task.reason,
+        "figures": {
+            name: {k: number(v) if isinstance(v, float) else v for k, v in f.items()}
+            for name, f in task.figures.items()
+        },
     }
 
 

@@ -19,6 +19,7 @@ from inloop_eval.cli.main import main
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
 from inloop_eval.models.gpt import GPT, GPTConfig
+from inloop_eval.plan.output import planned_config
 from inloop_eval.plan.planner import PlanRequest, make_plan
 from inloop_eval.plan.runs import PlanError, measured_rates
 
@@ -123,3 +124,26 @@ def test_measured_rates_leave_out_the_first_evaluation():
     rate, seconds, tokens = measured_rates(series)
     assert rate == pytest.approx(np.median([2.0 / 1000, 4.0 / 1000]))
     assert seconds == pytest.approx(3.0) and tokens == 1000.0
+
+
+def test_perplexity_evaluators_are_kept_and_their_seconds_come_off_the_budget(tmp_path, data_root):
+    """The runs' tokens less those the engine plans for their tasks are the perplexity evaluators'; at the
+    measured rate their seconds are spent before any task's, and the entry is written back unchanged."""
+    text = tmp_path / "held.jsonl"
+    text.write_text(json.dumps({"text": "Some held-out text."}) + "\n")
+    config = evaluation(data_root)
+    config["evaluators"] = [
+        {"task": "piqa", "limit": 40},
+        {"type": "lm", "domains": [{"label": "held", "paths": [str(text)], "format": "jsonl"}]},
+    ]
+    values = {"piqa": {"bpb_gold": run_values(Truth(slope=0.004, doc_sd=0.2), 0, n_docs=40, steps=STEPS)}}
+    run = write_run(tmp_path / "run", values, config, seconds=2.0, tokens=8000)
+    result = make_plan(PlanRequest(runs=(run,), budget=2.0, pool=200))
+    assert 0 < result.planned_tokens < 8000
+    assert result.fixed_seconds == pytest.approx((8000 - result.planned_tokens) * 2.0 / 8000)
+    assert result.allocation.seconds <= 2.0 - result.fixed_seconds
+    written, _ = planned_config(result)
+    assert [e["type"] for e in written["evaluators"]] == ["downstream", "lm"]
+    assert written["evaluators"][1]["domains"][0]["paths"] == [str(text)]
+    with pytest.raises(PlanError, match="perplexity evaluators"):
+        make_plan(PlanRequest(runs=(run,), budget=0.5, pool=200))
