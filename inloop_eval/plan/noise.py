@@ -21,8 +21,9 @@ cancel is, per evaluation,
 
 The signal `signal` (in the figure's units) is the difference the decision looks for: with one run, the trend's
 change from one evaluation to the next (|slope| x the median step between evaluations, fitted on the same
-window, its square less the slope's own sampling variance); with several, the runs' root-mean-square pairwise difference at their last common step, less the part
-that two evaluations' own noise at the documents they used accounts for (never below 0).
+window, its square less the slope's own sampling variance); with several, the runs' root-mean-square pairwise
+difference at their last common step (on the documents both scored), less the part that two evaluations' own
+noise at the documents they used accounts for (never below 0).
 
 A decision between two evaluations on n documents then has z = signal / sqrt(2 var(n)) (`z2` is its square);
 independent tasks' evidence adds as z^2. The level's standard error (what fresh samples of n documents of the
@@ -126,25 +127,30 @@ def run_noise(run: RunValues) -> tuple[float, float, float, float, float]:
     return doc_variance, checkpoint_variance, change2, level_variance, floor
 
 
-def paired_finals(runs: Sequence[RunValues]) -> tuple[np.ndarray, float]:
-    """([R] each run's figure at the last step all runs evaluated (their last evaluations where they share
-    none), mean over pairs of runs of var_d(x_a - x_b) / 2 on the documents both scored there)."""
+def pairwise(runs: Sequence[RunValues]) -> tuple[float, float]:
+    """(the mean over pairs of runs of their squared difference, the mean over pairs of var_d(x_a - x_b) / 2),
+    each pair compared at the last step all runs evaluated (their last evaluations where they share none) on
+    the documents both scored there; where a pair shares fewer than 2 documents, its difference is of their
+    own documents' means and it adds no variance (NaN when no pair does)."""
     common = set.intersection(*(set(run.steps_K.tolist()) for run in runs))
     rows = [int(np.flatnonzero(run.steps_K == max(common))[0]) if common else -1 for run in runs]
-    finals_R = np.array([run.values_KD[k].mean() for run, k in zip(runs, rows, strict=True)])
-    halves = []
+    squares, halves = [], []
     for a, b in combinations(range(len(runs)), 2):
+        x_a, x_b = runs[a].values_KD[rows[a]], runs[b].values_KD[rows[b]]
         _, ia, ib = np.intersect1d(runs[a].doc_id_D, runs[b].doc_id_D, return_indices=True)
-        if len(ia) > 1:
-            diff_N = runs[a].values_KD[rows[a], ia] - runs[b].values_KD[rows[b], ib]
-            halves.append(float(diff_N.var(ddof=1)) / 2.0)
-    return finals_R, float(np.mean(halves)) if halves else math.nan
+        if len(ia) < 2:
+            squares.append(float(x_a.mean() - x_b.mean()) ** 2)
+            continue
+        diff_N = x_a[ia] - x_b[ib]
+        squares.append(float(diff_N.mean()) ** 2)
+        halves.append(float(diff_N.var(ddof=1)) / 2.0)
+    return float(np.mean(squares)), float(np.mean(halves)) if halves else math.nan
 
 
-def between_runs_signal(finals_R: np.ndarray, noise_variance: float) -> float:
-    """The runs' root-mean-square pairwise difference, less two evaluations' noise (`noise_variance` each)."""
-    pairs = [(finals_R[a] - finals_R[b]) ** 2 for a, b in combinations(range(len(finals_R)), 2)]
-    return math.sqrt(max(float(np.mean(pairs)) - 2.0 * noise_variance, 0.0))
+def between_runs_signal(mean_square: float, noise_variance: float) -> float:
+    """The runs' root-mean-square pairwise difference (`mean_square` its square), less two evaluations'
+    noise (`noise_variance` each), never below 0."""
+    return math.sqrt(max(mean_square - 2.0 * noise_variance, 0.0))
 
 
 def figure_noise(label: str, figure: str, runs: Sequence[RunValues]) -> FigureNoise:
@@ -167,9 +173,9 @@ def figure_noise(label: str, figure: str, runs: Sequence[RunValues]) -> FigureNo
     doc_variance, checkpoint_variance, change2, level_variance, floor = np.nanmean(per_run, axis=0)
     source = "trend"
     if len(usable) >= 2:
-        finals_R, paired = paired_finals(usable)
+        mean_square, paired = pairwise(usable)
         doc_variance = paired if math.isfinite(paired) else doc_variance
-        signal = between_runs_signal(finals_R, doc_variance / n_docs + checkpoint_variance)
+        signal = between_runs_signal(mean_square, doc_variance / n_docs + checkpoint_variance)
         source = f"{len(usable)} runs"
     else:
         signal = math.sqrt(float(change2))

@@ -118,3 +118,40 @@ def test_missing_and_constant_figures_are_reported_with_the_reason():
     constant = RunValues(np.arange(5) * 10, np.arange(30), np.ones((5, 30)))
     e = figure_noise("t", "acc", [constant])
     assert e.problem.startswith("constant") and e.z2(100) == 0.0
+
+
+def test_runs_that_do_not_differ_show_no_signal_between_them():
+    """Four runs of one quality: their spread is their evaluations' noise, which the signal discounts."""
+    z2 = []
+    for trial in range(100):
+        runs = [run_values(Truth(doc_sd=0.2), 1000 * trial + seed) for seed in range(4)]
+        z2.append(figure_noise("t", "bpb_gold", runs).z2(200))
+    assert np.median(z2) < 0.1
+    assert sum(z == 0.0 for z in z2) > 30  # the spread falls within two evaluations' noise
+
+
+def test_the_between_runs_parts_against_a_plain_numpy_reference():
+    """Pairs compared on the documents both scored at the last step all runs share."""
+    runs = [
+        run_values(
+            Truth(doc_sd=0.2, offset=0.1 * i),
+            i,
+            n_docs=60 + 10 * i,
+            steps=(0, 10, 20, 30, 40, 50 + 10 * (i == 0)),
+        )
+        for i in range(3)
+    ]
+    squares, halves = [], []
+    for a in range(3):
+        for b in range(a + 1, 3):
+            ra, rb = runs[a], runs[b]
+            ka = list(ra.steps_K).index(40)
+            kb = list(rb.steps_K).index(40)
+            n = min(len(ra.doc_id_D), len(rb.doc_id_D))  # ids 0..n-1 are the shared documents
+            diff = ra.values_KD[ka, :n] - rb.values_KD[kb, :n]
+            squares.append(diff.mean() ** 2)
+            halves.append(diff.var(ddof=1) / 2)
+    e = figure_noise("t", "bpb_gold", runs)
+    assert e.doc_variance == pytest.approx(np.mean(halves), rel=1e-12)
+    noise = np.mean(halves) / 60 + e.checkpoint_variance
+    assert e.signal == pytest.approx(math.sqrt(max(np.mean(squares) - 2 * noise, 0.0)), rel=1e-12)
