@@ -147,3 +147,20 @@ def test_perplexity_evaluators_are_kept_and_their_seconds_come_off_the_budget(tm
     assert written["evaluators"][1]["domains"][0]["paths"] == [str(text)]
     with pytest.raises(PlanError, match="perplexity evaluators"):
         make_plan(PlanRequest(runs=(run,), budget=0.5, pool=200))
+
+
+def test_checkpoints_evaluated_with_outcomes_plan_with_the_config_and_a_rate(tmp_path, data_root):
+    """Before a run has logged anything: checkpoints evaluated with `inloop-eval evaluate --outcomes DIR --step
+    N` leave only DIR/outcomes; the config they used and the seconds per token make the plan."""
+    values = {"piqa": {"bpb_gold": run_values(Truth(slope=0.004, doc_sd=0.2), 0, n_docs=40, steps=STEPS)}}
+    outcomes_only = write_run(tmp_path / "checkpoints", values, evaluation(data_root))
+    (outcomes_only / "config.json").unlink()
+    (outcomes_only / "metrics.jsonl").unlink()
+    config_file = tmp_path / "broad.yaml"
+    config_file.write_text(yaml.safe_dump(evaluation(data_root)))
+    out = tmp_path / "plan"
+    argv = ["plan", str(outcomes_only), "--budget", "0.5", "--out", str(out), "--config", str(config_file)]
+    assert main(argv) == 2  # no rate measured: it asks for one
+    assert main([*argv, "--seconds-per-token", "2.5e-4"]) == 0
+    report = json.loads((out / "plan.json").read_text())
+    assert report["seconds_per_token"] == 2.5e-4 and report["tasks"][0]["label"] == "piqa"
