@@ -160,6 +160,9 @@ def make_plan(request: PlanRequest) -> PlanResult:
         else:
             candidates.append(c)
     allocation = allocate(candidates, budget - fixed)
+    if not allocation.kept() and len(entries) == len(config.evaluators):
+        why = "; ".join(f"{t.label}: {t.reason}" for t in [*allocation.tasks, *missing])
+        raise PlanError(f"no task is kept within {budget:.3g} s, so there is no evaluation to write ({why})")
     allocation.budget = budget
     allocation.tasks = sorted(allocation.tasks, key=lambda t: (not t.kept, -t.z2, t.label)) + missing
     notes = [note for run in runs for note in run.notes]

@@ -164,3 +164,10 @@ def test_checkpoints_evaluated_with_outcomes_plan_with_the_config_and_a_rate(tmp
     assert main([*argv, "--seconds-per-token", "2.5e-4"]) == 0
     report = json.loads((out / "plan.json").read_text())
     assert report["seconds_per_token"] == 2.5e-4 and report["tasks"][0]["label"] == "piqa"
+
+
+def test_a_budget_no_task_fits_is_an_error_naming_each_tasks_reason(run_dir):
+    with pytest.raises(
+        PlanError, match=r"no task is kept within 0\.0001 s, .*piqa: budget: its first 10 documents"
+    ):
+        make_plan(PlanRequest(runs=(run_dir,), budget=1e-4, pool=200))
