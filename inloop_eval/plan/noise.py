@@ -13,15 +13,17 @@ cancel is, per evaluation,
   degrees of freedom). With several runs: half the variance over documents of x_a[d] - x_b[d] between two runs
   at their last common step, averaged over the pairs of runs (paired on the documents both evaluated).
 - `checkpoint_variance` (the part no number of documents removes): the variance of the figure around its
-  straight-line trend over the last `WINDOW` evaluations, less what `doc_variance / D` explains of it (never
-  below 0): a model's state jitters from checkpoint to checkpoint whatever the documents. A plan counts it as
+  trend over the last `WINDOW` evaluations (a straight line in the step or in its logarithm, whichever fits
+  closer: `closer_trend`), less what `doc_variance / D` explains of it (never below 0; with several runs,
+  the median of the runs', so that one run's loss spike is not every run's noise): a model's state jitters
+  from checkpoint to checkpoint whatever the documents. A plan counts it as
   at least `checkpoint_floor`, what K evaluations cannot tell from 0 (the residual variance's own standard
   error, sqrt(2 / (K - 2)) x the residual): so it never counts on more documents removing noise the runs
   could not have seen, and z^2 levels off within a few times the documents the runs evaluated.
 
 The signal `signal` (in the figure's units) is the difference the decision looks for: with one run, the trend's
-change from one evaluation to the next (|slope| x the median step between evaluations, fitted on the same
-window, its square less the slope's own sampling variance); with several, the runs' root-mean-square pairwise
+change from one evaluation to the next (|slope| x the median distance between evaluations on the line's
+abscissa, fitted on the same window, its square less the slope's own sampling variance); with several, the runs' root-mean-square pairwise
 difference at their last common step (on the documents both scored), less the part that two evaluations' own
 noise at the documents they used accounts for (never below 0).
 
@@ -112,6 +114,17 @@ def trend(steps_K: np.ndarray, means_K: np.ndarray) -> tuple[float, float, float
     return float(slope), residual / float(((x - x.mean()) ** 2).sum()), residual
 
 
+def closer_trend(steps_K: np.ndarray, means_K: np.ndarray) -> tuple[np.ndarray, tuple[float, float, float]]:
+    """(the abscissa, `trend`) of the straight line in the step or in log(1 + step), whichever leaves the
+    smaller residual: early in training a figure bends like a power law of the step, and a line in the step
+    would count the bend as checkpoint noise."""
+    fits = [
+        (x_K, trend(x_K, means_K))
+        for x_K in (steps_K.astype(np.float64), np.log1p(steps_K.astype(np.float64)))
+    ]
+    return min(fits, key=lambda fit: fit[1][2])
+
+
 def run_noise(run: RunValues) -> tuple[float, float, float, float, float]:
     """(doc_variance, checkpoint_variance, squared trend change per evaluation, level_variance,
     checkpoint_floor) of one run over its last WINDOW evaluations; the run must have at least
@@ -119,9 +132,9 @@ def run_noise(run: RunValues) -> tuple[float, float, float, float, float]:
     so that a flat, noisy curve shows none."""
     steps_K, values_KD = run.steps_K[-WINDOW:], run.values_KD[-WINDOW:]
     doc_variance = interaction_variance(values_KD)
-    slope, slope_variance, residual = trend(steps_K, values_KD.mean(1))
+    x_K, (slope, slope_variance, residual) = closer_trend(steps_K, values_KD.mean(1))
     checkpoint_variance = max(residual - doc_variance / values_KD.shape[1], 0.0)
-    change2 = max(slope**2 - slope_variance, 0.0) * float(np.median(np.diff(steps_K))) ** 2
+    change2 = max(slope**2 - slope_variance, 0.0) * float(np.median(np.diff(x_K))) ** 2
     level_variance = float(values_KD[-1].var(ddof=1))
     floor = math.sqrt(2.0 / (len(steps_K) - 2)) * residual
     return doc_variance, checkpoint_variance, change2, level_variance, floor
@@ -170,7 +183,8 @@ def figure_noise(label: str, figure: str, runs: Sequence[RunValues]) -> FigureNo
     if all(np.ptp(run.values_KD) == 0 for run in usable):
         return problem(f"constant: every document scored the same {figure!r} at every evaluation")
     per_run = np.array([run_noise(run) for run in usable])  # [R, 5]
-    doc_variance, checkpoint_variance, change2, level_variance, floor = np.nanmean(per_run, axis=0)
+    # The median over runs: one run's loss spike is that run's, not every run's checkpoint noise.
+    doc_variance, checkpoint_variance, change2, level_variance, floor = np.nanmedian(per_run, axis=0)
     source = "trend"
     if len(usable) >= 2:
         mean_square, paired = pairwise(usable)

@@ -155,3 +155,28 @@ def test_the_between_runs_parts_against_a_plain_numpy_reference():
     assert e.doc_variance == pytest.approx(np.mean(halves), rel=1e-12)
     noise = np.mean(halves) / 60 + e.checkpoint_variance
     assert e.signal == pytest.approx(math.sqrt(max(np.mean(squares) - 2 * noise, 0.0)), rel=1e-12)
+
+
+def test_a_curve_bending_like_a_power_law_is_not_counted_as_checkpoint_noise():
+    """bpb falling as a line in log(1 + step), early in training: a line in the step would leave the bend as
+    residual; the trend in the logarithm leaves only the documents' noise."""
+    steps_K = np.array([6, 12, 18, 24, 30, 36])
+    rng = np.random.default_rng(0)
+    values_KD = (
+        3.5 - 0.4 * np.log1p(steps_K)[:, None] + rng.normal(0, 0.3, (1, 300)) + rng.normal(0, 0.05, (6, 300))
+    )
+    e = figure_noise("t", "bpb_gold", [RunValues(steps_K, np.arange(300), values_KD)])
+    _, _, straight_residual = trend(steps_K, values_KD.mean(1))
+    assert straight_residual > 100 * e.checkpoint_variance
+    assert e.checkpoint_variance < 1e-4
+
+
+def test_one_runs_loss_spike_is_not_every_runs_checkpoint_noise():
+    runs = [run_values(Truth(doc_sd=0.2, offset=0.1 * i), i) for i in range(5)]
+    spiked = runs[0].values_KD.copy()
+    spiked[2] += 2.0
+    calm = figure_noise("t", "bpb_gold", runs)
+    runs[0] = RunValues(runs[0].steps_K, runs[0].doc_id_D, spiked)
+    with_spike = figure_noise("t", "bpb_gold", runs)
+    assert with_spike.checkpoint_variance < 2 * calm.checkpoint_variance + 1e-4
+    assert with_spike.signal > 0.5 * calm.signal
