@@ -12,11 +12,11 @@ Then, for budgets of 5%, 10% and 25% of the full evaluation's seconds (every tas
 the engine's plan at the runs' measured seconds per token), three ways to spend them:
 - plan: the planner's estimates (`inloop_eval.plan.noise`) fitted on the first half of every run's checkpoints,
   its allocation (`inloop_eval.plan.allocate`) of tasks, figures and documents;
-- one limit: every task on acc_norm (acc where it has none), at the largest document count (from 2) that
-  every task can take within the budget (a stand-in for a fixed task set with one `limit`; not
+- one limit: every task at the largest document count (from 2) that every task can take within the budget,
+  read on its accuracy (acc_norm, or acc where it has none) or on its bits-per-byte twin (bpb_gold) (a stand-in for a fixed task set with one `limit`; not
   OLMo-core's `fast` labels, which are 5-shot letter-key tasks a model this small cannot read);
 - random: tasks in a random order, each with a random number of documents (from 2 to all) drawn at random,
-  while they fit; --draws draws.
+  while they fit, read on accuracy or on bpb_gold as above; --draws draws.
 Each is scored at every checkpoint of the second half: for each pair of runs, the sum over its tasks of the
 paired z (the mean per-document difference on its documents over its standard error; signs set so that
 positive means better) picks a winner; the decision accuracy is the share of pairs x checkpoints where that
@@ -159,8 +159,11 @@ def accuracy(runs: list[Values], truth: list[float], picks: list[Pick], steps: l
     return float(np.mean(scores))
 
 
-def primary(figures: dict[str, RunValues]) -> str:
-    """The figure a fixed task set reads: acc_norm where the task has it, else acc."""
+def read_on(figures: dict[str, RunValues], figure: str) -> str:
+    """The figure a baseline reads: `figure` (bpb_gold), or for "accuracy" acc_norm where the task has it,
+    else acc."""
+    if figure != "accuracy":
+        return figure
     return "acc_norm" if "acc_norm" in figures else "acc"
 
 
@@ -191,10 +194,15 @@ def methods(
     out = {"plan": [[(t.label, t.figure, spread(t.documents, n_docs[t.label])) for t in plan.kept()]]}
     # Any whole number of documents from 2 (a paired standard error needs two), not only the plan's ladder.
     fits = [n for n in range(2, min(n_docs.values()) + 1) if sum(c(n) for c in costs.values()) <= budget]
-    out["one limit"] = [
-        [(label, primary(runs[0][label]), spread(fits[-1], n_docs[label])) for label in costs] if fits else []
-    ]
-    out["random"] = [random_picks(runs, costs, n_docs, budget, rng) for _ in range(draws)]
+    for figure in ("accuracy", "bpb_gold"):
+        out[f"one limit, {figure}"] = [
+            [(label, read_on(runs[0][label], figure), spread(fits[-1], n_docs[label])) for label in costs]
+            if fits
+            else []
+        ]
+        out[f"random, {figure}"] = [
+            random_picks(runs, costs, n_docs, budget, rng, figure) for _ in range(draws)
+        ]
     return out, plan
 
 
@@ -204,6 +212,7 @@ def random_picks(
     n_docs: dict[str, int],
     budget: float,
     rng: np.random.Generator,
+    figure: str,
 ) -> list[Pick]:
     """Tasks in a random order, each with a random number of documents drawn at random, while they fit."""
     picks: list[Pick] = []
@@ -213,7 +222,7 @@ def random_picks(
         if costs[label](n) <= left:
             left -= costs[label](n)
             picks.append(
-                (label, primary(runs[0][label]), np.sort(rng.choice(n_docs[label], n, replace=False)))
+                (label, read_on(runs[0][label], figure), np.sort(rng.choice(n_docs[label], n, replace=False)))
             )
     return picks
 
@@ -254,7 +263,10 @@ def analyse(run_dirs: list[Path], args: argparse.Namespace, root: Path) -> dict[
             row[name] = float(np.mean([accuracy(runs, truth, p, score_steps) for p in draws]))
         row["plan_kept"] = {t.label: [t.figure, t.documents] for t in plan.kept()}
         rows.append(row)
-    full_picks = [(label, primary(runs[0][label]), np.arange(args.limit)) for label in costs]
+    full_picks = {
+        figure: [(label, read_on(runs[0][label], figure), np.arange(args.limit)) for label in costs]
+        for figure in ("accuracy", "bpb_gold")
+    }
     return {
         "learning_rates": list(LEARNING_RATES[: args.runs]),
         "heldout_bpb": truth,
@@ -262,7 +274,9 @@ def analyse(run_dirs: list[Path], args: argparse.Namespace, root: Path) -> dict[
         "score_steps": score_steps,
         "seconds_per_token": rate,
         "full_seconds": full,
-        "full_accuracy_primary": accuracy(runs, truth, full_picks, score_steps),
+        "full_evaluation": {
+            figure: accuracy(runs, truth, picks, score_steps) for figure, picks in full_picks.items()
+        },
         "budgets": rows,
     }
 
