@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine",),
     ("evaluators",),
     ("loggers",),
-    ("report", "compare"),
+    ("report", "compare", "plan"),
     ("integrations", "demo", "watch"),
     ("cli",),
 ]

@@ -75,6 +75,12 @@ COMMANDS: tuple[Command, ...] = (
         module="inloop_eval.compare.command",
     ),
     Command(
+        name="plan",
+        help="the tasks, figures and documents that buy runs' decisions the most signal for a budget of seconds",
+        module="inloop_eval.plan.command",
+        flags="inloop_eval.plan.flags",
+    ),
+    Command(
         name="watch",
         help="evaluate each checkpoint of a training run once it has landed (a sidecar)",
         module="inloop_eval.watch.command",
