@@ -14,11 +14,13 @@ process, or two ranks under torchrun):
   run in the process; each rank's peak resident memory is the kernel's high-water mark (VmHWM) at its end;
 - `startup`: the same start-up without the watch (torch, OLMo-core's model and checkpoint modules,
   `inloop_eval`'s command, the process group and, in a sharded layout, its device mesh); its VmHWM;
-- `imports`: that start-up and the libraries the evaluation imports on first use (`datasets`, with pandas and
-  pyarrow, for the task splits; torchmetrics, with scipy and the parts of transformers it loads, for the
-  metrics; 200 MiB resident on the benchmark's machine, alike in every process whatever its layout).
+- `imports`: that start-up and torchmetrics, the metrics library every evaluating process imports (the
+  in-loop callback's too), with what it imports itself when installed (scipy, matplotlib and, for its BERT
+  score, transformers: about 120 MiB resident on the benchmark's machine, the same in every process whatever
+  its layout).
 A rank's figure is its watch's peak above its layout's import-only (`imports`) peak: what the checkpoints,
-the task data and the evaluation hold. It prints one JSON line per layout (each rank's MiB, also above
+the task data (read with pyarrow; the evaluation of these tasks imports no `datasets`, and each rank's JSON
+line says so) and the evaluation hold. It prints one JSON line per layout (each rank's MiB, also above
 `startup`) and each sharded rank's figure over the one process's, against both; the watcher aims at <= 0.6
 above `imports`.
 """
@@ -114,7 +116,6 @@ def rank(folder: Path, layout: str, what: str) -> None:
 
     options = LAYOUTS[layout]
     if what == "imports":
-        import datasets  # noqa: F401
         import torchmetrics  # noqa: F401
     if what != "watch":
         device = init_from_env()
@@ -136,20 +137,24 @@ def rank(folder: Path, layout: str, what: str) -> None:
     me = world()[1] if what != "watch" else int(os.environ.get("RANK", 0))
     out = folder / "results" / layout / what
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank{me}.json").write_text(json.dumps({"rank": me, "hwm_mib": status_kib("VmHWM") / 1024}))
+    hwm_mib = status_kib("VmHWM") / 1024
+    (out / f"rank{me}.json").write_text(
+        json.dumps({"rank": me, "hwm_mib": hwm_mib, "datasets": "datasets" in sys.modules})
+    )
     if status:
         raise SystemExit(f"watch_memory: the watch of layout {layout} exited with {status}")
 
 
-def measure(folder: Path, layout: str, what: str) -> list[float]:
-    """Each rank's VmHWM (MiB) of `what` in `layout`, each in a fresh process."""
+def measure(folder: Path, layout: str, what: str) -> list[dict]:
+    """Each rank's VmHWM (MiB, `hwm_mib`) of `what` in `layout`, each in a fresh process, and whether it
+    imported `datasets`."""
     me = ["-m", "benchmarks.watch_memory", "--dir", str(folder), "--rank", layout, what]
     if layout != "whole":
         me = ["-m", "torch.distributed.run", "--nproc_per_node", "2", *me]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, *me], check=True, env=env, cwd=ROOT, timeout=TIMEOUT_S)
     files = sorted((folder / "results" / layout / what).glob("rank*.json"))
-    return [json.loads(p.read_text())["hwm_mib"] for p in files]
+    return [json.loads(p.read_text()) for p in files]
 
 
 def main() -> None:
@@ -179,9 +184,10 @@ def main() -> None:
     print(json.dumps({"parameters": n_params, "weights_mib": round(n_params * 4 / 2**20, 1)}), flush=True)
     above: dict[str, dict[str, list[float]]] = {"imports": {}, "startup": {}}
     for layout in args.layouts.split(","):
-        startup = measure(args.dir, layout, "startup")
-        imports = measure(args.dir, layout, "imports")
-        watch = measure(args.dir, layout, "watch")
+        startup = [r["hwm_mib"] for r in measure(args.dir, layout, "startup")]
+        imports = [r["hwm_mib"] for r in measure(args.dir, layout, "imports")]
+        watched = measure(args.dir, layout, "watch")
+        watch = [r["hwm_mib"] for r in watched]
         above["imports"][layout] = [w - i for w, i in zip(watch, imports, strict=True)]
         above["startup"][layout] = [w - i for w, i in zip(watch, startup, strict=True)]
         ranks = [
@@ -191,8 +197,9 @@ def main() -> None:
                 "watch_mib": round(w, 1),
                 "above_mib": round(w - i, 1),
                 "above_startup_mib": round(w - s, 1),
+                "imported_datasets": r["datasets"],
             }
-            for s, i, w in zip(startup, imports, watch, strict=True)
+            for s, i, w, r in zip(startup, imports, watch, watched, strict=True)
         ]
         print(json.dumps({"layout": layout, "ranks": ranks}), flush=True)
         evaluated = sorted(

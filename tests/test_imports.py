@@ -30,8 +30,8 @@ from inloop_eval.frameworks import Framework
 
 PACKAGE = Path(inloop_eval.__file__).parent
 # datasets is a dependency, but importing it (with pandas and pyarrow) costs most of a second: the functions
-# that read a split import it.
-OPTIONAL = ("wandb", "matplotlib", "transformers", "lightning", "olmo_core", "datasets")
+# that read a split import it, or pyarrow alone for a plain saved split.
+OPTIONAL = ("wandb", "matplotlib", "transformers", "lightning", "olmo_core", "datasets", "pyarrow")
 # What neither the package nor its command line may load before a command needs it.
 HEAVY = ("transformers", "scipy", "matplotlib", "pandas", "datasets", "pyarrow", "torchmetrics", "wandb", "lightning")
 # torchmetrics, and what its package import pulls in where installed: loaded with the metric modules only.

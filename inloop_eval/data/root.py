@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from stat import S_ISREG
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from inloop_eval.data.files import sha256_of, write_text_atomically
+from inloop_eval.data.saved_split import read_saved_split
 from inloop_eval.errors import TaskDataError
 
 if TYPE_CHECKING:
@@ -262,14 +263,35 @@ def load_split(
     )
 
 
+def split_rows(
+    path: str, name: str | None, split: str, *, data_root: str | Path | None = None, task: str = ""
+) -> Sequence[Mapping[str, Any]]:
+    """The rows of one split from the local root, as dicts: read with pyarrow alone when the split is plain
+    (`inloop_eval.data.saved_split`), so evaluating never imports `datasets`; through `load_split` otherwise."""
+    root = (Path(data_root) if data_root is not None else default_data_root()).expanduser().absolute()
+    local = split_dir(root, path, name, split)
+    if not local.is_dir():
+        return load_split(path, name, split, data_root=root, task=task)
+    verify_split_dir(root, local, task)
+    try:
+        rows = read_saved_split(local)
+    except Exception as exc:  # pyarrow and json each raise their own types for a damaged file
+        raise _damaged_split(root, local, task, exc) from None
+    return rows if rows is not None else _load_from_disk(root, local, task)
+
+
 def _load_from_disk(root: Path, local: Path, task: str) -> datasets.Dataset:
     """`datasets.load_from_disk`, with any failure (damaged Arrow or JSON files) a TaskDataError naming them."""
     import datasets  # deferred: importing datasets (with pandas and pyarrow) costs most of a second
     try:
         return datasets.load_from_disk(str(local))
     except Exception as exc:  # pyarrow, json and datasets each raise their own types for a damaged file
-        files = ", ".join(sorted(p.name for p in local.iterdir() if p.is_file())) or "none"
-        raise TaskDataError(
-            f"task {task!r}: could not load the split directory {local} (its files: {files}): "
-            f"{type(exc).__name__}: {exc}. A file there is damaged or incomplete. {_damaged_hint(root)}"
-        ) from None
+        raise _damaged_split(root, local, task, exc) from None
+
+
+def _damaged_split(root: Path, local: Path, task: str, exc: Exception) -> TaskDataError:
+    files = ", ".join(sorted(p.name for p in local.iterdir() if p.is_file())) or "none"
+    return TaskDataError(
+        f"task {task!r}: could not load the split directory {local} (its files: {files}): "
+        f"{type(exc).__name__}: {exc}. A file there is damaged or incomplete. {_damaged_hint(root)}"
+    )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inloop_eval.data.root import load_split
+from inloop_eval.data.root import split_rows
 from inloop_eval.errors import TaskDataError
 from inloop_eval.metrics.formats import RC_METRICS
 
@@ -187,7 +187,7 @@ class MultipleChoiceTask:
     ) -> Sequence[Mapping[str, Any]]:
         """The raw rows of one subset's split, each made into a document by `make_doc` (see
         `inloop_eval.tasks.loading`); by default the split saved under the data root."""
-        return load_split(self.dataset_path, subset, split, data_root=data_root, task=self.name)
+        return split_rows(self.dataset_path, subset, split, data_root=data_root, task=self.name)
 
     def make_doc(self, raw: Mapping[str, Any], index: int) -> Doc:
         """Render and check one raw row; raises TaskDataError naming the task, document and field."""

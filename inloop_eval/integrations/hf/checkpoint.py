@@ -113,7 +113,7 @@ def load_saved(path: Path) -> nn.Module:
         from transformers import AutoModelForCausalLM
     except ImportError:
         raise ConfigError(
-            "watch: Hugging Face checkpoints need `transformers`: pip install 'inloop_eval[hf]'"
+            "Hugging Face checkpoints need `transformers`: pip install 'inloop_eval[hf]'"
         ) from None
     model, info = AutoModelForCausalLM.from_pretrained(
         path, dtype="float32", disable_mmap=True, output_loading_info=True, ignore_mismatched_sizes=True
@@ -121,7 +121,7 @@ def load_saved(path: Path) -> nn.Module:
     missing = sorted(info.get("missing_keys") or ())
     if missing:
         raise CheckpointDamaged(
-            f"watch: {path / (INDEX_FILE if (path / INDEX_FILE).is_file() else SINGLE_FILE)} holds no tensor "
+            f"{path / (INDEX_FILE if (path / INDEX_FILE).is_file() else SINGLE_FILE)} holds no tensor "
             f"{missing[0]!r} ({len(missing)} missing: {', '.join(missing[:5])}) that the model of its config.json "
             "holds; not scored with it initialised at random: save the checkpoint again"
         )
@@ -129,7 +129,7 @@ def load_saved(path: Path) -> nn.Module:
     if mismatched:
         name, stored, expected = mismatched[0]
         raise CheckpointDamaged(
-            f"watch: tensor {name!r} of {path / saved_files(path).get(name, SINGLE_FILE)} has shape "
+            f"tensor {name!r} of {path / saved_files(path).get(name, SINGLE_FILE)} has shape "
             f"{tuple(stored)}, the model of its config.json {tuple(expected)} ({len(mismatched)} tensors differ): "
             "save the checkpoint again with its config"
         )

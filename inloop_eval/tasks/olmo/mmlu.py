@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from inloop_eval.data.root import load_split
+from inloop_eval.data.root import split_rows
 from inloop_eval.errors import TaskDataError, UnknownTaskError
 from inloop_eval.tasks.base import Doc
 from inloop_eval.tasks.native.mmlu import MMLURC, SUBJECTS
@@ -209,7 +209,7 @@ class OLMoMMLU(OLMoFormat, MMLURC):
         documents, question and variation, as OLMo's doc ids do), with the dev examples its prompt shows."""
         needs_dev = any(prompt is not None and _SHOTS.search(prompt) for prompt in self.prompts)
         out: list[dict[str, Any]] = []
-        for raw in load_split(self.dataset_path, subset, split, data_root=data_root, task=self.name):
+        for raw in split_rows(self.dataset_path, subset, split, data_root=data_root, task=self.name):
             examples = self.dev_rows(raw.get("subject"), data_root) if needs_dev else []
             out.extend({"raw": raw, "prompt": prompt, "examples": examples} for prompt in self.prompts)
         return out
@@ -220,7 +220,7 @@ class OLMoMMLU(OLMoFormat, MMLURC):
         if subject not in self.subsets():
             return []
         if subject not in self._dev_splits:
-            self._dev_splits[subject] = load_split(
+            self._dev_splits[subject] = split_rows(
                 self.dataset_path, subject, "dev", data_root=data_root, task=self.name
             )
         return self._dev_splits[subject]
