@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch.distributed as dist
@@ -24,7 +24,7 @@ import torch.distributed as dist
 from inloop_eval.checkpoints.formats import checkpoint_formats
 from inloop_eval.cli import evaluate_flags
 from inloop_eval.cli.evaluate import SavedModelEvaluation, evaluate_saved_model, saved_model_format
-from inloop_eval.distributed import init_from_env, world
+from inloop_eval.distributed import all_reduce_max, init_from_env, world
 from inloop_eval.errors import InLoopEvalError
 from inloop_eval.loggers.jsonl import METRICS_FILE, JSONLLogger
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR
@@ -56,8 +56,11 @@ def run(args: argparse.Namespace) -> int:
             f"plan --calibrate: expected checkpoints only, found run directories too ({', '.join(args.run_dirs)}); "
             "plan from runs without --calibrate, or from checkpoints without RUN_DIRs"
         )
+    init_from_env()
     rank = world()[1]
     calibration = calibrate(args)
+    if dist.is_initialized():
+        dist.destroy_process_group()
     if rank != 0:
         return 0
     try:
@@ -71,19 +74,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def calibrate(args: argparse.Namespace) -> Path:
-    """Each --calibrate checkpoint evaluated on --config into OUT/calibration (module docstring); its path.
-    Every checkpoint is checked to hold a saved model, and `OUT/calibration` to hold no earlier one, before
-    the first is evaluated."""
+    """Each --calibrate checkpoint evaluated on --config into OUT/calibration (module docstring), in the
+    process group joined (if any; rank 0 writes); its path. Every rank checks the checkpoints, and that
+    OUT/calibration holds no earlier calibration, and all agree before rank 0 writes anything."""
     checkpoints: list[str] = args.calibrate
-    check_checkpoints(checkpoints, args.config)
     calibration = Path(args.out) / CALIBRATION_DIR
-    check_no_earlier_calibration(calibration, Path(args.out))
-    for checkpoint in checkpoints:
-        saved_model_format(checkpoint, "plan --calibrate:")
+    agree_on_checks(lambda: check_calibration(checkpoints, args.config, calibration, Path(args.out)))
     steps = checkpoint_steps(checkpoints)
     # The table shows the figures; the evaluator's own line per step is for a training loop's log.
     logging.getLogger("inloop_eval.evaluators.orchestrator").setLevel(logging.WARNING)
-    init_from_env()
     logger = JSONLLogger(calibration)
     try:
         for i, (checkpoint, step) in enumerate(zip(checkpoints, steps, strict=True)):
@@ -95,9 +94,30 @@ def calibrate(args: argparse.Namespace) -> Path:
                 logger.log_config(evaluation.config.to_dict())
     finally:
         logger.finish()
-    if dist.is_initialized():
-        dist.destroy_process_group()
     return calibration
+
+
+def agree_on_checks(check: Callable[[], None]) -> None:
+    """Run `check` on every rank; when it fails on any, every rank stops (none left waiting in a collective),
+    the one that failed with its own error."""
+    try:
+        check()
+    except InLoopEvalError:
+        all_reduce_max(1)
+        raise
+    if all_reduce_max(0):
+        raise PlanError(
+            f"plan --calibrate (rank {world()[1]}): another rank refused the checkpoints (see its error)"
+        )
+
+
+def check_calibration(checkpoints: Sequence[str], config: str | None, calibration: Path, out: Path) -> None:
+    """PlanError for what would stop the calibration, before anything is evaluated: the checkpoints named
+    (`check_checkpoints`), an earlier calibration in OUT, a folder that holds no saved model."""
+    check_checkpoints(checkpoints, config)
+    check_no_earlier_calibration(calibration, out)
+    for checkpoint in checkpoints:
+        saved_model_format(checkpoint, "plan --calibrate:")
 
 
 def check_checkpoints(checkpoints: Sequence[str], config: str | None) -> None:
@@ -115,7 +135,7 @@ def check_checkpoints(checkpoints: Sequence[str], config: str | None) -> None:
         if resolved in seen:
             raise PlanError(
                 f"plan --calibrate: expected distinct checkpoints, found {checkpoint} named twice "
-                f"(as {seen[resolved]} before); one evaluation of a model twice tells nothing of its noise"
+                f"(as {seen[resolved]} before); the same model evaluated twice shows no checkpoint noise"
             )
         seen[resolved] = checkpoint
     if not config:

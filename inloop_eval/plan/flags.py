@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="CKPT",
         help="with no run yet: 2 or more saved model folders (those `inloop-eval evaluate --model` loads), each "
-        "evaluated on --config with its outcomes kept into OUT/calibration (filed under the step its folder "
-        "name holds, e.g. checkpoint-1000, else under its place in this list), then planned from as a run; a "
+        "evaluated on --config with its outcomes kept in DIR/calibration of --out (filed under the step its "
+        "folder name holds, e.g. checkpoint-1000, else under its place in this list), then planned from as a run; a "
         "task's checkpoint noise needs it evaluated at 3 or more of them",
     )
     budget = parser.add_mutually_exclusive_group(required=True)

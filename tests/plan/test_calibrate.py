@@ -140,6 +140,24 @@ def test_fewer_than_two_checkpoints_are_refused_saying_what_a_plan_needs(checkpo
     err = capsys.readouterr().err
     assert "plan --calibrate: expected 2 or more checkpoints (saved model folders), found 1" in err
     assert "needs it evaluated at 3 or more" in err
+    twice = [str(checkpoints / "checkpoint-10"), str(checkpoints / "checkpoint-10") + "/"]
+    assert (
+        main(
+            [
+                "plan",
+                "--calibrate",
+                *twice,
+                "--config",
+                "c.yaml",
+                "--budget",
+                "1",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 2
+    )
+    assert "expected distinct checkpoints, found" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
