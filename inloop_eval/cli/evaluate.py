@@ -18,13 +18,14 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from inloop_eval.checkpoints.formats import Checkpoint
+from inloop_eval.checkpoints.formats import Checkpoint, CheckpointFormat
 from inloop_eval.config_fields import read_config_file
 from inloop_eval.data.files import write_text_atomically
 from inloop_eval.data.tokenizer import TokenizerLike
@@ -47,6 +48,30 @@ def run(args: argparse.Namespace) -> int:
     # The table shows the figures; the evaluator's own line per step is for a training loop's log.
     logging.getLogger("inloop_eval.evaluators.orchestrator").setLevel(logging.WARNING)
     init_from_env()
+    rank = world()[1]
+    evaluation = evaluate_saved_model(args)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if evaluation.not_written:
+        raise InLoopEvalError(
+            f"evaluate: {'; '.join(evaluation.not_written)} (the figures are printed above)"
+        )
+    return failure_status(evaluation.metrics, rank)
+
+
+@dataclass
+class SavedModelEvaluation:
+    """One saved model evaluated: its figures (every rank's), the config they were evaluated with, and on
+    rank 0 the files not written (a phrase per flag; [] when all were)."""
+
+    metrics: dict[str, float]
+    config: EvaluatorConfig
+    not_written: list[str]
+
+
+def evaluate_saved_model(args: argparse.Namespace) -> SavedModelEvaluation:
+    """The model of `args.model` evaluated in the process group joined (if any), the summary table printed
+    and the files asked for written on rank 0 (the module docstring's phases)."""
     world_size, rank = world()
     config = evaluate_config(args)
     check_task_ids(config)
@@ -67,11 +92,7 @@ def run(args: argparse.Namespace) -> int:
         # The figures first: a file that fails to write late (a full disk) must not lose them.
         print(summary_table(metrics), flush=True)
         not_written = write_outputs(args, outputs, metrics, config, samples, evaluator, world_size)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    if not_written:
-        raise InLoopEvalError(f"evaluate: {'; '.join(not_written)} (the figures are printed above)")
-    return failure_status(metrics, rank)
+    return SavedModelEvaluation(metrics, config, not_written)
 
 
 def evaluate_config(args: argparse.Namespace) -> EvaluatorConfig:
@@ -192,29 +213,37 @@ def check_outputs_writable(outputs: dict[str, Path], rank: int) -> None:
 def pick_device(name: str | None, world_size: int) -> torch.device:
     """`--device` (ConfigError when this machine has no such device), else cuda when there is one (this
     rank's `LOCAL_RANK` GPU under torchrun), else cpu."""
-    device = usable_device(name, "evaluate: --device") if name else torch.device(
-        "cuda" if torch.cuda.is_available() else "cpu"
+    device = (
+        usable_device(name, "evaluate: --device")
+        if name
+        else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     )
     if device.type == "cuda" and world_size > 1:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return device
 
 
-def load_saved_model(path: str, device: torch.device) -> Any:
-    """The saved model at `path` on `device`, in eval mode, loaded by the first framework whose checkpoint
-    format finds every file of it there (`Framework.saved_models`)."""
+def saved_model_format(path: str, flag: str = "evaluate: --model") -> CheckpointFormat:
+    """The checkpoint format of the first framework that loads saved models (`Framework.saved_models`) and
+    finds every file of one at `path`; ConfigError naming `flag`, `path` and what each format lacks there."""
     formats = [p.checkpoint_format() for p in frameworks() if p.saved_models]
     titles = ", ".join(fmt.title for fmt in formats)
     folder = Path(path)
     if not folder.is_dir():
-        raise ConfigError(f"evaluate: --model {path!r} is not a directory holding a saved model ({titles})")
+        raise ConfigError(f"{flag} {path!r} is not a directory holding a saved model ({titles})")
     lacking = []
     for fmt in formats:
         missing = fmt.missing(folder, needs_config=True)
         if missing is None:
-            return fmt.load(Checkpoint(step=0, path=folder, format=fmt.name), None).to(device).eval()
+            return fmt
         lacking.append(f"{fmt.title}: {missing}")
-    raise ConfigError(f"evaluate: --model {path!r} holds no saved model ({'; '.join(lacking)})")
+    raise ConfigError(f"{flag} {path!r} holds no saved model ({'; '.join(lacking)})")
+
+
+def load_saved_model(path: str, device: torch.device) -> Any:
+    """The saved model at `path` on `device`, in eval mode, loaded by its format (`saved_model_format`)."""
+    fmt = saved_model_format(path)
+    return fmt.load(Checkpoint(step=0, path=Path(path), format=fmt.name), None).to(device).eval()
 
 
 def gather_samples(evaluator: InLoopEvaluator) -> list[dict[str, Any]] | None:
@@ -244,13 +273,20 @@ def write_outputs(
     one is tried even when an earlier fails (a full disk). Returns what was not written, a phrase a flag."""
     writes: list[tuple[str, Callable[[], object]]] = []
     if args.output:
-        record = {"metrics": metrics, "model": args.model, "world_size": world_size, "config": config.to_dict()}
+        record = {
+            "metrics": metrics,
+            "model": args.model,
+            "world_size": world_size,
+            "config": config.to_dict(),
+        }
         writes.append(("--output", lambda: write_json(outputs["--output"], record)))
     if samples is not None:
         writes.append(("--samples", lambda: write_samples(outputs["--samples"], samples)))
     outcomes = evaluator.outcomes() if args.outcomes else {}
     if outcomes:
-        writes.append(("--outcomes", lambda: write_step(Path(args.outcomes) / OUTCOMES_DIR, outcomes, args.step or 0)))
+        writes.append(
+            ("--outcomes", lambda: write_step(Path(args.outcomes) / OUTCOMES_DIR, outcomes, args.step or 0))
+        )
     failed = []
     for flag, write in writes:
         try:

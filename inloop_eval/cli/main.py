@@ -77,7 +77,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         name="plan",
         help="the tasks, figures and documents that buy runs' decisions the most signal for a budget of seconds",
-        module="inloop_eval.plan.command",
+        module="inloop_eval.cli.plan",
         flags="inloop_eval.plan.flags",
     ),
     Command(
@@ -132,4 +132,3 @@ def check_needs(command: Command | None) -> None:
     if not any(importlib.util.find_spec(p.package) is not None for p in plugins):
         installs = " or ".join(f"`{p.package}`: pip install 'inloop_eval[{p.extra}]'" for p in plugins)
         raise ConfigError(f"{command.name} --model needs {installs or 'a framework that loads saved models'}")
-

@@ -11,7 +11,8 @@ most signal for a budget of seconds. Modules, in the order a plan runs them:
   `allocate`): pure.
 - `planner`: the steps above in order (`make_plan`).
 - `output`: `plan.yaml` (an evaluator config `InLoopEvaluator.from_yaml` runs), `plan.json` and the table.
-- `flags`, `command`: the CLI glue (`add_arguments`, `run`).
+- `flags`, `command`: the CLI glue (`add_arguments`, `run`, `plan_and_write`); `plan --calibrate`, which
+  evaluates saved models first, is the command line's (`cli/plan.py`).
 
 It reads logged files as `report` and `compare` do, and sits at their layer.
 """

@@ -226,11 +226,10 @@ def task_plan(c: Candidate, ladder: list[int], i: int, budget: float) -> TaskPla
 
 def drop_reason(c: Candidate, ladder: list[int], budget: float) -> str:
     """Why candidate `c` took no documents, in words."""
-    problems = [f.problem for f in c.figures if f.problem]
     if not c.figures:
         return "missing: no per-document outcomes of any figure the planner reads"
-    if len(problems) == len(c.figures):
-        return "; ".join(problems)
+    if all(f.problem for f in c.figures):
+        return shared_problems(c.figures)
     first = ladder[0]
     if c.cost(first) > budget:
         return f"budget: its first {first} documents cost {c.cost(first):.2f} s, more than the {budget:.2f} s for tasks"
@@ -239,3 +238,11 @@ def drop_reason(c: Candidate, ladder: list[int], budget: float) -> str:
         f"budget: its first {first} documents buy z^2 {z2:.3g} on {figure.figure if figure else '?'} for "
         f"{c.cost(first):.2f} s, less per second than the tasks kept"
     )
+
+
+def shared_problems(figures: Sequence[FigureNoise]) -> str:
+    """The figures' problems, each said once with every figure it names ('acc', 'bpb_gold') together."""
+    shared: dict[str, list[str]] = {}
+    for f in figures:
+        shared.setdefault(f.problem.replace(repr(f.figure), "{figures}"), []).append(repr(f.figure))
+    return "; ".join(text.replace("{figures}", ", ".join(names)) for text, names in shared.items())

@@ -1,5 +1,5 @@
-"""`inloop-eval plan`'s flags: declared apart from the command (`command.py`), which loads torch through the
-engine, so that `inloop-eval plan --help` answers at once."""
+"""`inloop-eval plan`'s flags: declared apart from the command (`command.py`, and `cli/calibrate.py` for
+`--calibrate`), which loads torch through the engine, so that `inloop-eval plan --help` answers at once."""
 
 from __future__ import annotations
 
@@ -20,10 +20,19 @@ def positive_number(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run_dirs",
-        nargs="+",
+        nargs="*",
         metavar="RUN_DIR",
         help="run directories with per-document outcomes (outcomes/step_<N>.npz) at 3 or more evaluations; one "
-        "run: signal is its trend; several (one factor apart): the spread between them",
+        "run: signal is its trend; several (one factor apart): the spread between them. None with --calibrate",
+    )
+    parser.add_argument(
+        "--calibrate",
+        nargs="+",
+        metavar="CKPT",
+        help="with no run yet: 2 or more saved model folders (those `inloop-eval evaluate --model` loads), each "
+        "evaluated on --config with its outcomes kept in DIR/calibration of --out (filed under the step its "
+        "folder name holds, e.g. checkpoint-1000, else under its place in this list), then planned from as a run; a "
+        "task's checkpoint noise needs it evaluated at 3 or more of them",
     )
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument(
@@ -46,7 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
         metavar="YAML",
-        help="the evaluator config the runs used (default: the one their config.json logged)",
+        help="the evaluator config the runs used (default: the one their config.json logged); with "
+        "--calibrate (required): the config the checkpoints are evaluated on, its tasks those the plan chooses "
+        "among (a `limit:` per task keeps the calibration short)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        help="with --calibrate: the tokenizer to evaluate with, as `inloop-eval evaluate --tokenizer` takes it "
+        "(default: the config's, else each checkpoint's own)",
     )
     parser.add_argument(
         "--plain-rows",
@@ -58,6 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device",
         choices=("cpu", "cuda"),
         default="cpu",
-        help="the device type the planner's row cost model assumes (default cpu)",
+        help="the device type the planner's row cost model assumes, and with --calibrate the device the "
+        "checkpoints are evaluated on (default cpu)",
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="where to write plan.yaml and plan.json")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="where to write plan.yaml and plan.json (with --calibrate, the checkpoints' evaluations too: "
+        "DIR/calibration)",
+    )

@@ -176,9 +176,11 @@ def figure_noise(label: str, figure: str, runs: Sequence[RunValues]) -> FigureNo
         return FigureNoise(label, figure, n_docs, math.nan, math.nan, math.nan, math.nan, "", reason)
 
     if not usable:
+        most = max(runs, key=lambda run: len(run.steps_K), default=None)
+        found = f"{len(most.steps_K)} evaluations of {most.values_KD.shape[1]} documents" if most else "none"
         return problem(
             f"missing: no run has per-document values of {figure!r} on 2 or more documents at "
-            f"{MIN_EVALUATIONS} or more evaluations"
+            f"{MIN_EVALUATIONS} or more evaluations (found: {found})"
         )
     if all(np.ptp(run.values_KD) == 0 for run in usable):
         return problem(f"constant: every document scored the same {figure!r} at every evaluation")

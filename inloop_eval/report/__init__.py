@@ -13,15 +13,18 @@ the order the report runs them:
 - `plots`: the PNGs (matplotlib, optional and imported only when drawing), labels drawn verbatim.
 - `page`: `write_report`, the HTML page and its PNGs (one file name per label; a plot that fails costs
   only that plot).
+- `planned`: what `inloop-eval plan` keeps at the runs' own cost (`plan_at_cost`, the planner's functions
+  called), a column of the comparison's signal-to-noise table.
 - `comparison`: `write_comparison`, the page of two or more runs (`inloop-eval report RUN_A RUN_B`): curves
-  of every run with bands, per step the paired verdicts on their outcomes, signal-to-noise.
-- `command`: the CLI glue (`add_arguments`, `run`, `main`).
+  of every run with bands, per step the paired verdicts on their outcomes, signal-to-noise with the plan.
+- `command`: the CLI glue (`add_arguments`, `run`, `main`), imported by name (`inloop_eval.report.command`).
 
-The names below are re-exported here, as `inloop_eval.report` exported them before it was split.
+The names below are re-exported here. Neither `comparison` nor `command` is imported here: the comparison
+calls the planner, which reads runs through `report.runs`, so importing the planner first must not bring the
+comparison back in through this package's own import.
 """
 
 from inloop_eval.report.analysis import TaskView, divergence, task_views
-from inloop_eval.report.command import add_arguments, main, run
 from inloop_eval.report.page import render_html, write_report
 from inloop_eval.report.runs import ReportError, RunHistory, load_run
 
@@ -29,12 +32,9 @@ __all__ = [
     "ReportError",
     "RunHistory",
     "TaskView",
-    "add_arguments",
     "divergence",
     "load_run",
-    "main",
     "render_html",
-    "run",
     "task_views",
     "write_report",
 ]

@@ -27,6 +27,7 @@ from inloop_eval.loggers.outcomes import OutcomesError, list_steps, outcomes_dir
 from inloop_eval.metrics.paired import A_BETTER, B_BETTER, CANNOT_TELL, PairedResult
 from inloop_eval.report.analysis import chance_levels
 from inloop_eval.report.page import BAND_LEGEND, LOSS_PLOT, STYLE, draw, plot_file
+from inloop_eval.report.planned import PlanAtCost, plan_at_cost, plan_cell, plan_paragraph
 from inloop_eval.report.plots import plot_loss, plot_runs, run_colour
 from inloop_eval.report.runs import LM_FIGURES, ReportError, RunHistory, Series, load_run
 from inloop_eval.report.signal import BPB_TWIN, FigureSignal, bpb_suggestion, signal_to_noise
@@ -147,8 +148,9 @@ def write_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path | None 
         for name, d in zip(names[1:], run_dirs[1:], strict=True)
     ]
     signals = signal_to_noise(list(histories.values()))
+    planned = plan_at_cost(run_dirs)
     path = out / "index.html"
-    page = render_comparison(names, histories, labels, plots, failures, verdicts, signals, domains)
+    page = render_comparison(names, histories, labels, plots, failures, verdicts, signals, planned, domains)
     path.write_text(page)
     return path
 
@@ -172,10 +174,12 @@ def render_comparison(
     failures: Mapping[str, str],
     verdicts: list[PairVerdicts],
     signals: list[FigureSignal],
+    planned: PlanAtCost,
     domains: Sequence[str] = (),
 ) -> str:
-    """The page: the runs and their config differences, signal-to-noise per task figure, the training loss,
-    then one card per task (plot and verdicts) and per perplexity domain.
+    """The page: the runs and their config differences, signal-to-noise per task figure with what the plan
+    keeps at the runs' cost, the training loss, then one card per task (plot and verdicts) and per perplexity
+    domain.
 
     plots, failures: by task label, `lm:<domain>` and `loss`: the PNG's file name, or why it was not drawn.
     """
@@ -191,7 +195,7 @@ def render_comparison(
         *(f"<p class='flag'>Reading: {escape(note)}</p>" for h in histories.values() for note in h.notes),
         *(f"<p class='flag'>B = {escape(v.b)}: {escape(s)}</p>" for v in verdicts for s in v.skipped),
         *config_section(names, histories),
-        *signal_section(names, signals),
+        *signal_section(names, signals, planned),
         "<h2>Curves and verdicts</h2>",
         f"<p>Each run is drawn in its colour above. {BAND_LEGEND} Verdicts: B - A "
         "of each figure on the documents both runs evaluated at that step (paired: exact McNemar for 0/1 "
@@ -321,8 +325,9 @@ def config_section(names: list[str], histories: Mapping[str, RunHistory]) -> lis
     return parts
 
 
-def signal_section(names: list[str], signals: list[FigureSignal]) -> list[str]:
-    """The signal-to-noise table, noise over signal flagged."""
+def signal_section(names: list[str], signals: list[FigureSignal], planned: PlanAtCost) -> list[str]:
+    """The signal-to-noise table, noise over signal flagged, each row with what `inloop-eval plan` does with
+    that task figure at the runs' cost (`report.planned`), and the plan in words below it."""
     if not signals:
         return []
     head = "".join(f"<th>{escape(n)}</th>" for n in names)
@@ -338,7 +343,8 @@ def signal_section(names: list[str], signals: list[FigureSignal]) -> list[str]:
         "with verdicts that cannot tell means the runs keep their order across checkpoints but the gap is "
         "smaller than one step's documents can detect (the detectable difference that "
         "<code>inloop-eval compare</code> gives says how much is); evaluate more documents before calling it.</p>",
-        f"<table><tr><th>task</th><th>figure</th><th>step</th>{head}<th>signal</th><th>noise</th><th>SNR</th></tr>",
+        f"<table><tr><th>task</th><th>figure</th><th>step</th>{head}<th>signal</th><th>noise</th><th>SNR</th>"
+        "<th>plan at the runs' cost</th></tr>",
     ]
     for s in signals:
         flag = " class='noisy'" if s.noisy else ""
@@ -346,9 +352,11 @@ def signal_section(names: list[str], signals: list[FigureSignal]) -> list[str]:
             f"<tr{flag}><td class='l'>{escape(s.label)}</td><td class='l'>{escape(s.figure)}</td>"
             + signal_steps_cell(names, s.steps)
             + "".join(f"<td>{v:.3f}</td>" for v in s.finals)
-            + f"<td>{s.signal:.3f}</td><td>{s.noise:.3f}</td><td>{s.snr:.2f}</td></tr>"
+            + f"<td>{s.signal:.3f}</td><td>{s.noise:.3f}</td><td>{s.snr:.2f}</td>"
+            + plan_cell(planned, s.label, s.figure)
+            + "</tr>"
         )
-    parts.append("</table>")
+    parts += ["</table>", plan_paragraph(planned)]
     return parts
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
+from inloop_eval.keys import DOWNSTREAM, SECONDS_KEY, TOKENS_KEY, figure_key
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR, write_step
 from inloop_eval.metrics.icl import DocumentOutcomes
 from inloop_eval.plan.noise import RunValues
@@ -70,7 +70,7 @@ def write_run(
 ) -> Path:
     """A run directory as a demo run leaves it: `outcomes/step_<N>.npz` holding `tasks` (label -> figure ->
     values, 0/1 figures named `acc*`), `config.json` with `evaluation`, and `metrics.jsonl` with every step's
-    eval/seconds and eval/tokens_forwarded."""
+    figures (each the mean of its values), eval/seconds and eval/tokens_forwarded."""
     steps = sorted({int(s) for figures in tasks.values() for v in figures.values() for s in v.steps_K})
     for step in steps:
         outcomes = {}
@@ -86,5 +86,11 @@ def write_run(
         write_step(run_dir / OUTCOMES_DIR, outcomes, step)
     (run_dir / "config.json").write_text(json.dumps({"evaluation": evaluation}))
     rows = [{"step": s, SECONDS_KEY: seconds, TOKENS_KEY: tokens} for s in steps]
+    for row in rows:
+        for label, figures in tasks.items():
+            for name, v in figures.items():
+                k = np.flatnonzero(v.steps_K == row["step"])
+                if len(k):
+                    row[figure_key(DOWNSTREAM, label, name)] = float(v.values_KD[k[0]].mean())
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run_dir
