@@ -8,8 +8,9 @@ planned from as any run is. It sits at the command line's layer because it evalu
 A checkpoint is filed under the step its folder's name holds as a framework names its checkpoints
 (`checkpoint-1000`, `step1000`, `step-1000`) where every name holds a distinct one, else under its place in
 the list (0, 1, ...). The planner reads a task's checkpoint noise from its residual around a line, which needs
-the task evaluated at 3 or more checkpoints: with 2, each task is dropped with that reason, and the
-calibration is kept for more checkpoints to join it.
+the task evaluated at 3 or more checkpoints: from 2 it plans on the change between them and the per-document
+noise, the checkpoint noise counted as 0 (each task's source in plan.json says so). The calibration is kept
+for more checkpoints to join it.
 """
 
 from __future__ import annotations
@@ -31,14 +32,12 @@ from inloop_eval.loggers.outcomes import OUTCOMES_DIR
 from inloop_eval.plan.command import plan_and_write, request_of
 from inloop_eval.plan.command import run as plan_runs
 from inloop_eval.plan.flags import add_arguments
-from inloop_eval.plan.noise import MIN_EVALUATIONS
 from inloop_eval.plan.runs import PlanError
 
 __all__ = ["add_arguments", "run"]
 
 CALIBRATION_DIR = "calibration"
-# Checkpoints --calibrate takes at the least. A plan needs a task at MIN_EVALUATIONS of them; a calibration
-# of 2 drops every task with that reason, and is kept for more checkpoints to join.
+# Checkpoints --calibrate takes at the least (the planner's MIN_EVALUATIONS; 3 or more show checkpoint noise).
 MIN_CHECKPOINTS = 2
 
 
@@ -48,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.run_dirs:
             raise PlanError(
                 "plan: name the run directories to plan from (RUN_DIR ...), or with no run yet the saved "
-                f"checkpoints to evaluate first (--calibrate CKPT CKPT ..., {MIN_EVALUATIONS} or more for a plan)"
+                f"checkpoints to evaluate first (--calibrate CKPT CKPT ..., {MIN_CHECKPOINTS} or more)"
             )
         return plan_runs(args)
     if args.run_dirs:
@@ -126,8 +125,8 @@ def check_checkpoints(checkpoints: Sequence[str], config: str | None) -> None:
     if len(checkpoints) < MIN_CHECKPOINTS:
         raise PlanError(
             f"plan --calibrate: expected {MIN_CHECKPOINTS} or more checkpoints (saved model folders), found "
-            f"{len(checkpoints)} ({', '.join(checkpoints)}); the planner reads each task's checkpoint noise "
-            f"from its residual around a line, which needs it evaluated at {MIN_EVALUATIONS} or more"
+            f"{len(checkpoints)} ({', '.join(checkpoints)}); the planner reads each task's signal from the change "
+            "between evaluations (and its checkpoint noise from 3 or more)"
         )
     seen: dict[Path, str] = {}
     for checkpoint in checkpoints:

@@ -111,7 +111,8 @@ class TaskPlan:
     reason: str = ""
     n_split: int = 0
     figures: dict[str, dict[str, float | str]] = field(default_factory=dict)
-    """Every figure weighed, by name: its signal, per-document and checkpoint variances, the z at the documents
+    """Every figure weighed, by name: its signal and where it was read (`FigureNoise.source`), per-document and
+    checkpoint variances, the z at the documents
     the runs evaluated, and the problem that kept it out ('' for none)."""
 
     @property
@@ -192,6 +193,7 @@ def weighed(figures: Sequence[FigureNoise]) -> dict[str, dict[str, float | str]]
     return {
         f.figure: {
             "signal": f.signal,
+            "source": f.source,
             "doc_variance": f.doc_variance,
             "checkpoint_variance": max(f.checkpoint_variance, f.checkpoint_floor),
             "runs_documents": f.n_docs,

@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run_dirs",
         nargs="*",
         metavar="RUN_DIR",
-        help="run directories with per-document outcomes (outcomes/step_<N>.npz) at 3 or more evaluations; one "
+        help="run directories with per-document outcomes (outcomes/step_<N>.npz) at 2 or more evaluations "
+        "(3 or more show checkpoint noise); one "
         "run: signal is its trend; several (one factor apart): the spread between them. None with --calibrate",
     )
     parser.add_argument(
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with no run yet: 2 or more saved model folders (those `inloop-eval evaluate --model` loads), each "
         "evaluated on --config with its outcomes kept in DIR/calibration of --out (filed under the step its "
         "folder name holds, e.g. checkpoint-1000, else under its place in this list), then planned from as a run; a "
-        "task's checkpoint noise needs it evaluated at 3 or more of them",
+        "task's checkpoint noise shows at 3 or more of them (from 2 it is counted as 0)",
     )
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument(

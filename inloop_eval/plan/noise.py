@@ -19,7 +19,10 @@ cancel is, per evaluation,
   from checkpoint to checkpoint whatever the documents. A plan counts it as
   at least `checkpoint_floor`, what K evaluations cannot tell from 0 (the residual variance's own standard
   error, sqrt(2 / (K - 2)) x the residual): so it never counts on more documents removing noise the runs
-  could not have seen, and z^2 levels off within a few times the documents the runs evaluated.
+  could not have seen, and z^2 levels off within a few times the documents the runs evaluated. A run of two
+  evaluations (a calibration from two checkpoints) has no residual: its checkpoint noise is counted as 0 and
+  its signal's source says so (`CHECKPOINT_UNSEEN`), so a plan from it may spend more documents than noise
+  it cannot see warrants.
 
 The signal `signal` (in the figure's units) is the difference the decision looks for: with one run, the trend's
 change from one evaluation to the next (|slope| x the median distance between evaluations on the line's
@@ -43,11 +46,15 @@ from itertools import combinations
 
 import numpy as np
 
+# The source of a signal read from runs of two evaluations each, where no checkpoint noise could be seen.
+CHECKPOINT_UNSEEN = "2 evaluations: checkpoint noise unseen, counted as 0"
 # Evaluations the trend and its residual are fitted on: the last ones, as the report's noise is
 # (`report.analysis.NOISE_EVALUATIONS`).
 WINDOW = 6
-# Evaluations a run needs for a trend with a residual (2 for the line, 1 for the residual).
-MIN_EVALUATIONS = 3
+# Evaluations a run needs: 2 give the change and the per-document noise (`two_evaluations_noise`).
+MIN_EVALUATIONS = 2
+# Evaluations a trend needs to show its residual, the checkpoint noise (2 for the line, 1 for the residual).
+TREND_EVALUATIONS = 3
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,8 @@ def run_noise(run: RunValues) -> tuple[float, float, float, float, float]:
     checkpoint_floor) of one run over its last WINDOW evaluations; the run must have at least
     MIN_EVALUATIONS. The squared change is the slope's square less its own sampling variance (never below 0),
     so that a flat, noisy curve shows none."""
+    if len(run.steps_K) < TREND_EVALUATIONS:
+        return two_evaluations_noise(run.values_KD)
     steps_K, values_KD = run.steps_K[-WINDOW:], run.values_KD[-WINDOW:]
     doc_variance = interaction_variance(values_KD)
     x_K, (slope, slope_variance, residual) = closer_trend(steps_K, values_KD.mean(1))
@@ -138,6 +147,15 @@ def run_noise(run: RunValues) -> tuple[float, float, float, float, float]:
     level_variance = float(values_KD[-1].var(ddof=1))
     floor = math.sqrt(2.0 / (len(steps_K) - 2)) * residual
     return doc_variance, checkpoint_variance, change2, level_variance, floor
+
+
+def two_evaluations_noise(values_KD: np.ndarray) -> tuple[float, float, float, float, float]:
+    """`run_noise` of a run of two evaluations, where no trend has a residual: the change is the difference of
+    the two means (its square less its sampling variance, 2 doc_variance / D: the same documents at both), and
+    the checkpoint noise, which only a residual shows, is counted as 0 (`CHECKPOINT_UNSEEN`)."""
+    doc_variance = interaction_variance(values_KD)
+    change2 = max(float(values_KD[1].mean() - values_KD[0].mean()) ** 2 - 2.0 * doc_variance / values_KD.shape[1], 0.0)
+    return doc_variance, 0.0, change2, float(values_KD[-1].var(ddof=1)), 0.0
 
 
 def pairwise(runs: Sequence[RunValues]) -> tuple[float, float]:
@@ -187,12 +205,12 @@ def figure_noise(label: str, figure: str, runs: Sequence[RunValues]) -> FigureNo
     per_run = np.array([run_noise(run) for run in usable])  # [R, 5]
     # The median over runs: one run's loss spike is that run's, not every run's checkpoint noise.
     doc_variance, checkpoint_variance, change2, level_variance, floor = np.nanmedian(per_run, axis=0)
-    source = "trend"
+    source = "trend" if any(len(run.steps_K) >= TREND_EVALUATIONS for run in usable) else CHECKPOINT_UNSEEN
     if len(usable) >= 2:
         mean_square, paired = pairwise(usable)
         doc_variance = paired if math.isfinite(paired) else doc_variance
         signal = between_runs_signal(mean_square, doc_variance / n_docs + checkpoint_variance)
-        source = f"{len(usable)} runs"
+        source = f"{len(usable)} runs" + ("" if source == "trend" else f", {CHECKPOINT_UNSEEN}")
     else:
         signal = math.sqrt(float(change2))
     noise = FigureNoise(
@@ -215,6 +233,6 @@ def figure_noise(label: str, figure: str, runs: Sequence[RunValues]) -> FigureNo
 
 def signal_words(source: str) -> str:
     """Why a signal of 0, in words."""
-    if source == "trend":
+    if source in ("trend", CHECKPOINT_UNSEEN):
         return "shows no trend over the run's last evaluations"
     return "differs between the runs by no more than two evaluations' noise"

@@ -85,7 +85,7 @@ def test_missing_and_constant_tasks_are_reported_not_chosen():
     constant = figure_noise(
         "constant", "acc", [RunValues(np.arange(6) * 10, np.arange(50), np.zeros((6, 50)))]
     )
-    too_few = figure_noise("few", "acc", [run_values(Truth(slope=0.01), 0, steps=(0, 10))])
+    too_few = figure_noise("few", "acc", [run_values(Truth(slope=0.01), 0, steps=(10,))])
     good = Candidate("good", (known("good", "acc", 0.05, 0.25),), 1000, linear_cost(0.001))
     plan = allocate(
         [

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from plan_outcomes import Truth, run_values
 
-from inloop_eval.plan.noise import RunValues, figure_noise, interaction_variance, trend
+from inloop_eval.plan.noise import CHECKPOINT_UNSEEN, RunValues, figure_noise, interaction_variance, trend
 
 
 def anova_residual_reference(values_KD: np.ndarray) -> float:
@@ -112,8 +112,27 @@ def test_several_runs_take_their_spread_as_the_signal_and_their_paired_differenc
     assert e.doc_variance == pytest.approx(0.2**2, rel=0.15)
 
 
+def test_two_evaluations_give_the_change_and_the_per_document_variance_with_checkpoint_noise_unseen():
+    """With two evaluations no line has a residual: the change between them (its square less the sampling
+    variance of a difference of two means on the same documents) against a NumPy reference, the per-document
+    variance recovered, and the checkpoint noise counted as 0, said in the source."""
+    truth = Truth(slope=0.002, doc_sd=0.2)
+    estimates = []
+    for seed in range(300):
+        run = run_values(truth, seed, n_docs=400, steps=(0, 10))
+        e = figure_noise("t", "bpb_gold", [run])
+        diff_D = run.values_KD[1] - run.values_KD[0]
+        reference = max(diff_D.mean() ** 2 - diff_D.var(ddof=1) / len(diff_D), 0.0)  # var(mean of diff)
+        assert e.signal**2 == pytest.approx(reference, rel=1e-9, abs=1e-15)
+        assert e.doc_variance == pytest.approx(diff_D.var(ddof=1) / 2, rel=1e-9)
+        assert e.source == CHECKPOINT_UNSEEN and e.checkpoint_variance == 0.0 and e.checkpoint_floor == 0.0
+        estimates.append(e)
+    assert np.mean([e.doc_variance for e in estimates]) == pytest.approx(truth.doc_sd**2, rel=0.02)
+    assert np.sqrt(np.mean([e.signal**2 for e in estimates])) == pytest.approx(truth.slope * 10, rel=0.1)
+
+
 def test_missing_and_constant_figures_are_reported_with_the_reason():
-    too_few = run_values(Truth(slope=0.01), 0, steps=(0, 10))
+    too_few = run_values(Truth(slope=0.01), 0, steps=(10,))
     assert figure_noise("t", "acc", [too_few]).problem.startswith("missing")
     constant = RunValues(np.arange(5) * 10, np.arange(30), np.ones((5, 30)))
     e = figure_noise("t", "acc", [constant])

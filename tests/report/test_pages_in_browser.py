@@ -80,12 +80,14 @@ def shown_text(page: Path, selector: str = "body") -> list[str]:
 
 
 def snr_rows(page: Path) -> dict[tuple[str, str], float]:
-    """(task, figure) -> SNR as the signal table shows it."""
-    rows = {}
+    """(task, figure) -> SNR as the signal table shows it (its column found by its heading)."""
+    rows, column = {}, None
     for line in shown_text(page, "h2 + p + p + table tr"):
         cells = line.split("\t")
-        if len(cells) > 3 and cells[0] != "task":
-            rows[(cells[0], cells[1])] = float(cells[-1]) if cells[-1] != "nan" else float("nan")
+        if cells[0] == "task":
+            column = cells.index("SNR")
+        elif len(cells) > 3 and column is not None:
+            rows[(cells[0], cells[1])] = float(cells[column]) if cells[column] != "nan" else float("nan")
     return rows
 
 
