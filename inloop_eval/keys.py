@@ -40,8 +40,16 @@ def tokens_key(prefix: str = PREFIX) -> str:
     return f"{prefix}/tokens_forwarded"
 
 
+def interval_key(prefix: str = PREFIX) -> str:
+    """The wall time from the end of the previous evaluation to the start of this one, added by
+    `run_and_log` in a training loop: the training between them (and whatever else the loop did),
+    `<prefix>/interval_seconds`."""
+    return f"{prefix}/interval_seconds"
+
+
 SECONDS_KEY = seconds_key()
 TOKENS_KEY = tokens_key()
+INTERVAL_KEY = interval_key()
 # The training loss a run logs beside its evaluations (the demo does), drawn by the report.
 TRAIN_LOSS_KEY = "train/loss"
 def kind_prefix(kind: str, prefix: str = PREFIX) -> str:

@@ -38,6 +38,7 @@ class InLoopEvaluator:
 
     evaluators: one per config entry, by name (a task's label; `lm:<labels>` for a perplexity entry).
     last_outputs: each evaluator's `EvalOutput` of the latest `run`, by name.
+    finished: when (`time.perf_counter`) each prefix's latest `run_and_log` ended, set there.
     """
 
     def __init__(self, config: EvaluatorConfig, *, tokenizer: TokenizerLike | None = None) -> None:
@@ -47,6 +48,7 @@ class InLoopEvaluator:
         self.evaluators: dict[str, Evaluator] = {e.name: e for e in built}
         self.suites = SuiteAverages(config.suite_average, strict=config.strict)
         self.last_outputs: dict[str, EvalOutput] = {}
+        self.finished: dict[str, float] = {}
         self._tokens = TokenCount()
 
     @classmethod

@@ -25,6 +25,7 @@ def request_of(args: argparse.Namespace, runs: Sequence[Path] | None = None) -> 
         runs=tuple(Path(p) for p in (args.run_dirs if runs is None else runs)),
         budget=args.budget,
         budget_fraction=args.budget_fraction,
+        eval_fraction=args.eval_fraction,
         seconds_per_token=args.seconds_per_token,
         config=config,
         packed=not args.plain_rows,

@@ -43,8 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget-fraction",
         type=positive_number,
         metavar="F",
+        help="the budget as a fraction of the training between two evaluations (the median of the runs' "
+        "eval/interval_seconds, which a training loop's evaluations log), e.g. 0.05 for an evaluation that "
+        "costs 5%% of the training time",
+    )
+    budget.add_argument(
+        "--eval-fraction",
+        type=positive_number,
+        metavar="F",
         help="the budget as a fraction of the seconds the runs' evaluations took (the median of their "
-        "eval/seconds, the first evaluation left out), e.g. 0.1",
+        "eval/seconds, the first evaluation left out), e.g. 1 for the runs' own cost",
     )
     parser.add_argument(
         "--seconds-per-token",

@@ -30,12 +30,14 @@ UNPRICED = CostCurve((1,), (0.0,))
 
 @dataclass(frozen=True, kw_only=True)
 class PlanRequest:
-    """What to plan: the runs, the budget (`budget` seconds, or `budget_fraction` of the runs' measured
-    evaluation seconds), and what overrides the runs' own records."""
+    """What to plan: the runs, the budget (`budget` seconds, `budget_fraction` of the training between the runs'
+    evaluations, or `eval_fraction` of their evaluations' measured seconds), and what overrides the runs' own
+    records."""
 
     runs: tuple[Path, ...]
     budget: float | None = None
     budget_fraction: float | None = None
+    eval_fraction: float | None = None
     seconds_per_token: float | None = None
     config: EvaluatorConfig | None = None
     packed: bool = True
@@ -106,15 +108,27 @@ def cost_settings(config: EvaluatorConfig, request: PlanRequest, rate: float) ->
 
 
 def budget_seconds(request: PlanRequest, runs: Sequence[RunData]) -> float:
-    """The budget in seconds: `budget`, or `budget_fraction` of the median of the runs' evaluation seconds."""
+    """The budget in seconds: `budget`; `budget_fraction` of the median over the runs of their training seconds
+    between evaluations (eval/interval_seconds); or `eval_fraction` of the median of their evaluation seconds
+    (eval/seconds)."""
     if request.budget is not None:
         return request.budget
+    if request.budget_fraction is not None:
+        intervals = [run.interval_seconds for run in runs if math.isfinite(run.interval_seconds)]
+        if not intervals:
+            raise PlanError(
+                "--budget-fraction: expected the training seconds between evaluations (eval/interval_seconds, "
+                "logged by a training loop's evaluations from the second on) in the runs' metrics, found none in "
+                f"{', '.join(str(run.path) for run in runs)}; pass --budget SECONDS, or --eval-fraction F of "
+                "their evaluations' seconds"
+            )
+        return request.budget_fraction * statistics.median(intervals)
     measured = [run.eval_seconds for run in runs if math.isfinite(run.eval_seconds)]
-    if request.budget_fraction is None or not measured:
+    if request.eval_fraction is None or not measured:
         raise PlanError(
-            "--budget-fraction needs the runs' measured eval/seconds, and no run logged them; pass --budget SECONDS"
+            "--eval-fraction: expected the runs' measured eval/seconds, found none; pass --budget SECONDS"
         )
-    return request.budget_fraction * statistics.median(measured)
+    return request.eval_fraction * statistics.median(measured)
 
 
 def candidate(entry: TaskEvalConfig, runs: Sequence[RunData], settings: CostSettings) -> Candidate | None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from inloop_eval.errors import InLoopEvalError
-from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
+from inloop_eval.keys import INTERVAL_KEY, SECONDS_KEY, TOKENS_KEY
 from inloop_eval.loggers.outcomes import StepOutcomes, list_steps, outcomes_directory, read_step
 from inloop_eval.plan.noise import RunValues
 from inloop_eval.report.runs import load_run
@@ -42,6 +42,8 @@ class RunData:
     seconds_per_token: the median over its evaluations (the first left out, where there are more: it also
         tokenizes) of eval/seconds / eval/tokens_forwarded; NaN when not logged.
     eval_seconds, eval_tokens: the medians of the same evaluations' eval/seconds and eval/tokens_forwarded.
+    interval_seconds: the median of its eval/interval_seconds (the training between evaluations, logged by a
+        training loop's evaluations from the second on); NaN when not logged.
     """
 
     path: Path
@@ -50,6 +52,7 @@ class RunData:
     seconds_per_token: float = math.nan
     eval_seconds: float = math.nan
     eval_tokens: float = math.nan
+    interval_seconds: float = math.nan
     notes: list[str] = field(default_factory=list)
 
 
@@ -99,6 +102,12 @@ def measured_rates(series: Mapping[str, list[tuple[int, float]]]) -> tuple[float
     return float(np.median(seconds_E / tokens_E)), float(np.median(seconds_E)), float(np.median(tokens_E))
 
 
+def median_interval(series: Mapping[str, list[tuple[int, float]]]) -> float:
+    """The median of the finite eval/interval_seconds a run logged; NaN when none."""
+    values = [v for _, v in series.get(INTERVAL_KEY, []) if math.isfinite(v) and v >= 0]
+    return float(np.median(values)) if values else math.nan
+
+
 def read_run(path: str | Path) -> RunData:
     """One run directory read (module docstring); PlanError naming it when it holds no outcomes or a step
     file that cannot be read."""
@@ -118,8 +127,10 @@ def read_run(path: str | Path) -> RunData:
         values[label] = {figure: v for figure, v in figures.items() if v is not None}
     config: dict[str, Any] = {}
     rates = (math.nan, math.nan, math.nan)
+    interval = math.nan
     if (path / "metrics.jsonl").is_file() or any(path.glob("**/run-*.wandb")):
         history = load_run(path)
         config = evaluator_config(history.config)
         rates = measured_rates(history.series)
-    return RunData(path, values, config, *rates, notes=notes)
+        interval = median_interval(history.series)
+    return RunData(path, values, config, *rates, interval_seconds=interval, notes=notes)

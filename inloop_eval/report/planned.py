@@ -1,6 +1,6 @@
 """What `inloop-eval plan` keeps at the runs' own cost, for the signal-to-noise table of the page comparing
 runs: the planner (`plan.planner.make_plan`) run on the runs compared with a budget of the seconds their
-evaluations took (the median of their `eval/seconds`, the first evaluation left out: `plan --budget-fraction
+evaluations took (the median of their `eval/seconds`, the first evaluation left out: `plan --eval-fraction
 1`), each task kept (the figure it is read on, its documents) or dropped (why); or why no plan was made (runs
 without outcomes, without their logged evaluator config or measured seconds, or no task kept). The planner's
 own functions decide; this module only words and renders what they return.
@@ -20,7 +20,7 @@ from inloop_eval.plan.planner import PlanRequest, make_plan
 
 # The budget as a fraction of the runs' measured seconds per evaluation: their own cost.
 AT_THE_RUNS_COST = 1.0
-COMMAND = "inloop-eval plan RUN_A RUN_B ... --budget-fraction 1 --out DIR"
+COMMAND = "inloop-eval plan RUN_A RUN_B ... --eval-fraction 1 --out DIR"
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class PlanAtCost:
 def plan_at_cost(run_dirs: Sequence[str | Path]) -> PlanAtCost:
     """`make_plan` of `run_dirs` at AT_THE_RUNS_COST of their measured seconds; a planner's error (any of the
     project's own, e.g. task data it cannot read to price a task) becomes `problem`."""
-    request = PlanRequest(runs=tuple(Path(d) for d in run_dirs), budget_fraction=AT_THE_RUNS_COST)
+    request = PlanRequest(runs=tuple(Path(d) for d in run_dirs), eval_fraction=AT_THE_RUNS_COST)
     try:
         result = make_plan(request)
     except InLoopEvalError as exc:

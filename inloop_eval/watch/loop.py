@@ -297,7 +297,9 @@ class Watcher:
         try:
             evaluator = self.evaluator_for(checkpoint)
             self.check_vocabulary(checkpoint, loaded.model, evaluator)
-            return run_and_log(evaluator, loaded.scored, checkpoint.step, dp_group=loaded.dp_group)
+            return run_and_log(
+                evaluator, loaded.scored, checkpoint.step, dp_group=loaded.dp_group, in_training=False
+            )
         except STOP_ERRORS:
             raise
         except UNFIT_ERRORS as exc:

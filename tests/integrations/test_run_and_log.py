@@ -3,6 +3,8 @@ forwarded) added to the evaluator's, and a schedule that never evaluates twice a
 
 from __future__ import annotations
 
+import time
+
 import torch
 from helpers import small_evaluator
 from lm_helpers import lm_entry, tiny_gpt, write_domains
@@ -13,6 +15,7 @@ from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.orchestrator import InLoopEvaluator
 from inloop_eval.evaluators.perplexity import plan_sequences
 from inloop_eval.integrations import SECONDS_KEY, TOKENS_KEY, EvalSchedule, run_and_log
+from inloop_eval.keys import INTERVAL_KEY, interval_key
 from inloop_eval.loggers import JSONLLogger
 from inloop_eval.models.gpt import GPT, GPTConfig
 
@@ -30,6 +33,29 @@ def test_run_and_log_adds_wall_time_and_tokens_forwarded(data_root, neox_tokeniz
     again = run_and_log(evaluator, model, step=8)
     assert again[TOKENS_KEY] == metrics[TOKENS_KEY]  # each evaluation counts its own forwards only
     assert '"step": 7' in (tmp_path / "metrics.jsonl").read_text()
+
+
+def test_from_the_second_evaluation_the_training_between_evaluations_is_logged(data_root, neox_tokenizer):
+    """`eval/interval_seconds`: the wall time from one evaluation's end to the next one's start (the training
+    between them, here a sleep), per prefix; none at the first, none where evaluations do not take turns with
+    training (a watcher of checkpoints)."""
+    evaluator = small_evaluator(data_root, neox_tokenizer, tasks=("piqa",))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=256))
+    t0 = time.perf_counter()
+    first = run_and_log(evaluator, model, step=1)
+    t1 = time.perf_counter()
+    assert INTERVAL_KEY not in first
+    time.sleep(0.3)
+    t2 = time.perf_counter()
+    second = run_and_log(evaluator, model, step=2)
+    t3 = time.perf_counter()
+    # The first ended within [t0, t1], the second started within [t2, t3 - its own seconds].
+    assert 0.3 <= t2 - t1 <= second[INTERVAL_KEY] <= t3 - second[SECONDS_KEY] - t0
+    merged = run_and_log(evaluator, model, step=2, prefix="eval/merged")
+    assert interval_key("eval/merged") not in merged  # its own first under that prefix
+    watched = run_and_log(evaluator, model, step=3, in_training=False)
+    assert INTERVAL_KEY not in watched
 
 
 def test_tokens_forwarded_count_the_perplexity_domains_too(data_root, neox_tokenizer, tmp_path):

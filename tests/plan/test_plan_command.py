@@ -87,9 +87,25 @@ def test_the_written_config_runs_through_the_evaluator_unchanged(planned):
 
 
 def test_one_run_at_a_fraction_of_its_measured_seconds(run_dir, tmp_path):
-    result = make_plan(PlanRequest(runs=(run_dir,), budget_fraction=0.25, pool=200))
+    result = make_plan(PlanRequest(runs=(run_dir,), eval_fraction=0.25, pool=200))
     assert result.budget == pytest.approx(0.5)
     assert result.allocation.seconds <= 0.5
+
+
+def test_runs_at_a_fraction_of_the_training_between_their_evaluations(tmp_path, data_root):
+    """--budget-fraction F: F x the median over the runs of their eval/interval_seconds; runs that logged none
+    (a watcher's, a calibration) are refused, naming them and the flags that do without."""
+    def values(i: int) -> dict:
+        return {"piqa": {"bpb_gold": run_values(Truth(slope=0.004, offset=0.5 * i), i, n_docs=40, steps=STEPS)}}
+
+    runs = [write_run(tmp_path / f"run{i}", values(i), evaluation(data_root), interval=s) for i, s in enumerate((40, 60))]
+    result = make_plan(PlanRequest(runs=tuple(runs), budget_fraction=0.05, pool=200))
+    assert result.budget == pytest.approx(0.05 * 50)
+    assert main(["plan", str(runs[0]), "--budget-fraction", "0.05", "--out", str(tmp_path / "plan")]) == 0
+    assert json.loads((tmp_path / "plan" / "plan.json").read_text())["budget_seconds"] == pytest.approx(2.0)
+    watched = write_run(tmp_path / "watched", values(0), evaluation(data_root))
+    with pytest.raises(PlanError, match=r"--budget-fraction: expected the training seconds between evaluations"):
+        make_plan(PlanRequest(runs=(watched,), budget_fraction=0.05, pool=200))
 
 
 def test_runs_without_rates_need_seconds_per_token(tmp_path, data_root):

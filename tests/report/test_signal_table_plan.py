@@ -1,6 +1,6 @@
 """The comparison page's signal-to-noise table says what `inloop-eval plan` keeps at the runs' own cost: per
 task figure kept (its documents), kept on another figure, or dropped (why), and the plan in words; the same
-plan `inloop-eval plan RUN_A RUN_B --budget-fraction 1` writes. Runs it cannot plan from say why."""
+plan `inloop-eval plan RUN_A RUN_B --eval-fraction 1` writes. Runs it cannot plan from say why."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def row(page: str, label: str, figure: str) -> str:
 def test_each_task_figure_says_what_the_plan_at_the_runs_cost_keeps_as_the_plan_command_does(runs, tmp_path):
     a, b = runs
     page = write_comparison([a, b], tmp_path / "page").read_text()
-    assert main(["plan", str(a), str(b), "--budget-fraction", "1", "--out", str(tmp_path / "plan")]) == 0
+    assert main(["plan", str(a), str(b), "--eval-fraction", "1", "--out", str(tmp_path / "plan")]) == 0
     plan = {t["label"]: t for t in json.loads((tmp_path / "plan" / "plan.json").read_text())["tasks"]}
     assert plan["piqa"]["kept"] and plan["piqa"]["figure"] == "bpb_gold" and not plan["arc_easy"]["kept"]
     assert "<th>plan at the runs' cost</th>" in page

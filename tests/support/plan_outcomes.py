@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inloop_eval.keys import DOWNSTREAM, SECONDS_KEY, TOKENS_KEY, figure_key
+from inloop_eval.keys import DOWNSTREAM, INTERVAL_KEY, SECONDS_KEY, TOKENS_KEY, figure_key
 from inloop_eval.loggers.outcomes import OUTCOMES_DIR, write_step
 from inloop_eval.metrics.icl import DocumentOutcomes
 from inloop_eval.plan.noise import RunValues
@@ -67,10 +67,12 @@ def write_run(
     evaluation: dict,
     seconds: float = 2.0,
     tokens: int = 10000,
+    interval: float | None = None,
 ) -> Path:
     """A run directory as a demo run leaves it: `outcomes/step_<N>.npz` holding `tasks` (label -> figure ->
     values, 0/1 figures named `acc*`), `config.json` with `evaluation`, and `metrics.jsonl` with every step's
-    figures (each the mean of its values), eval/seconds and eval/tokens_forwarded."""
+    figures (each the mean of its values), eval/seconds and eval/tokens_forwarded, and from the second step on
+    eval/interval_seconds where `interval` is given (the training between evaluations)."""
     steps = sorted({int(s) for figures in tasks.values() for v in figures.values() for s in v.steps_K})
     for step in steps:
         outcomes = {}
@@ -86,6 +88,8 @@ def write_run(
         write_step(run_dir / OUTCOMES_DIR, outcomes, step)
     (run_dir / "config.json").write_text(json.dumps({"evaluation": evaluation}))
     rows = [{"step": s, SECONDS_KEY: seconds, TOKENS_KEY: tokens} for s in steps]
+    for row in rows[1:] if interval is not None else []:
+        row[INTERVAL_KEY] = interval
     for row in rows:
         for label, figures in tasks.items():
             for name, v in figures.items():

@@ -61,7 +61,7 @@ from inloop_eval.integrations.olmo_core.perplexity import (
     validation_mix_dataset,
 )
 from inloop_eval.integrations.olmo_core.topology import read_sequence_split
-from inloop_eval.keys import PREFIX, key_style_names, seconds_key, tokens_key
+from inloop_eval.keys import PREFIX, interval_key, key_style_names, seconds_key, tokens_key
 from inloop_eval.tasks.registry import check_task_id
 
 # The name OLMo-core's `with_recommended_evals` and experiment builder give their downstream evaluator.
@@ -284,8 +284,14 @@ class InLoopEvalCallback(EvaluatorCallback):
         # perplexity): they add up, as OLMo-core's own evaluation time does, instead of colliding.
         cost_keys = {seconds_key(prefix), tokens_key(prefix)}
         for key, value in recorded(metrics, self.olmo_core_keys_only).items():
-            # Synced across ranks by the evaluator already: OLMo-core must not reduce them again.
-            strategy = MetricMergeStrategy.sum if key in cost_keys else MetricMergeStrategy.warn
+            # Synced across ranks by the evaluator already: OLMo-core must not reduce them again. Each
+            # callback's interval since its own last evaluation also holds the others' evaluations: the
+            # least of them is the nearest to the training between evaluations.
+            strategy = MetricMergeStrategy.warn
+            if key in cost_keys:
+                strategy = MetricMergeStrategy.sum
+            elif key == interval_key(prefix):
+                strategy = MetricMergeStrategy.min
             self.trainer.record_metric(key, value, reduce_type=None, merge_strategy=strategy)
         self.trainer.record_metric(
             EVAL_TIME_KEY, metrics[seconds_key(prefix)], merge_strategy=MetricMergeStrategy.sum
