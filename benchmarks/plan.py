@@ -25,17 +25,21 @@ way below pays first), three ways to spend them on tasks:
 Each is scored at every checkpoint of the second half: for each pair of runs, the sum over its tasks of the
 paired z (the mean per-document difference on its documents over its standard error; signs set so that
 positive means better) picks a winner; the decision accuracy is the share of pairs x checkpoints where that
-winner is the one the ground truth ranks better. All three combine tasks by the same rule.
+winner is the one the ground truth ranks better, over every pair and over the pairs one learning rate apart
+(the closest). All three combine tasks by the same rule.
 
 Two checks of what a plan promises:
-- standard error: each kept figure's predicted `stderr` (as in plan.json; the split is the LIMIT documents the
-  runs evaluated) against the one observed over --draws fresh samples of the planned size, drawn without
-  replacement from those documents, at each checkpoint of the second half (not used for fitting) of every run:
-  the root mean square over runs x checkpoints of the samples' standard deviation;
+- standard error: each kept figure's predicted `stderr` (as plan.json gives it; the split is the LIMIT
+  documents the runs evaluated, so a figure read on all of them has none) against the one observed over
+  --draws fresh samples of the planned size, drawn without replacement from those documents: per run, the
+  root mean square over checkpoints of the samples' standard deviation, the median over runs (the plan's is
+  one run's, from the median of the runs' level variances); at the checkpoints of the second half (not used
+  for fitting) and at the last checkpoint fitted on;
 - seconds: `make_plan` on every run and checkpoint at each budget writes plan.yaml (`write_plan`, as
   `inloop-eval plan RUN... --budget S --out DIR` does); the config is run through `InLoopEvaluator` on the
-  last checkpoint of the middle run, twice (the first also tokenizes, which the runs' rate leaves out), and
-  the second call's seconds are compared with the budget.
+  last checkpoint of the middle run, four times (the first also tokenizes, which the runs' rate leaves out),
+  and the median seconds of the other three are compared with the budget, and with the planned seconds repriced at the
+  seconds per token of the full evaluation timed just before on the same weights (the machine is shared).
 
 Beside it: `plan_runs` builds and keeps the runs, `plan_decisions` scores each way of spending a budget,
 `plan_checks` holds the two checks; this module reads the runs, puts them together and prints the tables.
@@ -103,6 +107,8 @@ def analyse(run_dirs: list[Path], args: argparse.Namespace, root: Path) -> dict[
     costs = task_costs(eval_config(args.limit, root, Path(args.cache)), run_dirs, args.limit, rate)
     fixed = perplexity_seconds(data, costs, args.limit, rate)
     full = sum(c(args.limit) for c in costs.values()) + fixed
+    # The pairs one learning rate apart: the closest, and so the hardest, decisions.
+    adjacent = [(i, i + 1) for i in range(len(runs) - 1)]
     rng = np.random.default_rng(0)
     rows = []
     for fraction in BUDGETS:
@@ -110,8 +116,12 @@ def analyse(run_dirs: list[Path], args: argparse.Namespace, root: Path) -> dict[
         row: dict[str, Any] = {"budget": fraction, "seconds": fraction * full}
         for name, draws in picks.items():
             row[name] = float(np.mean([accuracy(runs, truth, p, score_steps) for p in draws]))
+            row[f"{name}, adjacent"] = float(
+                np.mean([accuracy(runs, truth, p, score_steps, adjacent) for p in draws])
+            )
         row["plan_kept"] = {t.label: [t.figure, t.documents] for t in plan.kept()}
-        row["stderr"] = stderr_check(runs, plan, score_steps, args.draws, rng)
+        checked = {"scored checkpoints": score_steps, "last fitted checkpoint": fit_steps[-1:]}
+        row["stderr"] = stderr_check(runs, plan, checked, args.draws, rng)
         rows.append(row)
     full_picks = {
         reading: [(label, read_on(label, runs[0][label], reading), np.arange(args.limit)) for label in costs]
@@ -128,18 +138,22 @@ def analyse(run_dirs: list[Path], args: argparse.Namespace, root: Path) -> dict[
         "perplexity_seconds": fixed,
         "full_seconds": full,
         "full_evaluation": {r: accuracy(runs, truth, p, score_steps) for r, p in full_picks.items()},
+        "full_evaluation, adjacent": {
+            r: accuracy(runs, truth, p, score_steps, adjacent) for r, p in full_picks.items()
+        },
         "budgets": rows,
     }
 
 
-def accuracy_table(result: dict[str, Any]) -> list[str]:
-    """Decision accuracy per budget and method, then the full evaluation's."""
+def accuracy_table(result: dict[str, Any], pairs: str = "") -> list[str]:
+    """Decision accuracy per budget and method (`pairs` ", adjacent": of the pairs one learning rate apart
+    only), then the full evaluation's."""
     names = ["plan", "one limit, olmo", "one limit, bpb_gold", "random, olmo", "random, bpb_gold"]
     lines = ["| budget | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for row in result["budgets"]:
-        cells = [f"{row[n]:.3f}" for n in names]
+        cells = [f"{row[n + pairs]:.3f}" for n in names]
         lines.append(f"| {row['budget']:.0%} ({row['seconds']:.2f} s) | " + " | ".join(cells) + " |")
-    full = result["full_evaluation"]
+    full = result["full_evaluation" + pairs]
     lines.append(
         f"full evaluation ({result['full_seconds']:.2f} s, perplexity {result['perplexity_seconds']:.2f} s): "
         f"olmo {full['olmo']:.3f}, bpb_gold {full[BPB_TWIN]:.3f}"
@@ -148,13 +162,21 @@ def accuracy_table(result: dict[str, Any]) -> list[str]:
 
 
 def stderr_table(result: dict[str, Any]) -> list[str]:
-    """Each kept figure's predicted standard error against the observed one, per budget."""
-    lines = ["| budget | task | figure | documents | predicted stderr | observed | ratio |", "|---" * 7 + "|"]
+    """Each kept figure's predicted standard error against the observed ones, per budget."""
+    lines = [
+        "| budget | task | figure | documents | predicted stderr | observed, scored checkpoints (ratio) "
+        "| observed, last fitted checkpoint (ratio) |",
+        "|---" * 7 + "|",
+    ]
     for row in result["budgets"]:
         for s in row["stderr"]:
+            observed = [
+                f"{s['observed, ' + name]:.4f} ({s['ratio, ' + name]:.2f})"
+                for name in ("scored checkpoints", "last fitted checkpoint")
+            ]
             lines.append(
                 f"| {row['budget']:.0%} | {s['label']} | {s['figure']} | {s['documents']} of {s['of']} | "
-                f"{s['predicted']:.4f} | {s['observed']:.4f} | {s['ratio']:.2f} |"
+                f"{s['predicted']:.4f} | " + " | ".join(observed) + " |"
             )
     return lines
 
@@ -163,7 +185,7 @@ def timing_table(result: dict[str, Any]) -> list[str]:
     """Each budget's plan.yaml: its measured seconds against the budget and against its planned seconds at
     the rate measured beside it."""
     lines = [
-        "| budget | kept | planned | measured (2nd call) | measured / budget | tokens planned, forwarded "
+        "| budget | kept | planned | measured (median of 3) | measured / budget | tokens planned, forwarded "
         "| s/token planned, now | measured / planned at the rate now |",
         "|---" * 8 + "|",
     ]
@@ -182,7 +204,13 @@ def timing_table(result: dict[str, Any]) -> list[str]:
 
 def render(result: dict[str, Any]) -> str:
     """The figures as tables: decision accuracy per budget, the standard errors, the seconds."""
-    return "\n".join([*accuracy_table(result), "", *stderr_table(result), "", *timing_table(result)])
+    tables = [
+        accuracy_table(result),
+        accuracy_table(result, ", adjacent"),
+        stderr_table(result),
+        timing_table(result),
+    ]
+    return "\n\n".join("\n".join(t) for t in tables)
 
 
 def main(argv: list[str] | None = None) -> int:

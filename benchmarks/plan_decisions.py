@@ -52,12 +52,19 @@ def decide(runs: list[Values], picks: list[Pick], step: int, a: int, b: int) -> 
     return total
 
 
-def accuracy(runs: list[Values], truth: list[float], picks: list[Pick], steps: list[int]) -> float:
-    """The share of pairs x steps whose decision matches the truth (lower held-out bpb is better); a tie (no
-    evidence, or no task within the budget) counts as half right, a coin's toss."""
+def accuracy(
+    runs: list[Values],
+    truth: list[float],
+    picks: list[Pick],
+    steps: list[int],
+    pairs: list[tuple[int, int]] | None = None,
+) -> float:
+    """The share of `pairs` (of run indices; None: every pair) x steps whose decision matches the truth (lower
+    held-out bpb is better); a tie (no evidence, or no task within the budget) counts as half right, a coin's
+    toss."""
     scores = []
     for s in steps:
-        for a, b in itertools.combinations(range(len(runs)), 2):
+        for a, b in pairs if pairs is not None else itertools.combinations(range(len(runs)), 2):
             z = decide(runs, picks, s, a, b)
             scores.append(0.5 if z == 0 else float((z > 0) == (truth[a] < truth[b])))
     return float(np.mean(scores))
