@@ -38,8 +38,9 @@ Two checks of what a plan promises:
 - seconds: `make_plan` on every run and checkpoint at each budget writes plan.yaml (`write_plan`, as
   `inloop-eval plan RUN... --budget S --out DIR` does); the config is run through `InLoopEvaluator` on the
   last checkpoint of the middle run, four times (the first also tokenizes, which the runs' rate leaves out),
-  and the median seconds of the other three are compared with the budget, and with the planned seconds repriced at the
-  seconds per token of the full evaluation timed just before on the same weights (the machine is shared).
+  and the median seconds of the other three are compared with the budget, and with the planned seconds
+  repriced at the seconds per token of the full evaluation timed just before on the same weights (the
+  machine is shared).
 
 Beside it: `plan_runs` builds and keeps the runs, `plan_decisions` scores each way of spending a budget,
 `plan_checks` holds the two checks; this module reads the runs, puts them together and prints the tables.
