@@ -15,7 +15,7 @@ import torch
 from inloop_eval import InLoopEvaluator
 from inloop_eval.data.root import neox_tokenizer_path
 from inloop_eval.data.tokenizer_lookup import find_and_load_tokenizer
-from inloop_eval.demo.run import load_passages, split_heldout, token_stream, write_heldout
+from inloop_eval.demo.run import load_passages, split_heldout, token_stream, train_step, write_heldout
 from inloop_eval.evaluators.config import EvaluatorConfig
 from inloop_eval.evaluators.measured import run_and_log
 from inloop_eval.integrations.olmo_core.callback import task_set_ids
@@ -110,15 +110,9 @@ def build_run(run_dir: Path, lr: float, args: argparse.Namespace, root: Path) ->
     rng = np.random.default_rng(0)
     for step in range(1, args.steps + 1):
         starts = rng.integers(0, len(stream) - 129, size=8)
-        batch = torch.from_numpy(np.stack([stream[s : s + 129] for s in starts]))
-        logits = model(batch[:, :-1])
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)
+        train_step(
+            model, torch.from_numpy(np.stack([stream[s : s + 129] for s in starts])), optimizer, schedule
         )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
         if step in checkpoints:
             metrics = run_and_log(evaluator, model, step, logger)
             print(f"lr {lr:g} step {step}: {metrics['eval/seconds']:.1f} s", flush=True)

@@ -266,14 +266,7 @@ def train(config: DemoConfig, data_root: Path) -> list[dict[str, float]]:
                 break
             starts = rng.integers(0, len(stream) - tc.seq_len - 1, size=per_rank)
             batch = torch.from_numpy(np.stack([stream[s : s + tc.seq_len + 1] for s in starts])).to(device)
-            logits = trained(batch[:, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
+            loss = train_step(trained, batch, optimizer, schedule)
             if step % tc.log_every == 0:
                 mean_loss = mean_over_ranks(loss.detach())
                 logger.log({TRAIN_LOSS_KEY: mean_loss, "train/lr": schedule.get_last_lr()[0]}, step)
@@ -282,6 +275,25 @@ def train(config: DemoConfig, data_root: Path) -> list[dict[str, float]]:
     finally:
         logger.finish()
     return evaluations
+
+
+def train_step(
+    model: torch.nn.Module,
+    batch_BT: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+) -> torch.Tensor:
+    """One step of next-token training on `batch_BT` (B rows of T tokens: the model reads the first T - 1 and
+    is scored on the last T - 1), the optimizer's and the schedule's steps taken; the mean loss."""
+    logits = model(batch_BT[:, :-1])
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), batch_BT[:, 1:].reshape(-1)
+    )
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+    return loss
 
 
 def evaluate_step(
@@ -355,7 +367,9 @@ def seed_number(text: str) -> int:
     except ValueError:
         seed = None
     if seed is None or not 0 <= seed <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"expected a seed, a whole number from 0 to 2**64 - 1, found {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a seed, a whole number from 0 to 2**64 - 1, found {text!r}"
+        )
     return seed
 
 
