@@ -18,7 +18,10 @@ from helpers import EXACT
 from watch_support import eval_lines
 from workers.launch import REPO, launch, worker_env
 
-from inloop_eval.keys import SECONDS_KEY, TOKENS_KEY
+from inloop_eval.keys import INTERVAL_KEY, SECONDS_KEY, TOKENS_KEY
+
+# What the cost of an evaluation adds beside its figures (the watcher logs no interval: it does not train).
+COST_KEYS = (SECONDS_KEY, TOKENS_KEY, INTERVAL_KEY)
 
 EVAL_CONFIG = {
     "evaluators": [
@@ -60,11 +63,12 @@ def test_each_torchtitan_checkpoint_is_evaluated_once_with_the_validators_figure
     assert [line["step"] for line in lines] == [1, 2]
     for line in lines:
         expected = in_loop[str(line["step"])]
-        assert sorted(set(expected) - {SECONDS_KEY, TOKENS_KEY}) == sorted(
-            k for k in line if k not in ("step", SECONDS_KEY, TOKENS_KEY)
+        assert sorted(set(expected) - set(COST_KEYS)) == sorted(
+            k for k in line if k not in ("step", *COST_KEYS)
         )
+        assert INTERVAL_KEY not in line
         for key, value in expected.items():
-            if key in (SECONDS_KEY, TOKENS_KEY):
+            if key in COST_KEYS:
                 continue
             if key.endswith(EXACT):
                 assert line[key] == value, (line["step"], key)
