@@ -184,7 +184,9 @@ def stderr_table(result: dict[str, Any]) -> list[str]:
 
 def timing_table(result: dict[str, Any]) -> list[str]:
     """Each budget's plan.yaml: its measured seconds against the budget and against its planned seconds at
-    the rate measured beside it."""
+    the rate measured beside it; nothing when the check was skipped (`--no-timing`)."""
+    if "timing" not in result:
+        return []
     lines = [
         "| budget | kept | planned | measured (median of 3) | measured / budget | tokens planned, forwarded "
         "| s/token planned, now | measured / planned at the rate now |",
@@ -211,7 +213,7 @@ def render(result: dict[str, Any]) -> str:
         stderr_table(result),
         timing_table(result),
     ]
-    return "\n\n".join("\n".join(t) for t in tables)
+    return "\n\n".join("\n".join(t) for t in tables if t)
 
 
 def main(argv: list[str] | None = None) -> int:

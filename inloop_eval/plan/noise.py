@@ -32,7 +32,7 @@ noise at the documents they used accounts for (never below 0).
 
 A decision between two evaluations on n documents then has z = signal / sqrt(2 var(n)) (`z2` is its square);
 independent tasks' evidence adds as z^2. The level's standard error (what fresh samples of n documents of the
-split would scatter by, at one checkpoint) is sqrt(level_variance / n x (N - n) / (N - 1)) for a split of N.
+split would scatter by, at one checkpoint) is sqrt(level_variance / n x (N - n) / N) for a split of N.
 
 Legend: K evaluations, D documents, R runs.
 """
@@ -95,7 +95,9 @@ class FigureNoise:
         """The level's standard error over samples of n of the split's n_split documents (finite population)."""
         if n <= 0:
             return math.nan
-        correction = (n_split - n) / (n_split - 1) if n_split > 1 else 0.0
+        # level_variance estimates the split's S^2 (its variance over N - 1): the mean of n documents drawn
+        # without replacement varies by S^2 / n x (N - n) / N.
+        correction = (n_split - n) / n_split if n_split > 0 else 0.0
         return math.sqrt(max(self.level_variance / n * max(correction, 0.0), 0.0))
 
 

@@ -81,7 +81,7 @@ def test_the_plan_counts_checkpoint_noise_the_runs_could_not_rule_out():
 
 
 def test_the_levels_standard_error_matches_fresh_samples_of_the_split():
-    """Predicted: sqrt(var / n x (N - n) / (N - 1)); observed: the spread of means of 4000 samples of n
+    """Predicted: sqrt(S^2 / n x (N - n) / N), S^2 the split's variance with N - 1 degrees of freedom; observed: the spread of means of 4000 samples of n
     documents drawn without replacement from the split (a plain NumPy simulation)."""
     run = run_values(Truth(slope=0.0, doc_sd=0.2, spread=0.5), 0, n_docs=2000)
     e = figure_noise("t", "bpb_gold", [run])
