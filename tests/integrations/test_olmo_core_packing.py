@@ -296,19 +296,7 @@ def test_a_refused_model_gives_its_unpacked_numbers(data_root, neox_tokenizer):
     """End to end through the evaluator: a model left to one request per row (nGPT) gives the numbers of
     its own forward over full logits, and forwards what the plain plan forwards."""
     model = TransformerConfig.ngpt_like(d_model=32, vocab_size=VOCAB, n_layers=1, n_heads=2).build()
-    config = EvaluatorConfig(
-        evaluators=[{"task": "hellaswag", "limit": 3}],
-        data_root=str(data_root),
-        strict=True,
-        max_length=MAX_LENGTH,
-    )
-    ours, plain = (
-        InLoopEvaluator(config, tokenizer=neox_tokenizer),
-        InLoopEvaluator(config, tokenizer=neox_tokenizer),
-    )
-    found = ours.run(model)
-    expected = plain.run(LogitsAdapter(model, MAX_LENGTH))
-    assert found == pytest.approx(expected, abs=1e-5)
+    ours, plain = against_full_logits(model, {"task": "hellaswag", "limit": 3}, data_root, neox_tokenizer)
     assert ours.tokens_forwarded == plain.tokens_forwarded
 
 
@@ -316,20 +304,19 @@ def test_the_evaluator_packs_olmo_core_models(data_root, neox_tokenizer):
     """Through the evaluator: the OLMo-core model is packed (fewer tokens) and its figures are those of
     full logits one request per row."""
     model = olmo_core_model("olmo2")
-    config = EvaluatorConfig(
-        evaluators=[{"task": "arc_easy", "limit": 5}],
-        data_root=str(data_root),
-        strict=True,
-        max_length=MAX_LENGTH,
-    )
-    ours, plain = (
-        InLoopEvaluator(config, tokenizer=neox_tokenizer),
-        InLoopEvaluator(config, tokenizer=neox_tokenizer),
-    )
+    ours, plain = against_full_logits(model, {"task": "arc_easy", "limit": 5}, data_root, neox_tokenizer)
+    assert ours.tokens_forwarded < plain.tokens_forwarded
+
+
+def against_full_logits(model, entry: dict, data_root, tokenizer) -> tuple[InLoopEvaluator, InLoopEvaluator]:
+    """The evaluator run on `model` as it is and on its full logits one request per row (`LogitsAdapter`);
+    their figures checked equal within 1e-5; (the evaluator on the model, the one on its full logits)."""
+    config = EvaluatorConfig(evaluators=[entry], data_root=str(data_root), strict=True, max_length=MAX_LENGTH)
+    ours, plain = InLoopEvaluator(config, tokenizer=tokenizer), InLoopEvaluator(config, tokenizer=tokenizer)
     found = ours.run(model)
     expected = plain.run(LogitsAdapter(model, MAX_LENGTH))
     assert found == pytest.approx(expected, abs=1e-5)
-    assert ours.tokens_forwarded < plain.tokens_forwarded
+    return ours, plain
 
 
 def compiled_block_config(data_root, tasks: tuple[str, ...]) -> dict:
